@@ -1,0 +1,135 @@
+"""The contracts between the editor side and the model side (DESIGN §3).
+
+Nothing here imports torch: `dlm.lsp` uses these types before (and even
+without) a model being loaded.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+ConfidenceRule = Literal["max_prob", "margin", "entropy"]
+DecodeOrder = Literal["confidence", "left_to_right"]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What the model sees for one prediction.
+
+    `region` is the current text of the editable region and `cursor` an offset
+    (in characters) inside it; the model returns the new text of the region.
+    `prefix`/`suffix` are the windowed texts before/after the region.
+    `history` holds rendered edit events (unified diffs), oldest first.
+    """
+
+    prefix: str
+    region: str
+    cursor: int
+    suffix: str
+    history: tuple[str, ...] = ()
+    language: str = ""
+    path: str = ""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.cursor <= len(self.region):
+            raise ValueError(
+                f"Prompt.cursor={self.cursor} is outside the region of length "
+                f"{len(self.region)}; pass an offset between 0 and len(region)"
+            )
+
+
+@dataclass(frozen=True)
+class SamplerParams:
+    """Knobs of the iterative unmasking sampler (DESIGN §5).
+
+    Defaults are the ones `dlm-lsp bench` tuned for the embedded model.
+    `threshold=1.0` with `order="left_to_right"` decodes one slot per step
+    left to right: the autoregressive baseline on the same network.
+    """
+
+    steps: int = 32  # upper bound on denoising steps per block
+    block_len: int = 32  # L: masked slots per block
+    max_blocks: int = 2  # block extension when no <eom> appears in a block
+    rule: ConfidenceRule = "max_prob"
+    threshold: float = 0.9  # commit every slot whose confidence is above it
+    temperature: float = 0.0  # 0 = greedy
+    order: DecodeOrder = "confidence"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"steps={self.steps}: need at least 1 denoising step")
+        if self.block_len < 1:
+            raise ValueError(f"block_len={self.block_len}: need at least 1 slot")
+        if self.max_blocks < 1:
+            raise ValueError(f"max_blocks={self.max_blocks}: need at least 1 block")
+        if self.rule not in ("max_prob", "margin", "entropy"):
+            raise ValueError(f"rule={self.rule!r}: use max_prob, margin or entropy")
+        if self.order not in ("confidence", "left_to_right"):
+            raise ValueError(f"order={self.order!r}: use confidence or left_to_right")
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"threshold={self.threshold}: use a value in [0, 1]")
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature}: use a value >= 0")
+
+
+@dataclass
+class Prediction:
+    """The result of one `Engine.predict` call."""
+
+    text: str  # the new text of the region ("" and cancelled=True if cancelled)
+    steps: int = 0  # denoising forward passes over the block(s)
+    tokens: int = 0  # tokens committed (content, <eom> included, pads excluded)
+    queue_ms: float = 0.0  # waiting for the inference thread
+    prefill_ms: float = 0.0  # computing KV of changed context tokens
+    denoise_ms: float = 0.0  # the denoising steps
+    cancelled: bool = False
+    context_tokens: int = 0  # tokens before the masked block
+    cached_tokens: int = 0  # of those, reused from the prefix KV cache
+    blocks: int = 0
+
+    @property
+    def total_ms(self) -> float:
+        return self.queue_ms + self.prefill_ms + self.denoise_ms
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.tokens / self.steps if self.steps else 0.0
+
+
+class CancelToken:
+    """A thread-safe flag; the sampler checks it before every denoising step."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+
+@dataclass
+class EngineStatus:
+    state: Literal["loading", "ready", "failed", "disconnected"] = "loading"
+    device: str = ""
+    model: str = ""
+    message: str = ""  # why it failed, what to do
+    extra: dict = field(default_factory=dict)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Local and remote engines implement this; the LSP cannot tell them apart."""
+
+    def predict(self, prompt: Prompt, params: SamplerParams, cancel: CancelToken) -> Prediction: ...
+
+    def status(self) -> EngineStatus: ...
+
+    def close(self) -> None: ...

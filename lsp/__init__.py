@@ -1,0 +1,1 @@
+"""dlm.lsp: the editor-facing language server. Importing it never imports torch."""
