@@ -1,0 +1,127 @@
+"""LocalEngine: the native model in-process behind the Engine protocol.
+
+One inference thread owns the model; `predict` hands it a job and waits, so
+requests from any thread are serialised and the time spent waiting is
+reported as `queue_ms`. The engine keeps a few prefix KV caches keyed by
+document path, so consecutive keystrokes in one file reuse their context.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future
+from pathlib import Path
+
+from dlm.coder_model.types import CancelToken, EngineStatus, Prediction, Prompt, SamplerParams
+
+log = logging.getLogger("dlm.engine")
+
+
+class LocalEngine:
+    def __init__(self, model, tok, *, device: str = "cpu", name: str = "", max_caches: int = 8,
+                 budget=None) -> None:
+        from dlm.coder_model.layout import LayoutBudget
+
+        self.model, self.tok = model, tok
+        self.device = device
+        self.name = name
+        self.budget = budget or LayoutBudget()
+        self.max_caches = max_caches
+        self._caches: OrderedDict[str, object] = OrderedDict()
+        self._jobs: queue.Queue = queue.Queue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="dlm-inference", daemon=True)
+        self._thread.start()
+        self.runs = 0  # model runs started (not skipped as cancelled while queued)
+
+    # -- Engine protocol -------------------------------------------------------
+    def predict(self, prompt: Prompt, params: SamplerParams, cancel: CancelToken) -> Prediction:
+        if self._closed:
+            raise RuntimeError("LocalEngine is closed; create a new engine")
+        fut: Future = Future()
+        self._jobs.put((time.perf_counter(), prompt, params, cancel, fut))
+        return fut.result()
+
+    def status(self) -> EngineStatus:
+        return EngineStatus(state="ready", device=self.device, model=self.name)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._jobs.put(None)
+
+    # -- inference thread -------------------------------------------------------
+    def _cache_for(self, key: str):
+        from dlm.coder_model.cache import PrefixCache
+
+        cache = self._caches.pop(key, None) or PrefixCache()
+        self._caches[key] = cache
+        while len(self._caches) > self.max_caches:
+            self._caches.popitem(last=False)
+        return cache
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            t_submit, prompt, params, cancel, fut = job
+            queue_ms = (time.perf_counter() - t_submit) * 1000
+            try:
+                fut.set_result(self._run(prompt, params, cancel, queue_ms))
+            except BaseException as exc:  # noqa: BLE001 - hand every failure to the caller
+                log.exception("prediction failed")
+                fut.set_exception(exc)
+
+    def _run(self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, queue_ms: float) -> Prediction:
+        from dlm.coder_model.layout import encode_prompt
+        from dlm.coder_model.sampler import generate
+
+        if cancel.cancelled:  # superseded while it waited: don't touch the model
+            return Prediction(text="", cancelled=True, queue_ms=queue_ms)
+        self.runs += 1
+        ids = encode_prompt(self.tok, prompt, self.budget)
+        cache = self._cache_for(prompt.path or "<untitled>")
+        dec = generate(self.model, self.tok, ids, params, cache=cache, cancel=cancel)
+        s = dec.stats
+        return Prediction(
+            text="" if s.cancelled else dec.text(),
+            steps=s.steps,
+            tokens=s.committed,
+            queue_ms=queue_ms,
+            prefill_ms=s.prefill_ms,
+            denoise_ms=s.denoise_ms,
+            cancelled=s.cancelled,
+            context_tokens=s.context_tokens,
+            cached_tokens=s.cached_tokens,
+            blocks=s.blocks,
+        )
+
+
+def load_engine(model: str | Path | None = None, device: str = "auto", impl: str = "auto"):
+    """An Engine for a checkpoint directory (None: the embedded checkpoint).
+
+    The family comes from config.json: "dlm" is the native model; the open
+    diffusion coder families are loaded by dlm.coder_model.families.
+    """
+    from dlm.coder_model.checkpoint import embedded_checkpoint_dir, load_model, read_config, resolve_device
+
+    d = Path(model) if model is not None else embedded_checkpoint_dir()
+    if not d.is_dir():
+        raise FileNotFoundError(f"model directory {d} does not exist; pass --model DIR of a checkpoint")
+    family = read_config(d).get("model_type", "dlm")
+    dev = resolve_device(device)
+    if family != "dlm":
+        from dlm.coder_model.families import load_family_engine
+
+        return load_family_engine(d, str(dev))
+    import torch
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    m, tok = load_model(d, device=str(dev), impl=impl)
+    log.info("loaded %s on %s", d, dev)
+    return LocalEngine(m, tok, device=str(dev), name=d.name)

@@ -1,0 +1,119 @@
+"""The native token layout (DESIGN §4): Prompt -> context tokens, target -> block tokens.
+
+    <bos><file>{language}:{path}\\n<history>{event}<edit>{event}...
+    <prefix>{prefix}<suffix>{suffix}<region>{region[:cursor]}<cursor>{region[cursor:]}<rewrite>
+    [MASK] x L
+
+The order is chosen for the prefix KV cache: typing inside a line changes only
+the region, so everything up to <region> keeps its tokens. Each segment is
+tokenized on its own so that a change in one never re-tokenizes another.
+The block holds the new region, then <eom>, then <pad> to the block's end;
+a region longer than one block continues in a second block whose context is
+the first (block diffusion).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dlm.coder_model.tokenizer import Tokenizer
+from dlm.coder_model.types import Prompt
+
+
+@dataclass(frozen=True)
+class LayoutBudget:
+    """Token budgets for the context; the far ends are cut first."""
+
+    max_context: int = 2048
+    max_history: int = 384
+    max_suffix: int = 512
+
+
+def encode_prompt(tok: Tokenizer, prompt: Prompt, budget: LayoutBudget | None = None) -> list[int]:
+    """Context token ids for a prompt, ending with <rewrite>."""
+    b = budget or LayoutBudget()
+    sp = tok.special
+    header = [sp["<bos>"], sp["<file>"]] + tok.encode(f"{prompt.language}:{prompt.path}\n")
+
+    history: list[int] = []
+    for event in reversed(prompt.history):  # newest events are kept first
+        ids = tok.encode(event)
+        if len(history) + len(ids) + 1 > b.max_history:
+            break
+        history = [sp["<edit>"]] + ids + history
+
+    region = (
+        [sp["<region>"]]
+        + tok.encode(prompt.region[: prompt.cursor])
+        + [sp["<cursor>"]]
+        + tok.encode(prompt.region[prompt.cursor :])
+        + [sp["<rewrite>"]]
+    )
+    suffix = tok.encode(prompt.suffix)[: b.max_suffix]
+    fixed = len(header) + 1 + len(history) + 1 + 1 + len(suffix) + len(region)
+    room = b.max_context - fixed
+    prefix = tok.encode(prompt.prefix)
+    if room < len(prefix):
+        # cut from the far (left) end; keep at least the region
+        prefix = prefix[len(prefix) - max(room, 0) :] if room > 0 else []
+    return header + [sp["<history>"]] + history + [sp["<prefix>"]] + prefix + [sp["<suffix>"]] + suffix + region
+
+
+def encode_target(tok: Tokenizer, target: str) -> list[int]:
+    """The answer the blocks must hold: the new region's tokens, then <eom>."""
+    return tok.encode(target) + [tok.eom_id]
+
+
+def target_block(tok: Tokenizer, target_ids: list[int], block: int, block_len: int) -> list[int]:
+    """Slots of block number `block` (0-based) for a target, padded with <pad>."""
+    piece = target_ids[block * block_len : (block + 1) * block_len]
+    return piece + [tok.pad_id] * (block_len - len(piece))
+
+
+def decode_block_output(tok: Tokenizer, ids: list[int]) -> tuple[str, bool]:
+    """Text of the committed slots up to the first <eom>/<pad>; and whether it ended."""
+    out: list[int] = []
+    for i in ids:
+        if i in (tok.eom_id, tok.pad_id):
+            return tok.decode(out), True
+        out.append(i)
+    return tok.decode(out), False
+
+
+def decode_context(tok: Tokenizer, ids: list[int]) -> dict[str, str]:
+    """Inverse of encode_prompt for checks and debugging: the text of each segment."""
+    names = {v: k for k, v in tok.special.items()}
+    segments: dict[str, list[int]] = {}
+    current = "<head>"
+    for i in ids:
+        name = names.get(i)
+        if name in ("<file>", "<history>", "<prefix>", "<suffix>", "<region>", "<rewrite>"):
+            current = name
+            segments.setdefault(current, [])
+        elif name == "<cursor>":
+            segments.setdefault("<region>", []).append(i)
+        elif name in ("<bos>",):
+            continue
+        else:
+            segments.setdefault(current, []).append(i)
+    out: dict[str, str] = {}
+    for k, seg in segments.items():
+        if k == "<region>" and tok.special["<cursor>"] in seg:
+            c = seg.index(tok.special["<cursor>"])
+            out["region_before_cursor"] = tok.decode(seg[:c])
+            out["region_after_cursor"] = tok.decode(seg[c + 1 :])
+        elif k == "<history>":
+            events, cur = [], []
+            for i in seg:
+                if i == tok.special["<edit>"]:
+                    if cur:
+                        events.append(tok.decode(cur))
+                    cur = []
+                else:
+                    cur.append(i)
+            if cur:
+                events.append(tok.decode(cur))
+            out["history"] = "\x00".join(events)
+        else:
+            out[k.strip("<>")] = tok.decode(seg)
+    return out

@@ -1,0 +1,294 @@
+"""Wire format of remote mode (DESIGN §7).
+
+Every frame is a 4-byte big-endian length followed by that many bytes of one
+msgpack map `{"t": type, "id": int, ...}`. Types:
+
+- ``hello``   handshake, three stages (see `auth.py` for the proofs):
+  server ``challenge`` {v, nonce, auth} -> client ``response`` {v, nonce, proof, client}
+  -> server ``welcome`` {v, proof, model, device, limits}.
+- ``predict`` {id, prompt: {...Prompt fields}, params: {...SamplerParams fields}}
+- ``cancel``  {id}: stop request `id`; the server answers it with a cancelled result.
+- ``result``  {id, text, steps, tokens, timings, cancelled, ...}: one per predict.
+- ``error``   {id, code, message}: id 0 = about the connection (the server closes it
+  right after); id > 0 = about that request only (the connection stays up).
+
+Many requests can be in flight on one connection; results come in any order
+and are matched by id. This module is pure translation and validation (no
+sockets, no torch), so the server, the client and the tests share it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from dataclasses import dataclass, fields
+from typing import Any
+
+import msgpack
+
+from dlm.coder_model.types import Prediction, Prompt, SamplerParams
+
+PROTOCOL_VERSION = 1
+HEADER = struct.Struct(">I")  # 4-byte big-endian frame length
+MAX_ID = 2**63 - 1  # ids are positive int64 so any msgpack implementation can carry them
+
+MESSAGE_TYPES = ("hello", "predict", "cancel", "result", "error")
+HELLO_STAGES = ("challenge", "response", "welcome")
+
+# error codes; a fatal one closes the connection
+FATAL_CODES = frozenset(
+    {
+        "bad_frame",  # not a msgpack map / not decodable
+        "frame_too_large",
+        "unknown_type",
+        "timeout",  # handshake, half-sent frame or idle connection
+        "version_mismatch",
+        "auth_failed",
+        "protocol",  # a valid message at the wrong time (e.g. predict before hello)
+        "shutting_down",
+    }
+)
+REQUEST_CODES = frozenset({"bad_request", "too_many_requests", "duplicate_id", "server_error"})
+
+
+class ProtocolError(Exception):
+    """A peer broke the protocol. `fatal` errors close the connection; others answer one request."""
+
+    def __init__(self, code: str, message: str, *, request_id: int = 0, fatal: bool | None = None):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+        self.fatal = code in FATAL_CODES if fatal is None else fatal
+
+
+class IdleTimeout(ProtocolError):
+    """No frame started within the idle (or handshake) timeout."""
+
+    def __init__(self, message: str):
+        super().__init__("timeout", message)
+
+
+class ConnectionClosed(Exception):
+    """The peer closed the connection cleanly between frames."""
+
+
+# --------------------------------------------------------------------- framing
+
+
+def encode_frame(message: dict[str, Any]) -> bytes:
+    body = msgpack.packb(message, use_bin_type=True)
+    return HEADER.pack(len(body)) + body
+
+
+def decode_body(body: bytes) -> dict[str, Any]:
+    """msgpack bytes -> a map with a string "t" and an int "id"; ProtocolError otherwise."""
+    try:
+        obj = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
+    except Exception as exc:  # msgpack raises several types (ExtraData, FormatError, ValueError, ...)
+        raise ProtocolError(
+            "bad_frame", f"frame body is not valid msgpack ({type(exc).__name__}: {exc}); send one msgpack map"
+        ) from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("bad_frame", f"frame body is a msgpack {type(obj).__name__}; send a map")
+    t = obj.get("t")
+    if not isinstance(t, str):
+        raise ProtocolError("bad_frame", 'frame map has no string "t" (message type)')
+    if t not in MESSAGE_TYPES:
+        raise ProtocolError("unknown_type", f"unknown message type {t[:40]!r}; known: {', '.join(MESSAGE_TYPES)}")
+    mid = obj.get("id", 0)
+    if isinstance(mid, bool) or not isinstance(mid, int) or not 0 <= mid <= MAX_ID:
+        raise ProtocolError("bad_frame", f'"id" must be an integer in [0, 2^63), got {mid!r:.40}')
+    obj["id"] = mid
+    return obj
+
+
+async def read_frame(
+    reader: asyncio.StreamReader,
+    *,
+    max_bytes: int,
+    first_byte_timeout: float | None,
+    frame_timeout: float | None,
+) -> dict[str, Any]:
+    """Read one frame. Waits up to `first_byte_timeout` for a frame to start (idle
+    timeout) and then up to `frame_timeout` for the rest of it, so a peer that
+    sends half a frame and stops cannot hold the connection open."""
+    try:
+        first = await asyncio.wait_for(reader.readexactly(1), first_byte_timeout)
+    except asyncio.IncompleteReadError:
+        raise ConnectionClosed() from None
+    except asyncio.TimeoutError:
+        raise IdleTimeout(f"no frame within {first_byte_timeout:g} s; closing idle connection") from None
+    try:
+        rest = await asyncio.wait_for(reader.readexactly(HEADER.size - 1), frame_timeout)
+        (length,) = HEADER.unpack(first + rest)
+        if length == 0:
+            raise ProtocolError("bad_frame", "zero-length frame; a frame holds one msgpack map")
+        if length > max_bytes:
+            raise ProtocolError(
+                "frame_too_large",
+                f"frame of {length} bytes exceeds the limit of {max_bytes} bytes; send a smaller prompt "
+                "(the server's limit is set by --max-frame-bytes)",
+            )
+        body = await asyncio.wait_for(reader.readexactly(length), frame_timeout)
+    except asyncio.IncompleteReadError as exc:
+        raise ProtocolError(
+            "bad_frame", f"connection closed in the middle of a frame ({len(exc.partial)} bytes of it read)"
+        ) from None
+    except asyncio.TimeoutError:
+        raise ProtocolError(
+            "timeout", f"frame not completed within {frame_timeout:g} s of its first byte (half-sent frame)"
+        ) from None
+    return decode_body(body)
+
+
+# -------------------------------------------------------------------- messages
+
+
+def error_message(code: str, message: str, request_id: int = 0) -> dict[str, Any]:
+    return {"t": "error", "id": request_id, "code": code, "message": message}
+
+
+def cancel_message(request_id: int) -> dict[str, Any]:
+    return {"t": "cancel", "id": request_id}
+
+
+_PROMPT_STR_FIELDS = ("prefix", "region", "suffix", "language", "path")
+
+
+def prompt_to_wire(prompt: Prompt) -> dict[str, Any]:
+    return {
+        "prefix": prompt.prefix,
+        "region": prompt.region,
+        "cursor": prompt.cursor,
+        "suffix": prompt.suffix,
+        "history": list(prompt.history),
+        "language": prompt.language,
+        "path": prompt.path,
+    }
+
+
+def params_to_wire(params: SamplerParams) -> dict[str, Any]:
+    return {f.name: getattr(params, f.name) for f in fields(SamplerParams)}
+
+
+def predict_message(request_id: int, prompt: Prompt, params: SamplerParams) -> dict[str, Any]:
+    return {"t": "predict", "id": request_id, "prompt": prompt_to_wire(prompt), "params": params_to_wire(params)}
+
+
+def _bad(request_id: int, message: str) -> ProtocolError:
+    return ProtocolError("bad_request", message, request_id=request_id, fatal=False)
+
+
+def prompt_from_wire(obj: Any, request_id: int) -> Prompt:
+    if not isinstance(obj, dict):
+        raise _bad(request_id, '"prompt" must be a map of Prompt fields')
+    unknown = set(obj) - set(_PROMPT_STR_FIELDS) - {"cursor", "history"}
+    if unknown:
+        raise _bad(request_id, f"unknown prompt fields {sorted(map(str, unknown))}; known: prefix, region, "
+                   "cursor, suffix, history, language, path")
+    kwargs: dict[str, Any] = {}
+    for name in _PROMPT_STR_FIELDS:
+        value = obj.get(name, "")
+        if not isinstance(value, str):
+            raise _bad(request_id, f"prompt.{name} must be a string, got {type(value).__name__}")
+        kwargs[name] = value
+    for name in ("prefix", "region", "suffix"):
+        if name not in obj:
+            raise _bad(request_id, f"prompt.{name} is missing")
+    cursor = obj.get("cursor")
+    if isinstance(cursor, bool) or not isinstance(cursor, int):
+        raise _bad(request_id, f"prompt.cursor must be an integer, got {type(cursor).__name__}")
+    history = obj.get("history", [])
+    if not isinstance(history, list) or not all(isinstance(h, str) for h in history):
+        raise _bad(request_id, "prompt.history must be a list of strings")
+    try:
+        return Prompt(cursor=cursor, history=tuple(history), **kwargs)
+    except ValueError as exc:
+        raise _bad(request_id, f"invalid prompt: {exc}") from None
+
+
+_PARAM_TYPES = {f.name: f.type for f in fields(SamplerParams)}
+
+
+def params_from_wire(obj: Any, request_id: int) -> SamplerParams:
+    if obj is None:
+        return SamplerParams()
+    if not isinstance(obj, dict):
+        raise _bad(request_id, '"params" must be a map of SamplerParams fields')
+    unknown = set(obj) - set(_PARAM_TYPES)
+    if unknown:
+        # Rejected rather than ignored: an ignored knob would silently change the suggestion.
+        raise _bad(request_id, f"unknown sampler params {sorted(map(str, unknown))}; this server knows "
+                   f"{sorted(_PARAM_TYPES)} (upgrade the server if the client is newer)")
+    kwargs: dict[str, Any] = {}
+    for name, value in obj.items():
+        kind = _PARAM_TYPES[name]
+        if kind == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif kind == "float":
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            value = float(value) if ok else value
+        else:  # Literal[...] string knobs, validated by SamplerParams itself
+            ok = isinstance(value, str)
+        if not ok:
+            raise _bad(request_id, f"params.{name} has the wrong type {type(value).__name__}")
+        kwargs[name] = value
+    try:
+        return SamplerParams(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise _bad(request_id, f"invalid sampler params: {exc}") from None
+
+
+_PREDICTION_FIELDS = [f.name for f in fields(Prediction)]
+
+
+def result_message(request_id: int, prediction: Prediction) -> dict[str, Any]:
+    msg: dict[str, Any] = {"t": "result", "id": request_id}
+    for name in _PREDICTION_FIELDS:
+        msg[name] = getattr(prediction, name)
+    return msg
+
+
+def prediction_from_wire(msg: dict[str, Any]) -> Prediction:
+    """A result message -> Prediction; raises ProtocolError on a malformed result."""
+    kwargs: dict[str, Any] = {}
+    for f in fields(Prediction):
+        if f.name not in msg:
+            continue
+        value = msg[f.name]
+        if f.type == "str":
+            ok = isinstance(value, str)
+        elif f.type == "bool":
+            ok = isinstance(value, bool)
+        elif f.type == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            value = float(value) if ok else value
+        if not ok:
+            raise ProtocolError("bad_frame", f"result.{f.name} has the wrong type {type(value).__name__}")
+        kwargs[f.name] = value
+    if "text" not in kwargs:
+        raise ProtocolError("bad_frame", "result without text")
+    return Prediction(**kwargs)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one server connection may do; the server tells the client its values in `welcome`."""
+
+    max_frame_bytes: int = 4 * 1024 * 1024  # a prompt is windowed text: 4 MiB is far above need
+    max_inflight: int = 64  # requests in flight per connection
+    handshake_timeout_s: float = 5.0  # connect -> authenticated
+    frame_timeout_s: float = 10.0  # first byte of a frame -> its last byte
+    idle_timeout_s: float = 600.0  # no frame and nothing in flight -> close
+
+    def __post_init__(self) -> None:
+        if self.max_frame_bytes < 1024:
+            raise ValueError(f"max_frame_bytes={self.max_frame_bytes}: use at least 1024")
+        if self.max_inflight < 1:
+            raise ValueError(f"max_inflight={self.max_inflight}: use at least 1")
+        for name in ("handshake_timeout_s", "frame_timeout_s", "idle_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}={getattr(self, name)}: use a positive number of seconds")
