@@ -1,0 +1,411 @@
+// VS Code client of `dlm-lsp --stdio`. Inline completions come from
+// vscode-languageclient's inline-completion feature (LSP 3.18); this file adds
+// what the library does not do: edit predictions away from the cursor
+// (dlm/editPrediction), acceptance notifications, the status bar, commands.
+// Everything that can be computed without an editor lives in logic.ts.
+import * as vscode from "vscode";
+import {
+  LanguageClient,
+  type LanguageClientOptions,
+  type ServerOptions,
+  State,
+  ExecuteCommandRequest,
+} from "vscode-languageclient/node";
+import {
+  type DlmSettings,
+  type DlmStatus,
+  type EditPredictionView,
+  DEFAULT_SETTINGS,
+  SettingsError,
+  acceptedLength,
+  buildServerCommand,
+  itemIdOf,
+  needsRestart,
+  renderEditPrediction,
+  statusBarData,
+  validateEditPrediction,
+} from "./logic.js";
+
+const ACCEPT_COMMAND = "dlm.acceptCompletion";
+
+function readSettings(): DlmSettings {
+  const c = vscode.workspace.getConfiguration("dlm");
+  const d = DEFAULT_SETTINGS;
+  return {
+    enable: c.get<boolean>("enable", d.enable),
+    serverPath: c.get<string>("server.path", d.serverPath),
+    serverArgs: c.get<string[]>("server.args", d.serverArgs),
+    model: c.get<string>("model", d.model),
+    device: c.get<DlmSettings["device"]>("device", d.device),
+    remoteAddress: c.get<string>("remote.address", d.remoteAddress),
+    remoteTokenFile: c.get<string>("remote.tokenFile", d.remoteTokenFile),
+    remoteTls: c.get<boolean>("remote.tls", d.remoteTls),
+    editPredictions: c.get<boolean>("editPredictions", d.editPredictions),
+    editPredictionDelayMs: c.get<number>("editPredictionDelayMs", d.editPredictionDelayMs),
+  };
+}
+
+/** The inline completion item VS Code is showing (as far as we know), for partial-accept notifications. */
+interface ShownItem {
+  uri: string;
+  startOffset: number;
+  text: string;
+  lspItem: Record<string, unknown>;
+}
+
+interface ShownPrediction {
+  uri: string;
+  view: EditPredictionView;
+  edits: { range: vscode.Range; newText: string }[];
+}
+
+class DlmExtension implements vscode.Disposable {
+  private client: LanguageClient | undefined;
+  private settings: DlmSettings = readSettings();
+  private status: DlmStatus | null = null;
+  private shownItem: ShownItem | undefined;
+  private prediction: ShownPrediction | undefined;
+  private predictionTimer: NodeJS.Timeout | undefined;
+  private predictionCancel: vscode.CancellationTokenSource | undefined;
+  private ownAcceptCommand: vscode.Disposable | undefined;
+  private readonly disposables: vscode.Disposable[] = [];
+  private readonly statusItem: vscode.StatusBarItem;
+  private readonly replaceDeco: vscode.TextEditorDecorationType;
+  private readonly newTextDeco: vscode.TextEditorDecorationType;
+
+  constructor(private readonly log: vscode.LogOutputChannel) {
+    this.statusItem = vscode.window.createStatusBarItem(vscode.StatusBarAlignment.Right, 100);
+    this.statusItem.command = "dlm.toggle";
+    this.statusItem.show();
+    this.replaceDeco = vscode.window.createTextEditorDecorationType({
+      backgroundColor: new vscode.ThemeColor("diffEditor.removedTextBackground"),
+      textDecoration: "line-through",
+    });
+    this.newTextDeco = vscode.window.createTextEditorDecorationType({
+      after: { color: new vscode.ThemeColor("editorGhostText.foreground"), fontStyle: "italic", margin: "0 0 0 1em" },
+    });
+    this.disposables.push(this.statusItem, this.replaceDeco, this.newTextDeco);
+    this.renderStatus();
+  }
+
+  register(ctx: vscode.ExtensionContext): void {
+    const cmd = (name: string, fn: (...a: unknown[]) => unknown) =>
+      this.disposables.push(vscode.commands.registerCommand(name, fn));
+    cmd("dlm.toggle", () => this.toggle());
+    cmd("dlm.restart", () => this.restart());
+    cmd("dlm.showLog", () => this.log.show());
+    cmd("dlm.accept", () => vscode.commands.executeCommand("editor.action.inlineSuggest.commit"));
+    cmd("dlm.acceptWord", () => this.partialAccept("editor.action.inlineSuggest.acceptNextWord"));
+    cmd("dlm.acceptLine", () => this.partialAccept("editor.action.inlineSuggest.acceptNextLine"));
+    cmd("dlm.applyEditPrediction", () => this.applyPrediction());
+    cmd("dlm.dismissEditPrediction", () => this.clearPrediction());
+    this.disposables.push(
+      vscode.workspace.onDidChangeConfiguration((e) => {
+        if (e.affectsConfiguration("dlm")) this.onSettingsChanged();
+      }),
+      vscode.workspace.onDidChangeTextDocument((e) => {
+        if (this.prediction && e.document.uri.toString() === this.prediction.uri) this.clearPrediction();
+        this.schedulePrediction();
+      }),
+      vscode.window.onDidChangeTextEditorSelection(() => this.schedulePrediction()),
+      vscode.window.onDidChangeActiveTextEditor(() => this.clearPrediction()),
+    );
+    ctx.subscriptions.push(this);
+  }
+
+  // -- server lifecycle ---------------------------------------------------
+
+  async start(): Promise<void> {
+    let cmd;
+    try {
+      cmd = buildServerCommand(this.settings);
+    } catch (e) {
+      const msg = e instanceof SettingsError ? e.message : String(e);
+      this.log.error(msg);
+      this.status = { state: "failed", message: msg };
+      this.renderStatus();
+      void vscode.window.showErrorMessage(`dlm: ${msg}`);
+      return;
+    }
+    this.log.info(`starting: ${cmd.command} ${cmd.args.join(" ")}`);
+    const serverOptions: ServerOptions = { command: cmd.command, args: cmd.args }; // transport unset: args used as given
+    const clientOptions: LanguageClientOptions = {
+      documentSelector: [{ scheme: "file" }, { scheme: "untitled" }],
+      outputChannel: this.log,
+      middleware: {
+        provideInlineCompletionItems: async (document, position, context, token, next) => {
+          if (!this.settings.enable) return null;
+          const result = await next(document, position, context, token);
+          this.noteShown(document, position, result);
+          return result;
+        },
+      },
+    };
+    const client = new LanguageClient("dlm", "dlm", serverOptions, clientOptions);
+    client.registerProposedFeatures();
+    client.onNotification("dlm/status", (st: DlmStatus) => {
+      this.status = st;
+      this.renderStatus();
+    });
+    client.onDidChangeState((e) => {
+      if (e.newState === State.Stopped) {
+        this.status = { ...(this.status ?? {}), state: "disconnected", message: "the server stopped; run `dlm: Restart Server`" };
+        this.renderStatus();
+      }
+    });
+    this.client = client;
+    try {
+      await client.start();
+    } catch (e) {
+      const msg =
+        `could not start "${cmd.command}": ${e instanceof Error ? e.message : String(e)}. ` +
+        "Install dlm-lsp (pip install dlm-lsp) or set dlm.server.path to its full path, then run `dlm: Restart Server`.";
+      this.log.error(msg);
+      this.status = { state: "failed", message: msg };
+      this.renderStatus();
+      void vscode.window.showErrorMessage(`dlm: ${msg}`);
+      return;
+    }
+    // Accepting an inline item runs its command (dlm.acceptCompletion) in VS Code. The library
+    // registers it when the server lists it under executeCommandProvider; otherwise forward it here.
+    const listed = client.initializeResult?.capabilities.executeCommandProvider?.commands ?? [];
+    if (!listed.includes(ACCEPT_COMMAND)) {
+      this.ownAcceptCommand = vscode.commands.registerCommand(ACCEPT_COMMAND, (...args: unknown[]) =>
+        this.sendAccept(args),
+      );
+    }
+  }
+
+  private async stop(): Promise<void> {
+    this.clearPrediction();
+    this.ownAcceptCommand?.dispose();
+    this.ownAcceptCommand = undefined;
+    const c = this.client;
+    this.client = undefined;
+    if (c) {
+      try {
+        await c.stop(2000);
+      } catch (e) {
+        this.log.warn(`stopping the server: ${String(e)}`);
+      }
+    }
+  }
+
+  async restart(): Promise<void> {
+    this.log.info("restarting the server");
+    await this.stop();
+    this.status = null;
+    this.renderStatus();
+    await this.start();
+  }
+
+  private onSettingsChanged(): void {
+    const old = this.settings;
+    this.settings = readSettings();
+    if (needsRestart(old, this.settings)) void this.restart();
+    if (!this.settings.enable || !this.settings.editPredictions) this.clearPrediction();
+    this.renderStatus();
+  }
+
+  private async toggle(): Promise<void> {
+    await vscode.workspace.getConfiguration("dlm").update("enable", !this.settings.enable, vscode.ConfigurationTarget.Global);
+  }
+
+  private renderStatus(): void {
+    const d = statusBarData(this.status, this.settings.enable);
+    this.statusItem.text = d.text;
+    this.statusItem.tooltip = d.tooltip;
+    this.statusItem.backgroundColor = d.error ? new vscode.ThemeColor("statusBarItem.errorBackground") : undefined;
+  }
+
+  private running(): LanguageClient | undefined {
+    return this.client && this.client.state === State.Running ? this.client : undefined;
+  }
+
+  // -- inline completions: shown / partially accepted ----------------------
+
+  private noteShown(
+    document: vscode.TextDocument,
+    position: vscode.Position,
+    result: vscode.InlineCompletionItem[] | vscode.InlineCompletionList | null | undefined,
+  ): void {
+    const items = Array.isArray(result) ? result : (result?.items ?? []);
+    const item = items[0];
+    if (!item) {
+      this.shownItem = undefined;
+      return;
+    }
+    const text = typeof item.insertText === "string" ? item.insertText : item.insertText.value;
+    const range = item.range ?? new vscode.Range(position, position);
+    const lspItem: Record<string, unknown> = {
+      insertText: text,
+      range: {
+        start: { line: range.start.line, character: range.start.character },
+        end: { line: range.end.line, character: range.end.character },
+      },
+    };
+    if (item.command) lspItem.command = { title: item.command.title, command: item.command.command, arguments: item.command.arguments };
+    this.log.debug(`inline item ${itemIdOf(item.command) ?? "(no id)"} at ${position.line}:${position.character}`);
+    this.shownItem = { uri: document.uri.toString(), startOffset: document.offsetAt(range.start), text, lspItem };
+    // VS Code's stable API has no "shown" callback; an item handed to the editor is as close as we get.
+    void this.running()?.sendNotification("textDocument/didShowCompletion", { item: lspItem });
+  }
+
+  private async partialAccept(builtin: string): Promise<void> {
+    await vscode.commands.executeCommand(builtin);
+    const editor = vscode.window.activeTextEditor;
+    const shown = this.shownItem;
+    if (!editor || !shown || editor.document.uri.toString() !== shown.uri) return;
+    const n = acceptedLength(shown.startOffset, editor.document.offsetAt(editor.selection.active), shown.text);
+    if (n > 0) {
+      void this.running()?.sendNotification("textDocument/didPartiallyAcceptCompletion", {
+        item: shown.lspItem,
+        acceptedLength: n,
+      });
+    }
+  }
+
+  private async sendAccept(args: unknown[]): Promise<void> {
+    const c = this.running();
+    if (!c) return;
+    try {
+      await c.sendRequest(ExecuteCommandRequest.type, { command: ACCEPT_COMMAND, arguments: args });
+    } catch (e) {
+      this.log.warn(`${ACCEPT_COMMAND}: ${String(e)}`);
+    }
+  }
+
+  // -- edit predictions ----------------------------------------------------
+
+  private schedulePrediction(): void {
+    if (this.predictionTimer) clearTimeout(this.predictionTimer);
+    this.predictionCancel?.cancel();
+    if (!this.settings.enable || !this.settings.editPredictions || !this.running()) return;
+    this.predictionTimer = setTimeout(() => void this.requestPrediction(), this.settings.editPredictionDelayMs);
+  }
+
+  private async requestPrediction(): Promise<void> {
+    const c = this.running();
+    const editor = vscode.window.activeTextEditor;
+    if (!c || !editor) return;
+    const doc = editor.document;
+    const pos = editor.selection.active;
+    const cts = new vscode.CancellationTokenSource();
+    this.predictionCancel = cts;
+    let raw: unknown;
+    try {
+      raw = await c.sendRequest(
+        "dlm/editPrediction",
+        { textDocument: { uri: doc.uri.toString() }, position: { line: pos.line, character: pos.character } },
+        cts.token,
+      );
+    } catch (e) {
+      if (!cts.token.isCancellationRequested) this.log.warn(`dlm/editPrediction: ${String(e)}`);
+      return;
+    }
+    if (cts.token.isCancellationRequested || vscode.window.activeTextEditor !== editor) return;
+    let pred;
+    try {
+      pred = validateEditPrediction(raw);
+    } catch (e) {
+      this.log.warn(String(e));
+      return;
+    }
+    // A prediction for an older version of the text would edit the wrong characters.
+    if (!pred || pred.version !== doc.version) return;
+    const view = renderEditPrediction(pred, (n) => (n < doc.lineCount ? doc.lineAt(n).text : ""));
+    if (!view.decorations.length) return;
+    this.prediction = {
+      uri: doc.uri.toString(),
+      view,
+      edits: pred.edits.map((e) => ({
+        range: new vscode.Range(e.range.start.line, e.range.start.character, e.range.end.line, e.range.end.character),
+        newText: e.newText,
+      })),
+    };
+    this.showPrediction(editor, view);
+  }
+
+  private showPrediction(editor: vscode.TextEditor, view: EditPredictionView): void {
+    const replaced: vscode.DecorationOptions[] = [];
+    const added: vscode.DecorationOptions[] = [];
+    for (const d of view.decorations) {
+      const hover = new vscode.MarkdownString().appendText("dlm edit (Tab applies, Esc dismisses):").appendCodeblock(d.hover);
+      if (d.kind !== "insert") {
+        replaced.push({
+          range: new vscode.Range(d.range.start.line, d.range.start.character, d.range.end.line, d.range.end.character),
+          hoverMessage: hover,
+        });
+      }
+      if (d.after) {
+        const end = editor.document.lineAt(Math.min(d.anchorLine, editor.document.lineCount - 1)).range.end;
+        added.push({
+          range: new vscode.Range(end, end),
+          hoverMessage: hover,
+          renderOptions: { after: { contentText: `→ ${d.after}` } },
+        });
+      }
+    }
+    editor.setDecorations(this.replaceDeco, replaced);
+    editor.setDecorations(this.newTextDeco, added);
+    void vscode.commands.executeCommand("setContext", "dlm.editPredictionVisible", true);
+  }
+
+  clearPrediction(): void {
+    if (!this.prediction) return;
+    this.prediction = undefined;
+    for (const e of vscode.window.visibleTextEditors) {
+      e.setDecorations(this.replaceDeco, []);
+      e.setDecorations(this.newTextDeco, []);
+    }
+    void vscode.commands.executeCommand("setContext", "dlm.editPredictionVisible", false);
+  }
+
+  private async applyPrediction(): Promise<void> {
+    const p = this.prediction;
+    const editor = vscode.window.activeTextEditor;
+    if (!p || !editor || editor.document.uri.toString() !== p.uri || editor.document.version !== p.view.version) {
+      this.clearPrediction();
+      return;
+    }
+    const doc = editor.document;
+    // Where the cursor goes: the end of the last edit's new text, in the edited document.
+    const sorted = [...p.edits].sort((a, b) => doc.offsetAt(a.range.start) - doc.offsetAt(b.range.start));
+    let delta = 0;
+    for (const e of sorted.slice(0, -1)) delta += e.newText.length - (doc.offsetAt(e.range.end) - doc.offsetAt(e.range.start));
+    const last = sorted[sorted.length - 1];
+    const target = doc.offsetAt(last.range.start) + delta + last.newText.length;
+    this.clearPrediction();
+    const ok = await editor.edit((b) => {
+      for (const e of p.edits) b.replace(e.range, e.newText);
+    });
+    if (!ok) {
+      this.log.warn("applying the edit prediction failed (the document changed); ask again by moving the cursor");
+      return;
+    }
+    const pos = editor.document.positionAt(target);
+    editor.selection = new vscode.Selection(pos, pos);
+    await this.sendAccept([p.view.id]);
+  }
+
+  dispose(): void {
+    if (this.predictionTimer) clearTimeout(this.predictionTimer);
+    void this.stop();
+    for (const d of this.disposables) d.dispose();
+  }
+}
+
+let ext: DlmExtension | undefined;
+
+export async function activate(ctx: vscode.ExtensionContext): Promise<void> {
+  const log = vscode.window.createOutputChannel("dlm", { log: true });
+  ctx.subscriptions.push(log);
+  ext = new DlmExtension(log);
+  ext.register(ctx);
+  await ext.start();
+}
+
+export async function deactivate(): Promise<void> {
+  ext?.dispose();
+  ext = undefined;
+}

@@ -1,0 +1,127 @@
+// Unit tests of the pure logic (node --test out/test/). No editor needed.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import {
+  DEFAULT_SETTINGS,
+  SettingsError,
+  acceptedLength,
+  buildServerCommand,
+  itemIdOf,
+  needsRestart,
+  renderEditPrediction,
+  statusBarData,
+  validateEditPrediction,
+  type DlmSettings,
+} from "../logic.js";
+
+const s = (over: Partial<DlmSettings>): DlmSettings => ({ ...DEFAULT_SETTINGS, ...over });
+
+test("default settings start the server on stdio with nothing else", () => {
+  assert.deepEqual(buildServerCommand(DEFAULT_SETTINGS), { command: "dlm-lsp", args: ["--stdio"] });
+});
+
+test("model and device become --model/--device; auto is the server default and is not sent", () => {
+  assert.deepEqual(buildServerCommand(s({ model: " /ckpt ", device: "cuda", serverPath: "/venv/bin/dlm-lsp" })), {
+    command: "/venv/bin/dlm-lsp",
+    args: ["--stdio", "--model", "/ckpt", "--device", "cuda"],
+  });
+  assert.deepEqual(buildServerCommand(s({ device: "auto" })).args, ["--stdio"]);
+});
+
+test("a remote address switches to --remote and drops the local model options", () => {
+  const cmd = buildServerCommand(
+    s({ remoteAddress: "gpu:7878", remoteTokenFile: "~/.dlm-token", remoteTls: true, model: "/m", device: "cpu" }),
+  );
+  assert.deepEqual(cmd.args, ["--stdio", "--remote", "gpu:7878", "--token-file", "~/.dlm-token", "--tls"]);
+  assert.deepEqual(buildServerCommand(s({ remoteAddress: "[::1]:9000" })).args, ["--stdio", "--remote", "[::1]:9000"]);
+});
+
+test("extra args are appended last", () => {
+  assert.deepEqual(buildServerCommand(s({ serverArgs: ["--log-level", "debug"] })).args, ["--stdio", "--log-level", "debug"]);
+});
+
+test("bad settings give a SettingsError that names the setting", () => {
+  assert.throws(() => buildServerCommand(s({ remoteAddress: "gpu" })), (e: Error) => e instanceof SettingsError && /dlm\.remote\.address/.test(e.message));
+  assert.throws(() => buildServerCommand(s({ remoteAddress: "gpu:99999" })), /outside 1\.\.65535/);
+  assert.throws(() => buildServerCommand(s({ serverPath: "  " })), /dlm\.server\.path/);
+  assert.throws(() => buildServerCommand(s({ device: "tpu" as DlmSettings["device"] })), /dlm\.device/);
+});
+
+test("only command-line settings need a restart", () => {
+  assert.equal(needsRestart(DEFAULT_SETTINGS, s({ enable: false, editPredictionDelayMs: 10 })), false);
+  assert.equal(needsRestart(DEFAULT_SETTINGS, s({ model: "/m" })), true);
+  assert.equal(needsRestart(s({ model: "/m" }), s({ model: "/m", remoteAddress: "h:1" })), true);
+});
+
+test("status bar shows p50 when ready and the state otherwise", () => {
+  const ready = statusBarData({ state: "ready", device: "cuda", model: "dlm-small", p50_ms: 41.6, p95_ms: 90, requests: 10, shown: 4, accepted: 2 }, true);
+  assert.equal(ready.text, "$(sparkle) dlm 42 ms");
+  assert.match(ready.tooltip, /p50 42 ms, p95 90 ms/);
+  assert.match(ready.tooltip, /requests 10, shown 4, accepted 2/);
+  assert.equal(ready.error, false);
+  const failed = statusBarData({ state: "failed", message: "no checkpoint at /x; pass --model" }, true);
+  assert.equal(failed.text, "$(error) dlm failed");
+  assert.match(failed.tooltip, /no checkpoint/);
+  assert.equal(failed.error, true);
+  assert.equal(statusBarData({ state: "ready", p50_ms: null }, false).text, "$(circle-slash) dlm");
+  assert.match(statusBarData(null, true).tooltip, /starting/);
+});
+
+const doc = ["def f(x):", "    return x+1", "", "print(f(2))"];
+const line = (n: number) => doc[n] ?? "";
+const r = (l1: number, c1: number, l2: number, c2: number) => ({ start: { line: l1, character: c1 }, end: { line: l2, character: c2 } });
+
+test("edit prediction: replace, insert and delete become decorations", () => {
+  const view = renderEditPrediction(
+    {
+      id: "p1",
+      version: 7,
+      edits: [
+        { range: r(1, 11, 1, 14), newText: "x + 1" },
+        { range: r(2, 0, 2, 0), newText: "\n\ndef g(y):\n    return y" },
+        { range: r(3, 0, 3, 11), newText: "" },
+      ],
+    },
+    line,
+  );
+  assert.equal(view.id, "p1");
+  assert.equal(view.version, 7);
+  assert.equal(view.firstLine, 1);
+  assert.deepEqual(
+    view.decorations.map((d) => [d.kind, d.anchorLine, d.after]),
+    [
+      ["replace", 1, "x + 1"],
+      ["insert", 2, " ⏎ … (+3 lines)"],
+      ["delete", 3, ""],
+    ],
+  );
+  assert.equal(view.decorations[1].hover, "\n\ndef g(y):\n    return y");
+});
+
+test("edit prediction: no-op edits are dropped and long text is shortened", () => {
+  const v = renderEditPrediction({ id: "p", version: 1, edits: [{ range: r(1, 4, 1, 10), newText: "return" }] }, line);
+  assert.equal(v.decorations.length, 0);
+  const long = "y".repeat(200);
+  const w = renderEditPrediction({ id: "p", version: 1, edits: [{ range: r(0, 0, 0, 0), newText: long }] }, line);
+  assert.equal(w.decorations[0].after.length, 80);
+  assert.ok(w.decorations[0].after.endsWith("…"));
+  assert.throws(() => renderEditPrediction({ id: "p", version: 1, edits: [{ range: r(2, 5, 1, 0), newText: "" }] }, line), /ends before it starts/);
+});
+
+test("edit prediction answers are validated", () => {
+  assert.equal(validateEditPrediction(null), null);
+  assert.equal(validateEditPrediction({ id: "a", version: 1, edits: [] }), null);
+  const ok = validateEditPrediction({ id: "a", version: 1, edits: [{ range: r(0, 0, 0, 1), newText: "z", extra: 1 }] });
+  assert.deepEqual(ok, { id: "a", version: 1, edits: [{ range: r(0, 0, 0, 1), newText: "z" }] });
+  assert.throws(() => validateEditPrediction({ id: 3, version: 1, edits: [] }), /expected \{id, version, edits\[\]\}/);
+  assert.throws(() => validateEditPrediction({ id: "a", version: 1, edits: [{ range: r(-1, 0, 0, 0), newText: "" }] }), /not \{range, newText\}/);
+});
+
+test("partial accept length and item ids", () => {
+  assert.equal(acceptedLength(100, 104, "return x"), 4);
+  assert.equal(acceptedLength(100, 150, "return x"), 8);
+  assert.equal(acceptedLength(100, 90, "return x"), 0);
+  assert.equal(itemIdOf({ command: "dlm.acceptCompletion", arguments: ["c-12"] }), "c-12");
+  assert.equal(itemIdOf({ command: "other", arguments: ["c-12"] }), null);
+  assert.equal(itemIdOf(undefined), null);
+});
