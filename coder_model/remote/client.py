@@ -1,0 +1,414 @@
+"""RemoteEngine: the Engine protocol over a TCP connection to `dlm-lsp serve`.
+
+One connection carries every request (many in flight, answered in any
+order). An I/O thread runs an asyncio loop that keeps the connection up:
+it connects, authenticates, reads results, and after a failure reconnects
+with exponential backoff (plus jitter, so many laptops do not reconnect in
+lockstep after a server restart). `predict` runs in the caller's thread and
+never waits for a connection: while disconnected it returns an empty,
+cancelled Prediction at once so the editor gets "no suggestion" instead of a
+stall, and `status()` says "disconnected" with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import random
+import socket
+import ssl
+import threading
+import time
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any
+
+from dlm.coder_model.remote import auth
+from dlm.coder_model.remote.protocol import (
+    PROTOCOL_VERSION,
+    ConnectionClosed,
+    ProtocolError,
+    cancel_message,
+    encode_frame,
+    predict_message,
+    prediction_from_wire,
+    read_frame,
+)
+from dlm.coder_model.types import CancelToken, EngineStatus, Prediction, Prompt, SamplerParams
+
+log = logging.getLogger("dlm.remote.client")
+
+_POLL_S = 0.005  # how often a waiting predict() looks at its CancelToken
+
+
+class RemoteRefused(Exception):
+    """The server (or this client) refused the session: wrong token, version mismatch, ..."""
+
+
+@dataclass
+class _Session:
+    writer: asyncio.StreamWriter
+    model: str
+    device: str
+    max_frame_bytes: int
+    max_inflight: int
+
+
+def _empty() -> Prediction:
+    return Prediction(text="", cancelled=True)
+
+
+class RemoteEngine:
+    """Engine over TCP. `RemoteEngine("gpu-box", 7341, token=b"...", tls=True)`.
+
+    token: the shared secret (bytes or str); None = no auth (loopback servers only).
+    tls: wrap the connection in TLS; `cafile` is the CA (or self-signed cert) to trust,
+    default the system store; `server_hostname` overrides the name checked in the cert.
+    request_timeout: a request with no answer after this long returns empty (and is cancelled).
+    backoff_initial/backoff_max: reconnect delays (seconds), doubling after each failure.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        token: bytes | str | None = None,
+        tls: bool = False,
+        cafile: str | None = None,
+        server_hostname: str | None = None,
+        connect_timeout: float = 5.0,
+        request_timeout: float = 30.0,
+        backoff_initial: float = 0.2,
+        backoff_max: float = 10.0,
+        client_id: str | None = None,
+    ):
+        self.host = host
+        self.port = int(port)
+        self._token = token.encode("utf-8") if isinstance(token, str) else token
+        self._ssl: ssl.SSLContext | None = None
+        if tls:
+            self._ssl = ssl.create_default_context(cafile=cafile)
+        self._server_hostname = server_hostname
+        self.connect_timeout = connect_timeout
+        self.request_timeout = request_timeout
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        # Stable across reconnects so the server's prefix caches for our documents survive a blip.
+        self.client_id = client_id or f"dlm-{uuid.uuid4().hex[:16]}"
+
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._pending: dict[int, concurrent.futures.Future[Prediction]] = {}
+        self._session: _Session | None = None
+        self._ever_tried = False
+        self._last_error = ""
+        self._connected_event = threading.Event()
+        self.reconnects = 0  # successful connections after the first
+        self.connects = 0
+        self._closing = False
+
+        self._loop = asyncio.new_event_loop()
+        self._wake: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run_loop, name=f"dlm-remote-{host}:{port}", daemon=True)
+        self._thread.start()
+        self._maintainer = asyncio.run_coroutine_threadsafe(self._maintain(), self._loop)
+
+    # ------------------------------------------------------------ Engine API
+
+    def predict(self, prompt: Prompt, params: SamplerParams, cancel: CancelToken) -> Prediction:
+        session = self._session
+        if session is None or cancel.cancelled:
+            return _empty()
+        rid = next(self._ids)
+        try:
+            frame = encode_frame(predict_message(rid, prompt, params))
+        except (ValueError, TypeError) as exc:  # e.g. lone surrogates in the text cannot be UTF-8 encoded
+            self._note(f"prompt could not be encoded for the wire ({exc}); returned no suggestion")
+            return _empty()
+        if len(frame) - 4 > session.max_frame_bytes:
+            self._note(f"prompt of {len(frame)} bytes exceeds the server's frame limit of "
+                       f"{session.max_frame_bytes}; returned no suggestion (shrink the context window)")
+            return _empty()
+        fut: concurrent.futures.Future[Prediction] = concurrent.futures.Future()
+        with self._lock:
+            if len(self._pending) >= session.max_inflight:
+                self._note(f"{len(self._pending)} requests already in flight (server limit "
+                           f"{session.max_inflight}); returned no suggestion")
+                return _empty()
+            self._pending[rid] = fut
+        t0 = time.perf_counter()
+        self._loop.call_soon_threadsafe(self._send, session, frame)
+        deadline = t0 + self.request_timeout
+        while True:
+            try:
+                pred = fut.result(timeout=_POLL_S)
+                break
+            except concurrent.futures.TimeoutError:
+                pass
+            timed_out = time.perf_counter() >= deadline
+            if cancel.cancelled or timed_out:
+                with self._lock:
+                    self._pending.pop(rid, None)
+                if fut.done():  # answered in the meantime
+                    pred = fut.result()
+                    break
+                # Do not wait for the server's acknowledgement: the editor has moved on.
+                self._loop.call_soon_threadsafe(self._send, session, encode_frame(cancel_message(rid)))
+                if timed_out:
+                    self._note(f"no answer from {self.host}:{self.port} within {self.request_timeout:g} s; "
+                               "request cancelled")
+                return _empty()
+        if not pred.cancelled:
+            # Time on the wire and in (de)serialisation counts as queueing, so total_ms is what the caller saw.
+            elapsed_ms = (time.perf_counter() - t0) * 1e3
+            pred = replace(pred, queue_ms=pred.queue_ms + max(0.0, elapsed_ms - pred.total_ms))
+        return pred
+
+    def status(self) -> EngineStatus:
+        session = self._session
+        extra = {"remote": f"{self.host}:{self.port}", "tls": self._ssl is not None, "connects": self.connects,
+                 "reconnects": self.reconnects, "in_flight": len(self._pending)}
+        if session is not None:
+            return EngineStatus(state="ready", device=session.device, model=session.model,
+                                message=self._last_error, extra=extra)
+        if not self._ever_tried:
+            return EngineStatus(state="loading", message=f"connecting to {self.host}:{self.port}", extra=extra)
+        return EngineStatus(
+            state="disconnected",
+            message=f"not connected to {self.host}:{self.port}: {self._last_error or 'connecting'}; "
+            "suggestions resume when the connection is back (reconnecting with backoff)",
+            extra=extra,
+        )
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+
+        def _stop() -> None:
+            if self._wake is not None:
+                self._wake.set()
+            if self._session is not None:
+                self._session.writer.close()
+
+        try:
+            self._loop.call_soon_threadsafe(_stop)
+            self._maintainer.result(timeout=5)
+        except (RuntimeError, concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
+            pass
+        self._fail_pending()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    # --------------------------------------------------------- extra helpers
+
+    @property
+    def connected(self) -> bool:
+        return self._session is not None
+
+    def wait_connected(self, timeout: float) -> bool:
+        """Block until connected (tests, bench, CLI start-up); True if connected."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._session is not None:
+                return True
+            self._connected_event.wait(min(0.05, max(deadline - time.monotonic(), 0)))
+        return self._session is not None
+
+    def __enter__(self) -> RemoteEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -------------------------------------------------------- the I/O thread
+
+    def _note(self, message: str) -> None:
+        if self._closing:
+            return  # our own close() ended the connection: nothing to report
+        self._last_error = message
+        log.warning("%s", message)
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+
+    def _send(self, session: _Session, frame: bytes) -> None:
+        if self._session is session and not session.writer.is_closing():
+            session.writer.write(frame)
+
+    def _fail_pending(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_result(_empty())
+
+    async def _maintain(self) -> None:
+        self._wake = asyncio.Event()
+        delay = self.backoff_initial
+        while not self._closing:
+            reconnect_now = False
+            writer = None
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(self.host, self.port, ssl=self._ssl,
+                                            server_hostname=self._server_hostname if self._ssl else None),
+                    self.connect_timeout,
+                )
+                sock = writer.get_extra_info("socket")
+                if sock is not None:
+                    # Latency over throughput, and notice a vanished server without waiting on a request.
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                session = await asyncio.wait_for(self._handshake(reader, writer), self.connect_timeout)
+                self._session = session
+                self._last_error = ""
+                self.connects += 1
+                if self.connects > 1:
+                    self.reconnects += 1
+                self._connected_event.set()
+                log.info("connected to %s:%s (model %s on %s)", self.host, self.port, session.model, session.device)
+                delay = self.backoff_initial
+                reconnect_now = await self._read_loop(reader)
+            except RemoteRefused as exc:
+                self._note(str(exc))
+            except ProtocolError as exc:
+                self._note(f"protocol error with {self.host}:{self.port}: {exc}")
+            except asyncio.TimeoutError:
+                self._note(f"connecting to {self.host}:{self.port} timed out after {self.connect_timeout:g} s")
+            except (OSError, ConnectionClosed, asyncio.IncompleteReadError) as exc:
+                self._note(f"connection to {self.host}:{self.port} failed: {exc or type(exc).__name__}")
+            finally:
+                self._ever_tried = True
+                self._session = None
+                self._connected_event.clear()
+                if writer is not None:
+                    writer.close()
+                self._fail_pending()
+            if self._closing:
+                break
+            if reconnect_now:  # the server closed an idle connection: not a failure
+                delay = self.backoff_initial
+                continue
+            try:
+                await asyncio.wait_for(self._wake.wait(), delay * random.uniform(0.8, 1.2))
+            except asyncio.TimeoutError:
+                pass
+            delay = min(delay * 2, self.backoff_max)
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Session:
+        where = f"{self.host}:{self.port}"
+        msg = await read_frame(reader, max_bytes=1 << 20, first_byte_timeout=self.connect_timeout,
+                               frame_timeout=self.connect_timeout)
+        if msg["t"] == "error":
+            raise RemoteRefused(f"{where} refused the connection: {msg.get('code')}: {msg.get('message')}")
+        if msg["t"] != "hello" or msg.get("stage") != "challenge":
+            raise RemoteRefused(f"{where} did not greet with a dlm-lsp hello; is it a `dlm-lsp serve` port?")
+        if msg.get("v") != PROTOCOL_VERSION:
+            raise RemoteRefused(f"{where} speaks protocol version {msg.get('v')!r}, this client "
+                                f"{PROTOCOL_VERSION}; install the same dlm-lsp version on both machines")
+        server_nonce = msg.get("nonce")
+        if not isinstance(server_nonce, bytes) or len(server_nonce) != auth.NONCE_BYTES:
+            raise RemoteRefused(f"{where} sent a malformed challenge")
+        wants_auth = bool(msg.get("auth"))
+        if wants_auth and self._token is None:
+            raise RemoteRefused(f"{where} requires a token; pass --token-file FILE or set {auth.TOKEN_ENV}")
+        if not wants_auth and self._token is not None:
+            # A server that skips auth cannot prove it knows the token: refuse rather than send it our code.
+            raise RemoteRefused(f"{where} does not ask for a token but this client has one; refusing to talk "
+                                "to a server that cannot prove it knows it. Start the server with the same "
+                                "--token-file, or drop the token on the client for a loopback server")
+        client_nonce = auth.make_nonce()
+        proof = auth.client_proof(self._token, server_nonce, client_nonce) if self._token is not None else None
+        writer.write(encode_frame({"t": "hello", "id": 0, "stage": "response", "v": PROTOCOL_VERSION,
+                                   "nonce": client_nonce, "proof": proof, "client": self.client_id}))
+        await writer.drain()
+        msg = await read_frame(reader, max_bytes=1 << 20, first_byte_timeout=self.connect_timeout,
+                               frame_timeout=self.connect_timeout)
+        if msg["t"] == "error":
+            raise RemoteRefused(f"{where} refused the connection: {msg.get('code')}: {msg.get('message')}")
+        if msg["t"] != "hello" or msg.get("stage") != "welcome":
+            raise RemoteRefused(f"{where} sent {msg['t']!r} instead of the welcome hello")
+        if self._token is not None and not auth.proofs_match(
+            auth.server_proof(self._token, server_nonce, client_nonce), msg.get("proof")
+        ):
+            raise RemoteRefused(f"{where} could not prove it knows the token (wrong token on the server, or "
+                                "not the server you meant); check --token-file on both ends")
+        limits = msg.get("limits") if isinstance(msg.get("limits"), dict) else {}
+        return _Session(
+            writer=writer,
+            model=str(msg.get("model", "")),
+            device=str(msg.get("device", "")),
+            max_frame_bytes=int(limits.get("max_frame_bytes", 4 << 20)),
+            max_inflight=int(limits.get("max_inflight", 64)),
+        )
+
+    async def _read_loop(self, reader: asyncio.StreamReader) -> bool:
+        """Dispatch frames until the connection ends; True if the server closed it for idleness."""
+        while True:
+            try:
+                msg = await read_frame(reader, max_bytes=64 << 20, first_byte_timeout=None, frame_timeout=30.0)
+            except ConnectionClosed:
+                self._note(f"{self.host}:{self.port} closed the connection")
+                return False
+            t, rid = msg["t"], msg["id"]
+            if t == "result":
+                try:
+                    pred = prediction_from_wire(msg)
+                except ProtocolError as exc:
+                    self._note(f"malformed result from the server: {exc}")
+                    pred = _empty()
+                self._resolve(rid, pred)
+            elif t == "error":
+                code, text = msg.get("code"), msg.get("message")
+                if rid:
+                    self._note(f"server error for request {rid}: {code}: {text}")
+                    self._resolve(rid, _empty())
+                else:
+                    idle = code == "timeout" and not self._pending
+                    if not idle:
+                        self._note(f"{self.host}:{self.port} closed the connection: {code}: {text}")
+                    return idle
+            else:
+                raise ProtocolError("protocol", f"unexpected {t!r} from the server")
+
+    def _resolve(self, rid: int, pred: Prediction) -> None:
+        with self._lock:
+            fut = self._pending.pop(rid, None)
+        if fut is not None and not fut.done():  # None: cancelled or timed out on our side already
+            fut.set_result(pred)
+
+
+def parse_host_port(text: str, default_port: int = 7341) -> tuple[str, int]:
+    """'host:port', '[::1]:port', 'host' -> (host, port); ValueError with a hint otherwise."""
+    text = text.strip()
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+        if not sep or (rest and not rest.startswith(":")):
+            raise ValueError(f"{text!r}: write an IPv6 address as [ADDR]:PORT")
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    else:
+        host, port_text = text, ""
+    if not host:
+        raise ValueError(f"{text!r}: no host; write HOST:PORT, e.g. 127.0.0.1:{default_port}")
+    if not port_text:
+        return host, default_port
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"{text!r}: port {port_text!r} is not a number; write HOST:PORT") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{text!r}: port {port} is out of range 0-65535")
+    return host, port
+
+
+def status_details(status: EngineStatus) -> dict[str, Any]:
+    """EngineStatus -> a JSON-able dict (for dlm/status and logs)."""
+    return {"state": status.state, "device": status.device, "model": status.model, "message": status.message,
+            **status.extra}

@@ -1,0 +1,109 @@
+"""`dlm-lsp serve`: run the model on this (GPU) machine for remote editors.
+
+    dlm-lsp serve --listen 0.0.0.0:7341 --model DIR --token-file ~/.config/dlm/token \\
+                  [--tls-cert cert.pem --tls-key key.pem]
+
+Binding anything but a loopback address requires a token (auth.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import ssl
+import sys
+
+DEFAULT_PORT = 7341
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--listen", default=f"127.0.0.1:{DEFAULT_PORT}", metavar="HOST:PORT",
+                        help=f"address to listen on (default 127.0.0.1:{DEFAULT_PORT}; port 0 picks a free one)")
+    parser.add_argument("--model", default=None, metavar="DIR",
+                        help="checkpoint directory (default: the embedded model)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default auto)")
+    parser.add_argument("--token-file", default=None, metavar="FILE",
+                        help="file holding the shared secret token (default: $DLM_TOKEN); required to listen "
+                        "on a non-loopback address")
+    parser.add_argument("--tls-cert", default=None, metavar="PEM", help="TLS certificate chain (enables TLS)")
+    parser.add_argument("--tls-key", default=None, metavar="PEM", help="TLS private key")
+    parser.add_argument("--max-batch", type=int, default=32,
+                        help="requests whose denoising steps share one forward pass (default 32)")
+    parser.add_argument("--max-inflight", type=int, default=64, help="requests in flight per connection")
+    parser.add_argument("--max-frame-bytes", type=int, default=4 << 20, help="largest accepted frame")
+    parser.add_argument("--max-caches", type=int, default=64,
+                        help="prefix KV caches kept, one per (client, document), least recently used evicted")
+    parser.add_argument("--handshake-timeout", type=float, default=5.0, help="seconds to authenticate")
+    parser.add_argument("--idle-timeout", type=float, default=600.0,
+                        help="seconds without a frame before an idle connection is closed")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def build_ssl_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    if not cert and not key:
+        return None
+    if not (cert and key):
+        raise ValueError("TLS needs both --tls-cert and --tls-key")
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot load the TLS certificate {cert!r} / key {key!r}: {exc}; check both are PEM "
+                         "files and the key matches the certificate") from None
+    return ctx
+
+
+def run(args: argparse.Namespace) -> int:
+    from dlm.coder_model.remote import auth
+    from dlm.coder_model.remote.client import parse_host_port
+    from dlm.coder_model.remote.protocol import Limits
+    from dlm.coder_model.remote.server import RemoteServer, ServerOptions
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s",
+                        stream=sys.stderr)
+    # Every configuration check runs before the (slow) model load, so mistakes fail in a second.
+    try:
+        host, port = parse_host_port(args.listen, DEFAULT_PORT)
+        token = auth.load_token(args.token_file)
+        auth.check_bind_allowed(host, token)
+        ssl_context = build_ssl_context(args.tls_cert, args.tls_key)
+        limits = Limits(max_frame_bytes=args.max_frame_bytes, max_inflight=args.max_inflight,
+                        handshake_timeout_s=args.handshake_timeout, idle_timeout_s=args.idle_timeout)
+    except ValueError as exc:  # AuthConfigError is a ValueError
+        print(f"dlm-lsp serve: {exc}", file=sys.stderr)
+        return 2
+
+    from dlm.coder_model.remote.backend import load_scheduler
+
+    try:
+        scheduler, name, device = load_scheduler(args.model, args.device, max_batch=args.max_batch,
+                                                 max_caches=args.max_caches)
+    except (OSError, ValueError) as exc:
+        print(f"dlm-lsp serve: cannot load the model: {exc}", file=sys.stderr)
+        return 1
+    options = ServerOptions(host=host, port=port, token=token, ssl_context=ssl_context, limits=limits,
+                            model_name=name, device=device)
+    server = RemoteServer(scheduler, options)
+
+    async def main() -> None:
+        bound = await server.start()
+        # Parsed by tests and `dlm-lsp bench --remote` to find a port-0 server: keep the format.
+        print(f"dlm-lsp serve: listening on {host}:{bound} (model {name} on {device}, "
+              f"auth {'token' if token else 'none (loopback only)'}, tls {'on' if ssl_context else 'off'})",
+              file=sys.stderr, flush=True)
+        try:
+            await server.serve_forever()
+        finally:
+            await server.aclose()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:
+        print(f"dlm-lsp serve: cannot listen on {host}:{port}: {exc.strerror or exc}; pick another port or "
+              "stop the process using it", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,173 @@
+"""Framing, message validation and auth primitives (no sockets, no model)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import msgpack
+import pytest
+
+from dlm.coder_model.remote import auth
+from dlm.coder_model.remote.client import parse_host_port
+from dlm.coder_model.remote.protocol import (
+    HEADER,
+    ConnectionClosed,
+    IdleTimeout,
+    ProtocolError,
+    decode_body,
+    encode_frame,
+    params_from_wire,
+    predict_message,
+    prediction_from_wire,
+    prompt_from_wire,
+    read_frame,
+    result_message,
+)
+from dlm.coder_model.types import Prediction, Prompt, SamplerParams
+
+
+def _read(data: bytes, *, eof: bool = True, max_bytes: int = 1 << 20, timeout: float = 0.2):
+    async def go():
+        reader = asyncio.StreamReader()
+        reader.feed_data(data)
+        if eof:
+            reader.feed_eof()
+        return await read_frame(reader, max_bytes=max_bytes, first_byte_timeout=timeout, frame_timeout=timeout)
+
+    return asyncio.run(go())
+
+
+def test_predict_roundtrip_preserves_prompt_and_params():
+    prompt = Prompt(prefix="import os\n", region="x = ñ🙂", cursor=4, suffix="\n", history=("-a\n+b\n",),
+                    language="python", path="/tmp/a.py")
+    params = SamplerParams(steps=7, block_len=16, threshold=0.5, rule="margin", order="left_to_right")
+    msg = _read(encode_frame(predict_message(42, prompt, params)))
+    assert msg["t"] == "predict" and msg["id"] == 42
+    assert prompt_from_wire(msg["prompt"], 42) == prompt
+    assert params_from_wire(msg["params"], 42) == params
+
+
+def test_result_roundtrip():
+    pred = Prediction(text="y = 1", steps=3, tokens=4, queue_ms=1.5, prefill_ms=2.0, denoise_ms=3.0,
+                      context_tokens=10, cached_tokens=8, blocks=1)
+    msg = _read(encode_frame(result_message(9, pred)))
+    assert msg["id"] == 9 and prediction_from_wire(msg) == pred
+
+
+@pytest.mark.parametrize(
+    "body,code",
+    [
+        (b"\xc1", "bad_frame"),  # 0xc1 is never used in msgpack
+        (msgpack.packb([1, 2]), "bad_frame"),  # not a map
+        (msgpack.packb({"id": 1}), "bad_frame"),  # no type
+        (msgpack.packb({"t": "launch", "id": 1}), "unknown_type"),
+        (msgpack.packb({"t": "predict", "id": -1}), "bad_frame"),
+        (msgpack.packb({"t": "predict", "id": "1"}), "bad_frame"),
+        (msgpack.packb({"t": "cancel", "id": 1}) + b"\x00", "bad_frame"),  # trailing bytes
+    ],
+)
+def test_decode_rejects(body, code):
+    with pytest.raises(ProtocolError) as err:
+        decode_body(body)
+    assert err.value.code == code and err.value.fatal
+
+
+def test_read_frame_limits():
+    with pytest.raises(ProtocolError) as err:
+        _read(HEADER.pack(5000) + b"x" * 5000, max_bytes=4096)
+    assert err.value.code == "frame_too_large"
+    with pytest.raises(ProtocolError) as err:
+        _read(HEADER.pack(0))
+    assert err.value.code == "bad_frame"
+    with pytest.raises(ProtocolError) as err:  # half a frame, then EOF
+        _read(HEADER.pack(100) + b"x" * 10)
+    assert err.value.code == "bad_frame"
+    with pytest.raises(ProtocolError) as err:  # half a frame, then silence
+        _read(HEADER.pack(100) + b"x" * 10, eof=False)
+    assert err.value.code == "timeout" and not isinstance(err.value, IdleTimeout)
+    with pytest.raises(IdleTimeout):  # nothing at all
+        _read(b"", eof=False)
+    with pytest.raises(ConnectionClosed):  # clean EOF between frames
+        _read(b"")
+
+
+def test_two_frames_in_one_read():
+    async def go():
+        reader = asyncio.StreamReader()
+        reader.feed_data(encode_frame({"t": "cancel", "id": 1}) + encode_frame({"t": "cancel", "id": 2}))
+        reader.feed_eof()
+        kw = dict(max_bytes=1024, first_byte_timeout=1, frame_timeout=1)
+        return [(await read_frame(reader, **kw))["id"], (await read_frame(reader, **kw))["id"]]
+
+    assert asyncio.run(go()) == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "prompt,params,fragment",
+    [
+        ({"prefix": "", "region": "ab", "cursor": 5, "suffix": ""}, {}, "cursor"),
+        ({"prefix": 1, "region": "", "cursor": 0, "suffix": ""}, {}, "prompt.prefix"),
+        ({"region": "", "cursor": 0, "suffix": ""}, {}, "prefix is missing"),
+        ({"prefix": "", "region": "", "cursor": 0, "suffix": "", "evil": 1}, {}, "unknown prompt"),
+        ({"prefix": "", "region": "", "cursor": 0, "suffix": "", "history": [1]}, {}, "history"),
+        ({"prefix": "", "region": "", "cursor": 0, "suffix": ""}, {"steps": 0}, "steps"),
+        ({"prefix": "", "region": "", "cursor": 0, "suffix": ""}, {"steps": "9"}, "wrong type"),
+        ({"prefix": "", "region": "", "cursor": 0, "suffix": ""}, {"warp": 9}, "unknown sampler"),
+        ({"prefix": "", "region": "", "cursor": 0, "suffix": ""}, {"rule": "vibes"}, "rule"),
+    ],
+)
+def test_invalid_request_fields_are_request_errors(prompt, params, fragment):
+    with pytest.raises(ProtocolError) as err:
+        prompt_from_wire(prompt, 7)
+        params_from_wire(params, 7)
+    assert err.value.code == "bad_request" and not err.value.fatal and err.value.request_id == 7
+    assert fragment in err.value.message
+
+
+def test_hmac_proofs():
+    token, other = b"t" * 32, b"u" * 32
+    sn, cn = auth.make_nonce(), auth.make_nonce()
+    assert sn != cn and len(sn) == auth.NONCE_BYTES
+    good = auth.client_proof(token, sn, cn)
+    assert auth.proofs_match(good, auth.client_proof(token, sn, cn))
+    assert not auth.proofs_match(good, auth.client_proof(other, sn, cn))
+    assert not auth.proofs_match(good, auth.client_proof(token, auth.make_nonce(), cn))  # no replay
+    assert not auth.proofs_match(good, auth.server_proof(token, sn, cn))  # client and server proofs differ
+    assert not auth.proofs_match(good, None)
+
+
+def test_load_token(tmp_path):
+    f = tmp_path / "token"
+    f.write_text("0123456789abcdef0123\n")
+    os.chmod(f, 0o600)
+    assert auth.load_token(str(f), env={}) == b"0123456789abcdef0123"
+    assert auth.load_token(None, env={auth.TOKEN_ENV: "abcdefghijklmnopq"}) == b"abcdefghijklmnopq"
+    assert auth.load_token(None, env={}) is None
+    f.write_text("short")
+    with pytest.raises(auth.AuthConfigError, match="at least"):
+        auth.load_token(str(f), env={})
+    f.write_text("\n")
+    with pytest.raises(auth.AuthConfigError, match="empty"):
+        auth.load_token(str(f), env={})
+    with pytest.raises(auth.AuthConfigError, match="cannot read"):
+        auth.load_token(str(tmp_path / "missing"), env={})
+
+
+def test_bind_policy():
+    auth.check_bind_allowed("127.0.0.1", None)
+    auth.check_bind_allowed("::1", None)
+    auth.check_bind_allowed("localhost", None)
+    auth.check_bind_allowed("0.0.0.0", b"x" * 32)
+    for host in ("0.0.0.0", "::", "10.1.2.3"):
+        with pytest.raises(auth.AuthConfigError, match="without a token"):
+            auth.check_bind_allowed(host, None)
+
+
+def test_parse_host_port():
+    assert parse_host_port("gpu:7000") == ("gpu", 7000)
+    assert parse_host_port("gpu") == ("gpu", 7341)
+    assert parse_host_port("[::1]:9") == ("::1", 9)
+    for bad in ("gpu:x", ":9", "gpu:70000", "[::1"):
+        with pytest.raises(ValueError):
+            parse_host_port(bad)
