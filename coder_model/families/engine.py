@@ -1,0 +1,143 @@
+"""FamilyEngine: the Engine protocol over an open dream/llada checkpoint.
+
+Insertion mode: these models infill, they do not rewrite. A Prompt maps to
+prefix = prompt.prefix + region[:cursor] and suffix = region[cursor:] +
+prompt.suffix (windowed to the token budgets of InfillOptions); the infilled
+text is inserted at the cursor, so Prediction.text = region[:cursor] + infill
++ region[cursor:]. Edit history, language and path are not part of these
+models' training format and are not shown to them.
+
+One inference thread owns the model; `predict` blocks its caller until its
+request is done, cancelled, or has failed (the error is re-raised in the
+caller; the thread lives on).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from dlm.coder_model.families.arch import FamilyArch, FamilyTokens
+from dlm.coder_model.families.infill import InfillDecoder, InfillOptions
+from dlm.coder_model.types import CancelToken, EngineStatus, Prediction, Prompt, SamplerParams
+
+log = logging.getLogger("dlm.coder_model.families")
+
+# Characters kept per token of budget before tokenizing, so a 10 MB buffer is
+# never tokenized whole (code averages 3-4 characters per token).
+_CHARS_PER_TOKEN = 8
+
+
+@dataclass
+class FamilyEngineOptions:
+    infill: InfillOptions = field(default_factory=InfillOptions)
+    dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu; or "bfloat16", "float16", "float32"
+    impl: str = "auto"  # dlm.kernels implementation: auto | triton | reference
+
+
+def clip_prefix(text: str, max_tokens: int) -> str:
+    """The tail of `text` worth tokenizing, starting at a line boundary when one is near."""
+    keep = max_tokens * _CHARS_PER_TOKEN
+    if len(text) <= keep:
+        return text
+    tail = text[-keep:]
+    nl = tail.find("\n")
+    return tail[nl + 1:] if 0 <= nl < len(tail) // 4 else tail
+
+
+def clip_suffix(text: str, max_tokens: int) -> str:
+    keep = max_tokens * _CHARS_PER_TOKEN
+    if len(text) <= keep:
+        return text
+    head = text[:keep]
+    nl = head.rfind("\n")
+    return head[: nl + 1] if nl >= 3 * len(head) // 4 else head
+
+
+class FamilyEngine:
+    def __init__(self, model, tokenizer, tokens: FamilyTokens, arch: FamilyArch, path: str, device: str,
+                 options: FamilyEngineOptions | None = None) -> None:
+        self.options = options or FamilyEngineOptions()
+        self.model = model
+        self.tokenizer = tokenizer
+        self.tokens = tokens
+        self.arch = arch
+        self.path = path
+        self.device = device
+        self.decoder = InfillDecoder(model, tokens, self.options.infill)
+        self._jobs: queue.Queue = queue.Queue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="dlm-family-inference", daemon=True)
+        self._thread.start()
+
+    # -- Engine protocol ----------------------------------------------------------------------
+    def predict(self, prompt: Prompt, params: SamplerParams, cancel: CancelToken) -> Prediction:
+        if self._closed:
+            raise RuntimeError("engine is closed; load the model again")
+        fut: Future = Future()
+        self._jobs.put((prompt, params, cancel, fut, time.perf_counter()))
+        return fut.result()
+
+    def status(self) -> EngineStatus:
+        return EngineStatus(
+            state="ready",
+            device=str(self.device),
+            model=str(self.path),
+            extra={"family": self.arch.family, "model_type": self.arch.model_type,
+                   "dtype": str(self.model.embed.weight.dtype).replace("torch.", "")},
+        )
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._jobs.put(None)
+            self._thread.join(timeout=30)
+
+    # -- inference thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            prompt, params, cancel, fut, submitted = job
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(self._predict(prompt, params, cancel, (time.perf_counter() - submitted) * 1e3))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller; this thread must live on
+                log.exception("prediction failed")
+                fut.set_exception(e)
+
+    def encode_prompt(self, prompt: Prompt) -> tuple[list[int], list[int]]:
+        opt = self.options.infill
+        before = clip_prefix(prompt.prefix + prompt.region[: prompt.cursor], opt.max_prefix_tokens)
+        after = clip_suffix(prompt.region[prompt.cursor:] + prompt.suffix, opt.max_suffix_tokens)
+        pre = self.tokenizer.encode(before, add_special_tokens=False).ids if before else []
+        suf = self.tokenizer.encode(after, add_special_tokens=False).ids if after else []
+        return pre[-opt.max_prefix_tokens:] if opt.max_prefix_tokens else [], suf[: opt.max_suffix_tokens]
+
+    def _predict(self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, queue_ms: float) -> Prediction:
+        if cancel.cancelled:
+            return Prediction(text="", cancelled=True, queue_ms=queue_ms)
+        pre, suf = self.encode_prompt(prompt)
+        r = self.decoder.infill(pre, suf, params, cancel)
+        if r.cancelled:
+            return Prediction(text="", cancelled=True, queue_ms=queue_ms, steps=r.steps,
+                              prefill_ms=r.prefill_ms, denoise_ms=r.denoise_ms)
+        infill = self.tokenizer.decode(r.tokens, skip_special_tokens=True) if r.tokens else ""
+        c = prompt.cursor
+        return Prediction(
+            text=prompt.region[:c] + infill + prompt.region[c:],
+            steps=r.steps,
+            tokens=len(r.tokens) + (1 if r.ended else 0),
+            queue_ms=queue_ms,
+            prefill_ms=r.prefill_ms,
+            denoise_ms=r.denoise_ms,
+            context_tokens=r.context_tokens,
+            cached_tokens=0,
+            blocks=1,
+        )

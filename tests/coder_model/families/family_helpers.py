@@ -1,0 +1,150 @@
+"""Helpers: tiny random checkpoints of the dream and llada families, built with transformers.
+
+dream: a transformers Qwen2ForCausalLM saved with save_pretrained (sharded
+safetensors + index), its config.json rewritten to Dream's model_type /
+architectures / mask_token_id. llada: a transformers LlamaForCausalLM (LLaDA's
+"llama" block is a Llama layer under other names) whose tensors are renamed to
+LLaDA's and saved as two safetensors shards with an index and a LLaDA config.
+The references run the transformers models with an all-visible 4D attention
+mask, i.e. bidirectionally.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+TEXTS = [
+    "def add(a, b):\n    return a + b\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
+    "for i in range(10):\n    print(i)\n",
+    "import os\nimport sys\n\nif __name__ == '__main__':\n    main()\n",
+]
+VOCAB = 320
+SPECIALS = ["<|endoftext|>", "<|mask|>"]
+
+
+def build_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(TEXTS * 10, trainer)
+    assert tok.get_vocab_size() <= VOCAB
+    return tok
+
+
+def _randomize(model, seed: int) -> None:
+    """Make biases and norm weights non-trivial so a wrong mapping shows in the logits."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+            elif "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+
+
+def make_dream_checkpoint(directory, seed: int = 0):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tok = build_tokenizer()
+    eos, mask = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|mask|>")
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, rope_theta=10000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, initializer_range=0.2, eos_token_id=eos, pad_token_id=eos, bos_token_id=eos,
+    )
+    model = Qwen2ForCausalLM(cfg).eval()
+    _randomize(model, seed)
+    model.save_pretrained(directory, safe_serialization=True, max_shard_size="60KB")
+    c = json.loads((directory / "config.json").read_text())
+    c.update(model_type="Dream", architectures=["DreamModel"], mask_token_id=mask)
+    (directory / "config.json").write_text(json.dumps(c))
+    tok.save(str(directory / "tokenizer.json"))
+    return model
+
+
+LLADA_RENAME = [
+    ("model.embed_tokens.", "model.transformer.wte."),
+    ("model.norm.", "model.transformer.ln_f."),
+    ("lm_head.", "model.transformer.ff_out."),
+    ("model.layers.", "model.transformer.blocks."),
+    ("self_attn.o_proj.", "attn_out."),
+    ("self_attn.", ""),
+    ("mlp.gate_proj.", "ff_proj."),
+    ("mlp.up_proj.", "up_proj."),
+    ("mlp.down_proj.", "ff_out."),
+    ("input_layernorm.", "attn_norm."),
+    ("post_attention_layernorm.", "ff_norm."),
+]
+
+
+def llada_name(hf_name: str) -> str:
+    for a, b in LLADA_RENAME:
+        hf_name = hf_name.replace(a, b)
+    return hf_name
+
+
+def write_llada(directory, state: dict, d_model: int, n_heads: int, n_kv: int, n_layers: int, mlp: int,
+                vocab: int, mask: int, eos: int, rope_theta: float = 10000.0, eps: float = 1e-5) -> None:
+    """LLaDA config.json + two safetensors shards with an index."""
+    from safetensors.torch import save_file
+
+    names = sorted(state)
+    half = len(names) // 2
+    shards = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}
+    weight_map = {}
+    for fname, keys in shards.items():
+        save_file({k: state[k].contiguous() for k in keys}, str(directory / fname), metadata={"format": "pt"})
+        weight_map.update({k: fname for k in keys})
+    (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    cfg = {
+        "model_type": "llada", "architectures": ["LLaDAModelLM"], "activation_type": "silu", "alibi": False,
+        "block_type": "llama", "block_group_size": 1, "d_model": d_model, "n_heads": n_heads,
+        "n_kv_heads": n_kv, "n_layers": n_layers, "mlp_hidden_size": mlp, "mlp_ratio": 4,
+        "embedding_size": vocab, "vocab_size": vocab, "include_bias": False, "include_qkv_bias": False,
+        "input_emb_norm": False, "layer_norm_type": "rms", "rms_norm_eps": eps, "rope": True,
+        "rope_theta": rope_theta, "scale_logits": False, "weight_tying": False, "attention_layer_norm": False,
+        "mask_token_id": mask, "eos_token_id": eos, "pad_token_id": eos, "max_sequence_length": 512,
+    }
+    (directory / "config.json").write_text(json.dumps(cfg))
+
+
+def make_llada_checkpoint(directory, seed: int = 1):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = build_tokenizer()
+    eos, mask = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|mask|>")
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=512, rope_theta=10000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=False, initializer_range=0.2, attention_bias=False, mlp_bias=False,
+    )
+    model = LlamaForCausalLM(cfg).eval()
+    _randomize(model, seed)
+    state = {llada_name(k): v for k, v in model.state_dict().items()}
+    write_llada(directory, state, 64, 4, 4, 2, 96, VOCAB, mask, eos)
+    tok.save(str(directory / "tokenizer.json"))
+    return model
+
+
+def hf_bidirectional_logits(model, ids):
+    """Logits (B, T, V) fp32 of a transformers causal LM run with full (non-causal) attention."""
+    import torch
+
+    B, T = ids.shape
+    with torch.no_grad():
+        return model(ids, attention_mask=torch.zeros(B, 1, T, T)).logits.float()
