@@ -280,6 +280,12 @@ class RemoteEngine:
                 self._note(f"protocol error with {self.host}:{self.port}: {exc}")
             except asyncio.TimeoutError:
                 self._note(f"connecting to {self.host}:{self.port} timed out after {self.connect_timeout:g} s")
+            except ConnectionRefusedError:
+                self._note(f"connection refused: nothing listens on {self.host}:{self.port}; is `dlm-lsp serve` "
+                           "running there (and the port right)?")
+            except ssl.SSLError as exc:
+                self._note(f"TLS with {self.host}:{self.port} failed: {exc}; check --tls on both ends and the CA "
+                           "(cafile) that signed the server's certificate")
             except (OSError, ConnectionClosed, asyncio.IncompleteReadError) as exc:
                 self._note(f"connection to {self.host}:{self.port} failed: {exc or type(exc).__name__}")
             finally:
