@@ -1,0 +1,244 @@
+"""The Zed endpoint (`dlm-lsp http`): Zed's prompt formats parsed back, and real-format
+requests posted to the running endpoint with a tiny random model.
+
+The prompts are built here the way Zed builds them (crates/edit_prediction fim.rs
+`format_fim_prompt`, zeta_prompt zeta1 `format_zeta1_prompt`/`format_zeta1_excerpt`).
+A random model writes arbitrary text, so the tests check the plumbing (parse, the
+answer is the engine's prediction rendered in the request's format, Zed can read it),
+not what the text says.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from dlm.lsp import http_endpoint as he
+
+FILE = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    ret\n\nprint(add(1, 2))\n"
+CURSOR = FILE.index("    ret\n") + len("    ret")
+
+
+def zed_fim(fmt: str, prefix: str, suffix: str) -> str:
+    return {
+        "code_llama": f"<PRE> {prefix} <SUF>{suffix} <MID>",
+        "star_coder": f"<fim_prefix>{prefix}<fim_suffix>{suffix}<fim_middle>",
+        "deepseek_coder": f"<｜fim▁begin｜>{prefix}<｜fim▁hole｜>{suffix}<｜fim▁end｜>",
+        "qwen": f"<|fim_prefix|>{prefix}<|fim_suffix|>{suffix}<|fim_middle|>",
+        "codestral": f"[SUFFIX]{suffix}[PREFIX]{prefix}",
+        "glm": f"<|code_prefix|>{prefix}<|code_suffix|>{suffix}<|code_middle|>",
+    }[fmt]
+
+
+ZETA_INSTRUCTION = (
+    "### Instruction:\n"
+    "You are a code completion assistant and your task is to analyze user edits and then rewrite an "
+    "excerpt that the user provides, suggesting the appropriate edits within the excerpt, taking "
+    "into account the cursor location.\n\n"
+    "### User Edits:\n\n"
+)
+
+
+def zed_zeta1(path: str, excerpt: str, editable: tuple[int, int], cursor: int, events: list[tuple[str, str]]) -> str:
+    """zeta1 prompt as Zed formats it; context = the whole excerpt, starting at row 0."""
+    ev = "\n\n".join(f"User edited {p}:\n```diff\n{d}\n```" for p, d in events)
+    s, e = editable
+    ex = f"```{path}\n<|start_of_file|>\n" + excerpt[:s] + "<|editable_region_start|>\n"
+    ex += excerpt[s:cursor] + "<|user_cursor_is_here|>" + excerpt[cursor:e] + "\n<|editable_region_end|>"
+    ex += excerpt[e:] + "\n```"
+    return ZETA_INSTRUCTION + ev + "\n\n### User Excerpt:\n\n" + ex + "\n\n### Response:\n"
+
+
+def zed_clean_zeta1(output: str) -> str:
+    """Zed's clean_zeta1_model_output (without the cursor): the new editable region."""
+    c = output.replace("<|user_cursor_is_here|>", "")
+    i = c.find("<|editable_region_start|>")
+    start = 0 if i < 0 else i + len("<|editable_region_start|>")
+    if c[start : start + 1] == "\n":
+        start += 1
+    j = c.find("<|editable_region_end|>")
+    end = len(c) if j < 0 else (j - 1 if j > 0 and c[j - 1] == "\n" else j)
+    return c[start:end]
+
+
+@pytest.mark.parametrize("fmt", ["code_llama", "star_coder", "deepseek_coder", "qwen", "codestral", "glm"])
+def test_fim_formats_parse_to_the_cursor(fmt):
+    zp = he.parse_prompt(zed_fim(fmt, FILE[:CURSOR], FILE[CURSOR:]))
+    assert zp.text == FILE and zp.cursor == CURSOR and zp.editable == (0, len(FILE))
+    built = he.build_prompt(zp)
+    assert built.prompt.region == "    ret"  # the cursor line
+    assert built.prompt.cursor == 7
+    assert built.prompt.prefix + built.prompt.region + built.prompt.suffix == FILE
+
+
+def test_zeta1_prompt_parses_excerpt_region_cursor_and_edits():
+    s = FILE.index("def mul")
+    e = FILE.index("\n\nprint")
+    diff = "@@ -4,3 +4,4 @@\n \n+def mul(a, b):\n+    ret"
+    zp = he.parse_prompt(zed_zeta1("proj/m.py", FILE, (s, e), CURSOR, [("proj/m.py", diff)]))
+    assert zp.format == "zeta" and zp.path == "proj/m.py" and zp.start_of_file
+    assert zp.text == FILE and zp.cursor == CURSOR and zp.editable == (s, e)
+    assert zp.history == (f"--- a/proj/m.py\n+++ b/proj/m.py\n{diff}\n",)
+    built = he.build_prompt(zp)
+    # the cursor line and one line either side, inside the editable range
+    assert built.prompt.region == "def mul(a, b):\n    ret"  # the editable range ends after ret
+    assert built.prompt.language == "python"
+
+
+def test_zeta_answer_keeps_the_editable_text_outside_the_region():
+    s, e = FILE.index("def add"), FILE.index("\n\nprint")
+    zp = he.parse_prompt(zed_zeta1("m.py", FILE, (s, e), CURSOR, []))
+    built = he.build_prompt(zp, he.EndpointOptions(zeta_lines_before=0, zeta_lines_after=0))
+    out = he.render_answer(zp, built, "    return a * b", ["<|editable_region_end|>"])
+    assert FILE[s:e].endswith("    ret")  # the editable range ends at the cursor line
+    assert zed_clean_zeta1(out) == FILE[s : e - len("    ret")] + "    return a * b"
+
+
+def test_fim_answer_is_the_insertion_at_the_cursor():
+    zp = he.parse_prompt(zed_fim("qwen", FILE[:CURSOR], FILE[CURSOR:]))
+    built = he.build_prompt(zp)
+    assert he.render_answer(zp, built, "    return a * b", []) == "urn a * b"
+    assert he.render_answer(zp, built, "    return a * b", ["*"]) == "urn a "  # stop strings cut it
+    assert he.render_answer(zp, built, "    ret", []) == ""  # no change, nothing to insert
+
+
+def test_unknown_format_is_refused_with_what_to_set():
+    with pytest.raises(he.PromptFormatError, match='"prompt_format": "qwen"'):
+        he.parse_prompt("def f(x):\n    return")
+    with pytest.raises(he.PromptFormatError, match="no <\\|editable_region_end"):
+        he.parse_prompt(ZETA_INSTRUCTION + "\n\n### User Excerpt:\n\n```a\n<|editable_region_start|>\nx<|user_cursor_is_here|>")
+
+
+# -- the running endpoint ---------------------------------------------------------------
+
+
+def post(url: str, body, raw: bool = False):
+    data = body if raw else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+@pytest.fixture(scope="module")
+def endpoint(tiny_checkpoint):
+    from dlm.coder_model.engine import load_engine
+
+    holder = he.EngineHolder(lambda: load_engine(tiny_checkpoint, "cpu"))
+    predictor = he.Predictor(holder, he.EndpointOptions(sampler={"steps": 8, "block_len": 16, "max_blocks": 1}))
+    server = he.make_server("127.0.0.1", 0, predictor)
+    holder.start()
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", predictor
+    server.shutdown()
+    server.server_close()
+    holder.close()
+
+
+def expected_text(predictor, prompt: str, stop: list[str]) -> str:
+    """The engine's own prediction for the same Prompt, rendered (greedy decoding is deterministic)."""
+    from dlm.coder_model.types import CancelToken
+
+    zp = he.parse_prompt(prompt)
+    built = he.build_prompt(zp, predictor.opts)
+    pred = predictor.holder.get().predict(built.prompt, predictor.params, CancelToken())
+    return he.render_answer(zp, built, pred.text, stop)
+
+
+def test_fim_request_gets_an_openai_completion(endpoint):
+    url, predictor = endpoint
+    prompt = zed_fim("qwen", FILE[:CURSOR], FILE[CURSOR:])
+    stop = ["<|endoftext|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>"]
+    status, body = post(url + "/v1/completions", {"model": "dlm", "prompt": prompt, "max_tokens": 64, "stop": stop})
+    assert status == 200, body
+    # the fields Zed's RawCompletionResponse requires
+    assert {"id", "object", "created", "model", "choices", "usage"} <= body.keys()
+    assert set(body["usage"]) == {"prompt_tokens", "completion_tokens", "total_tokens"}
+    assert body["usage"]["prompt_tokens"] > 0
+    assert body["choices"][0]["text"] == expected_text(predictor, prompt, stop)
+
+
+def test_zeta_request_answers_a_region_zed_can_read(endpoint):
+    url, predictor = endpoint
+    s, e = FILE.index("def add"), FILE.index("\n\nprint")
+    prompt = zed_zeta1("m.py", FILE, (s, e), CURSOR, [("m.py", "@@ -5,1 +5,2 @@\n def mul(a, b):\n+    ret")])
+    stop = ["<|editable_region_end|>", "<|editable_region_end|>\n"]
+    status, body = post(url + "/v1/completions", {"model": "zeta", "prompt": prompt, "max_tokens": 1024, "stop": stop})
+    assert status == 200, body
+    text = body["choices"][0]["text"]
+    assert text == expected_text(predictor, prompt, stop)
+    assert text.startswith("<|editable_region_start|>\n")
+    new_editable = zed_clean_zeta1(text)
+    # the first line of the editable range is outside the region (cursor line +- 1) and is kept
+    assert new_editable.startswith("def add(a, b):\n    return a + b\n")
+
+
+def test_bad_requests_get_clear_errors_and_the_server_goes_on(endpoint):
+    url, _ = endpoint
+    status, body = post(url + "/v1/completions", b"{not json", raw=True)
+    assert status == 400 and "not JSON" in body["error"]["message"]
+    status, body = post(url + "/v1/completions", {"model": "x", "prompt": "plain text"})
+    assert status == 400 and "prompt_format" in body["error"]["message"]
+    status, body = post(url + "/v1/completions", {"prompt": 3})
+    assert status == 400 and "'prompt' must be a string" in body["error"]["message"]
+    status, body = post(url + "/v1/completions", {"prompt": "<|fim_prefix|>a<|fim_suffix|>b<|fim_middle|>", "max_tokens": -1})
+    assert status == 400 and "max_tokens" in body["error"]["message"]
+    status, body = post(url + "/v1/chat", {"prompt": "x"})
+    assert status == 404 and "/v1/completions" in body["error"]["message"]
+    status, body = post(url + "/v1/completions", {"prompt": zed_fim("star_coder", "x = ", "\n")})
+    assert status == 200 and isinstance(body["choices"][0]["text"], str)
+
+
+def test_a_model_that_fails_to_load_gets_503_with_the_reason():
+    def broken():
+        raise FileNotFoundError("model directory /nope does not exist; pass --model DIR of a checkpoint")
+
+    holder = he.EngineHolder(broken)
+    server = he.make_server("127.0.0.1", 0, he.Predictor(holder, he.EndpointOptions()))
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1/completions"
+        status, body = post(url, {"prompt": zed_fim("qwen", "a", "b")})
+        assert status == 503 and "/nope does not exist" in body["error"]["message"]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_cli_serves_zed_requests(tiny_checkpoint):
+    """`dlm-lsp http --listen 127.0.0.1:0 --model DIR` as a user starts it."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlm.lsp.cli", "http", "--listen", "127.0.0.1:0", "--model", tiny_checkpoint,
+         "--device", "cpu"],
+        stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    try:
+        url = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            if "listening on" in line:
+                url = line.split("listening on ", 1)[1].strip()
+                break
+        assert url, "dlm-lsp http did not print its address"
+        status, body = post(url, {"model": "dlm", "prompt": zed_fim("qwen", "def f(x):\n    re", "\n"), "stop": []})
+        assert status == 200, body
+        assert isinstance(body["choices"][0]["text"], str)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
