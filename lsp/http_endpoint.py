@@ -30,9 +30,10 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 from dlm.coder_model.types import CancelToken, Prompt, SamplerParams
 
@@ -123,8 +124,7 @@ def _parse_zeta(prompt: str) -> ZedPrompt:
     if end < rs:
         end = len(prompt)
     excerpt = prompt[hdr + len(ZETA_EXCERPT_HEADER) : end]
-    if excerpt.endswith("\n```"):
-        excerpt = excerpt[: -len("\n```")]
+    excerpt = excerpt.removesuffix("\n```")
     path = ""
     if excerpt.startswith("```"):
         first, _, excerpt = excerpt.partition("\n")
@@ -133,13 +133,11 @@ def _parse_zeta(prompt: str) -> ZedPrompt:
     if sof:
         excerpt = excerpt[len(START_OF_FILE) + 1 :]
     before, _, rest = excerpt.partition(REGION_START)
-    if rest.startswith("\n"):  # writeln!(START) adds a newline after the marker
-        rest = rest[1:]
+    rest = rest.removeprefix("\n")
     editable, found_end, after = rest.partition(REGION_END)
     if not found_end:
         raise PromptFormatError("zeta prompt has <|editable_region_start|> but no <|editable_region_end|>")
-    if editable.endswith("\n"):  # and one before the end marker
-        editable = editable[:-1]
+    editable = editable.removesuffix("\n")
     if editable.count(CURSOR) != 1:
         raise PromptFormatError(
             f"zeta prompt has {editable.count(CURSOR)} cursor markers in the editable region; expected 1"
@@ -331,7 +329,7 @@ class EngineHolder:
     def _load(self) -> None:
         try:
             self.engine = self._factory()
-        except Exception as exc:  # noqa: BLE001 - reported on every request
+        except Exception as exc:
             log.exception("loading the model failed")
             self.error = f"loading the model failed: {exc}"
         finally:
@@ -420,7 +418,7 @@ def make_server(host: str, port: int, predictor: Predictor) -> ThreadingHTTPServ
         def _error(self, exc: RequestError) -> None:
             self._send(exc.status, {"error": {"message": exc.message, "type": exc.kind, "code": exc.status}})
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             path = self.path.split("?")[0].rstrip("/")
             if path in ("/health", "/v1/health"):
                 h = predictor.holder
@@ -431,7 +429,7 @@ def make_server(host: str, port: int, predictor: Predictor) -> ThreadingHTTPServ
             else:
                 self._error(RequestError(404, f"no GET {path}; POST /v1/completions", "not_found"))
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             path = self.path.split("?")[0].rstrip("/")
             try:
                 if path not in ("/v1/completions", "/completions"):
@@ -449,7 +447,7 @@ def make_server(host: str, port: int, predictor: Predictor) -> ThreadingHTTPServ
                 self._send(200, predictor.complete(req))
             except RequestError as exc:
                 self._error(exc)
-            except Exception as exc:  # noqa: BLE001 - the server never dies on one request
+            except Exception as exc:
                 log.exception("request failed")
                 self._error(RequestError(500, f"prediction failed: {exc}; see the dlm-lsp http log", "server_error"))
 

@@ -20,7 +20,6 @@ import urllib.error
 import urllib.request
 
 import pytest
-
 from dlm.lsp import http_endpoint as he
 
 FILE = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    ret\n\nprint(add(1, 2))\n"
