@@ -1,0 +1,63 @@
+"""Run the Triton kernels in the interpreter on CPU tensors.
+
+TRITON_INTERPRET=1 must be set before `dlm.kernels.triton_ops` defines its
+kernels: `@triton.jit` decides at definition time whether a kernel is compiled
+or interpreted. Setting it here (at collection) covers the usual case; the
+`tops` fixture also reloads the module if something in the same pytest process
+imported it earlier without the interpreter, so the tests do not depend on
+collection order.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+def _interpreted_triton_ops():
+    mod = sys.modules.get("dlm.kernels.triton_ops")
+    if mod is None:
+        from dlm.kernels import triton_ops as mod
+    if not mod.INTERPRET:
+        mod = importlib.reload(mod)  # env var is set now: kernels are redefined as interpreted
+    assert mod.INTERPRET, "TRITON_INTERPRET=1 did not take effect; the kernel tests need the interpreter"
+    return mod
+
+
+@pytest.fixture(scope="session")
+def tops_module():
+    return _interpreted_triton_ops()
+
+
+@pytest.fixture
+def tops(tops_module, monkeypatch):
+    """dlm.kernels.triton_ops with every output buffer poisoned (NaN / sentinel ints).
+
+    An element the kernel forgets to write stays NaN (or -7777) and fails the comparison.
+    """
+
+    def poisoned(shape, dtype, device):
+        t = torch.empty(shape, dtype=dtype, device=device)
+        if dtype.is_floating_point:
+            t.fill_(float("nan"))
+        else:
+            t.fill_(-7777)
+        return t
+
+    monkeypatch.setattr(tops_module, "_empty", poisoned)
+    return tops_module
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    # fresh random inputs per test, reproducible from the printed seed on failure
+    seed = int(os.environ.get("DLM_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
+    torch.manual_seed(seed)
+    print(f"torch seed {seed} (rerun with DLM_TEST_SEED={seed})")  # shown on failure
+    yield seed
