@@ -57,7 +57,9 @@ class EditOptions:
 
     prefix_chars: int = 1500
     suffix_chars: int = 600
-    max_region_chars: int = 480  # current region and target region, each
+    # current region and target region, each: ~240 chars of code is ~64 tokens,
+    # the 2 blocks of 32 slots the trainer and sampler use by default
+    max_region_chars: int = 240
     max_context_lines: int = 2  # unchanged lines on each side of the target hunk
     max_history_chars: int = 2000  # oldest events are dropped first
     max_history_events: int = 8
@@ -904,7 +906,10 @@ def synthetic_edit_example(
     """One `synthetic_edit` example from a Python source text, or None if no edit fits.
 
     The history holds 1..n-1 of the edit's hunks; the target applies the next one.
+    Only Python is edited (the edits rely on Python's grammar): other languages give None.
     """
+    if language != "python":
+        return None
     plan = synthetic_edit_plan(text, rng, opts, edit)
     if plan is None:
         return None
@@ -924,7 +929,7 @@ def noop_example(
     (all its hunks in the history), so the model also learns to stop once an
     edit is complete; otherwise the region is plain code with no history.
     """
-    if rng.random() < after_edit:
+    if language == "python" and rng.random() < after_edit:
         plan = synthetic_edit_plan(text, rng, opts)
         if plan is not None:
             _, hunks, order = plan
