@@ -30,7 +30,6 @@ def resolve_device(device: str = "auto") -> str:
 def load_family_model(path: str | Path, device: str = "auto", dtype: str = "auto", impl: str = "auto"):
     """(model, tokenizer, tokens, arch) of a dream/llada checkpoint, weights on `device`."""
     import torch
-
     from dlm.coder_model.families import loader
     from dlm.coder_model.families.transformer import BidirectionalLM
 

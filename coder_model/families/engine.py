@@ -46,7 +46,7 @@ def clip_prefix(text: str, max_tokens: int) -> str:
         return text
     tail = text[-keep:]
     nl = tail.find("\n")
-    return tail[nl + 1:] if 0 <= nl < len(tail) // 4 else tail
+    return tail[nl + 1 :] if 0 <= nl < len(tail) // 4 else tail
 
 
 def clip_suffix(text: str, max_tokens: int) -> str:
@@ -59,8 +59,16 @@ def clip_suffix(text: str, max_tokens: int) -> str:
 
 
 class FamilyEngine:
-    def __init__(self, model, tokenizer, tokens: FamilyTokens, arch: FamilyArch, path: str, device: str,
-                 options: FamilyEngineOptions | None = None) -> None:
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        tokens: FamilyTokens,
+        arch: FamilyArch,
+        path: str,
+        device: str,
+        options: FamilyEngineOptions | None = None,
+    ) -> None:
         self.options = options or FamilyEngineOptions()
         self.model = model
         self.tokenizer = tokenizer
@@ -87,8 +95,11 @@ class FamilyEngine:
             state="ready",
             device=str(self.device),
             model=str(self.path),
-            extra={"family": self.arch.family, "model_type": self.arch.model_type,
-                   "dtype": str(self.model.embed.weight.dtype).replace("torch.", "")},
+            extra={
+                "family": self.arch.family,
+                "model_type": self.arch.model_type,
+                "dtype": str(self.model.embed.weight.dtype).replace("torch.", ""),
+            },
         )
 
     def close(self) -> None:
@@ -108,26 +119,34 @@ class FamilyEngine:
                 continue
             try:
                 fut.set_result(self._predict(prompt, params, cancel, (time.perf_counter() - submitted) * 1e3))
-            except BaseException as e:  # noqa: BLE001 - handed to the caller; this thread must live on
+            except BaseException as e:
                 log.exception("prediction failed")
                 fut.set_exception(e)
 
     def encode_prompt(self, prompt: Prompt) -> tuple[list[int], list[int]]:
         opt = self.options.infill
         before = clip_prefix(prompt.prefix + prompt.region[: prompt.cursor], opt.max_prefix_tokens)
-        after = clip_suffix(prompt.region[prompt.cursor:] + prompt.suffix, opt.max_suffix_tokens)
+        after = clip_suffix(prompt.region[prompt.cursor :] + prompt.suffix, opt.max_suffix_tokens)
         pre = self.tokenizer.encode(before, add_special_tokens=False).ids if before else []
         suf = self.tokenizer.encode(after, add_special_tokens=False).ids if after else []
-        return pre[-opt.max_prefix_tokens:] if opt.max_prefix_tokens else [], suf[: opt.max_suffix_tokens]
+        return pre[-opt.max_prefix_tokens :] if opt.max_prefix_tokens else [], suf[: opt.max_suffix_tokens]
 
-    def _predict(self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, queue_ms: float) -> Prediction:
+    def _predict(
+        self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, queue_ms: float
+    ) -> Prediction:
         if cancel.cancelled:
             return Prediction(text="", cancelled=True, queue_ms=queue_ms)
         pre, suf = self.encode_prompt(prompt)
         r = self.decoder.infill(pre, suf, params, cancel)
         if r.cancelled:
-            return Prediction(text="", cancelled=True, queue_ms=queue_ms, steps=r.steps,
-                              prefill_ms=r.prefill_ms, denoise_ms=r.denoise_ms)
+            return Prediction(
+                text="",
+                cancelled=True,
+                queue_ms=queue_ms,
+                steps=r.steps,
+                prefill_ms=r.prefill_ms,
+                denoise_ms=r.denoise_ms,
+            )
         infill = self.tokenizer.decode(r.tokens, skip_special_tokens=True) if r.tokens else ""
         c = prompt.cursor
         return Prediction(

@@ -30,7 +30,6 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-
 from dlm.coder_model.families.arch import FamilyTokens
 from dlm.coder_model.families.transformer import BidirectionalLM, KVCache
 from dlm.coder_model.types import CancelToken, SamplerParams
@@ -136,7 +135,9 @@ class InfillDecoder:
         self.options = options or InfillOptions()
         self.shift = 1 if model.arch.shift_logits else 0
         self.device = model.embed.weight.device
-        self.pad_id = tokens.pad_id if tokens.pad_id is not None else (tokens.eos_ids[0] if tokens.eos_ids else None)
+        self.pad_id = (
+            tokens.pad_id if tokens.pad_id is not None else (tokens.eos_ids[0] if tokens.eos_ids else None)
+        )
         self._end = set(tokens.eos_ids)
 
     # -- layout ---------------------------------------------------------------------------------
@@ -144,11 +145,13 @@ class InfillDecoder:
         """The prefix the model sees: BOS per family rule (a shifted model needs a token before slot 0)."""
         add = self.options.add_bos
         if add is None:
-            add = (not self.shift and self.tok.bos_id is not None) or not prefix
+            add = (self.tok.bos_id is not None) if not self.shift else not prefix
         if add:
             start = self.tok.bos_id if self.tok.bos_id is not None else self.pad_id
             if start is None and self.shift:
-                raise ValueError("empty prefix and no bos/eos/pad token id: a shifted model cannot predict slot 0")
+                raise ValueError(
+                    "empty prefix and no bos/eos/pad token id: a shifted model cannot predict slot 0"
+                )
             if start is not None and (not prefix or prefix[0] != start):
                 prefix = [start] + prefix
         return prefix
@@ -169,7 +172,10 @@ class InfillDecoder:
         if want_kv:
             # context = positions [0, w0) and [P+L, N); the window [w0, P+L) is recomputed each step
             ctx = [
-                (torch.cat([k[:, :, :w0], k[:, :, P + L:]], dim=2), torch.cat([v[:, :, :w0], v[:, :, P + L:]], dim=2))
+                (
+                    torch.cat([k[:, :, :w0], k[:, :, P + L :]], dim=2),
+                    torch.cat([v[:, :, :w0], v[:, :, P + L :]], dim=2),
+                )
                 for k, v in kv
             ]
         return logits, ctx
@@ -177,7 +183,7 @@ class InfillDecoder:
     def _window(self, ids: torch.Tensor, P: int, L: int, ctx: KVCache) -> torch.Tensor:
         w0 = P - self.shift
         pos = torch.arange(w0, P + L, device=self.device)  # (L + shift,)
-        hidden, _ = self.model(ids[:, w0:P + L], pos, kv_cache=ctx)  # (1, L + shift, d)
+        hidden, _ = self.model(ids[:, w0 : P + L], pos, kv_cache=ctx)  # (1, L + shift, d)
         return self._slot_logits(hidden, slice(0, L))
 
     # -- decoding -------------------------------------------------------------------------------
@@ -219,8 +225,17 @@ class InfillDecoder:
         while bool(masked.any()):
             if steps > 0:
                 if cancel is not None and cancel.cancelled:
-                    return InfillResult([], [], L, False, steps=steps, cancelled=True, scores=scores,
-                                        prefill_ms=(t1 - t0) * 1e3, context_tokens=P + S)
+                    return InfillResult(
+                        [],
+                        [],
+                        L,
+                        False,
+                        steps=steps,
+                        cancelled=True,
+                        scores=scores,
+                        prefill_ms=(t1 - t0) * 1e3,
+                        context_tokens=P + S,
+                    )
                 if not opt.dual_cache or steps % opt.refresh_every == 0:
                     logits, ctx = self._full(ids, P, L, want_kv=opt.dual_cache)
                 else:
@@ -238,10 +253,10 @@ class InfillDecoder:
             if opt.fill_after_eos and first_end is not None and self.pad_id is not None:
                 after = masked.clone()
                 after[: first_end + 1] = False
-                ids[0, P:P + L][after] = self.pad_id
+                ids[0, P : P + L][after] = self.pad_id
                 masked &= ~after
         t2 = time.perf_counter()
-        raw = ids[0, P:P + L].tolist()
+        raw = ids[0, P : P + L].tolist()
         content, ended = [], False
         for t in raw:
             if t in self._end:
@@ -249,6 +264,14 @@ class InfillDecoder:
                 break
             content.append(t)
         return InfillResult(
-            tokens=content, raw=raw, length=L, ended=ended, steps=steps, committed=committed,
-            prefill_ms=(t1 - t0) * 1e3, denoise_ms=(t2 - t1) * 1e3, scores=scores, context_tokens=P + S,
+            tokens=content,
+            raw=raw,
+            length=L,
+            ended=ended,
+            steps=steps,
+            committed=committed,
+            prefill_ms=(t1 - t0) * 1e3,
+            denoise_ms=(t2 - t1) * 1e3,
+            scores=scores,
+            context_tokens=P + S,
         )

@@ -30,8 +30,10 @@ _END_TOKENS = ("<|endoftext|>", "<|eot_id|>", "<|im_end|>", "<|dlm_pad|>")
 def read_config(path: str | Path) -> dict:
     cfg_path = Path(path) / "config.json"
     if not cfg_path.is_file():
-        raise ValueError(f"{path}: no config.json; pass --model a checkpoint directory (config.json, "
-                         "tokenizer.json, *.safetensors)")
+        raise ValueError(
+            f"{path}: no config.json; pass --model a checkpoint directory (config.json, "
+            "tokenizer.json, *.safetensors)"
+        )
     try:
         return json.loads(cfg_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -39,7 +41,7 @@ def read_config(path: str | Path) -> dict:
 
 
 def detect_family(config: dict) -> str:
-    """"dream" or "llada" from config.json's model_type and architectures.
+    """ "dream" or "llada" from config.json's model_type and architectures.
 
     Raises ValueError naming an unsupported model_type and listing the supported ones.
     """
@@ -73,7 +75,7 @@ def load_tokenizer(path: str | Path):
         )
     try:
         return Tokenizer.from_file(str(tok_path))
-    except Exception as e:  # noqa: BLE001 - tokenizers raises its own exception types
+    except Exception as e:
         raise ValueError(f"{tok_path}: not a valid tokenizers file ({e}); re-download it") from e
 
 
@@ -131,9 +133,13 @@ def _tensor_files(path: Path) -> dict[str, Path]:
         from safetensors import safe_open
 
         with safe_open(str(single), framework="pt") as f:
-            return {name: single for name in f.keys()}
+            return {name: single for name in f.keys()}  # noqa: SIM118 - safe_open is not a dict
     others = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
-    hint = f" (found {', '.join(others)}: pickle files are never loaded, they can execute code)" if others else ""
+    hint = (
+        f" (found {', '.join(others)}: pickle files are never loaded, they can execute code)"
+        if others
+        else ""
+    )
     raise ValueError(
         f"{path}: no model.safetensors or model.safetensors.index.json{hint}; "
         "download the safetensors weights of the checkpoint"
@@ -162,9 +168,11 @@ def load_weights(model, arch: FamilyArch, path: str | Path, device, dtype) -> No
         by_file.setdefault(files[theirs], []).append((ours, theirs))
     dev = torch.device(device)
     # safe_open wants "cuda:N" (an index) to load onto a GPU directly.
-    open_dev = f"cuda:{dev.index if dev.index is not None else torch.cuda.current_device()}" if (
-        dev.type == "cuda"
-    ) else str(dev)
+    open_dev = (
+        f"cuda:{dev.index if dev.index is not None else torch.cuda.current_device()}"
+        if (dev.type == "cuda")
+        else str(dev)
+    )
     state = {}
     for fpath, pairs in by_file.items():
         with safe_open(str(fpath), framework="pt", device=open_dev) as f:

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from dlm import kernels
 from dlm.coder_model.families.arch import FamilyArch
 from dlm.kernels.reference import rotary_tables
+from torch import nn
 
 # Per layer: (k, v), each (B, Hk, Tc, D) with rotary already applied.
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
@@ -51,7 +50,9 @@ class BidirectionalLM(nn.Module):
         self.embed = nn.Embedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList(Block(arch) for _ in range(arch.num_layers))
         self.norm = _Norm(arch.hidden_size)
-        self.lm_head = None if arch.tie_embeddings else nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        self.lm_head = (
+            None if arch.tie_embeddings else nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
+        )
         self._cos: torch.Tensor | None = None  # (P, D/2) fp32, grown on demand
         self._sin: torch.Tensor | None = None
 
@@ -99,11 +100,18 @@ class BidirectionalLM(nn.Module):
             if want_kv:
                 new_kv.append((k, v))
             att = kernels.attention(
-                q, k, v, context_len=0, kv_cache=None if kv_cache is None else kv_cache[i],
-                bidirectional=True, impl=impl,
+                q,
+                k,
+                v,
+                context_len=0,
+                kv_cache=None if kv_cache is None else kv_cache[i],
+                bidirectional=True,
+                impl=impl,
             )  # (B, Hq, T, D)
             att = blk.o(att.transpose(1, 2).reshape(B, T, a.num_heads * a.head_dim))  # (B, T, d)
-            normed, resid = kernels.rms_norm(att, blk.mlp_norm.weight, a.rms_norm_eps, residual=resid, impl=impl)
+            normed, resid = kernels.rms_norm(
+                att, blk.mlp_norm.weight, a.rms_norm_eps, residual=resid, impl=impl
+            )
             mlp = blk.down(F.silu(blk.gate(normed)) * blk.up(normed))  # (B, T, d)
             normed, resid = kernels.rms_norm(mlp, norms[i + 1], a.rms_norm_eps, residual=resid, impl=impl)
         return normed, (new_kv if want_kv else None)

@@ -61,9 +61,20 @@ def make_dream_checkpoint(directory, seed: int = 0):
     eos, mask = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|mask|>")
     torch.manual_seed(seed)
     cfg = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, rope_theta=10000.0, rms_norm_eps=1e-6,
-        tie_word_embeddings=False, initializer_range=0.2, eos_token_id=eos, pad_token_id=eos, bos_token_id=eos,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        initializer_range=0.2,
+        eos_token_id=eos,
+        pad_token_id=eos,
+        bos_token_id=eos,
     )
     model = Qwen2ForCausalLM(cfg).eval()
     _randomize(model, seed)
@@ -96,27 +107,65 @@ def llada_name(hf_name: str) -> str:
     return hf_name
 
 
-def write_llada(directory, state: dict, d_model: int, n_heads: int, n_kv: int, n_layers: int, mlp: int,
-                vocab: int, mask: int, eos: int, rope_theta: float = 10000.0, eps: float = 1e-5) -> None:
+def write_llada(
+    directory,
+    state: dict,
+    d_model: int,
+    n_heads: int,
+    n_kv: int,
+    n_layers: int,
+    mlp: int,
+    vocab: int,
+    mask: int,
+    eos: int,
+    rope_theta: float = 10000.0,
+    eps: float = 1e-5,
+) -> None:
     """LLaDA config.json + two safetensors shards with an index."""
     from safetensors.torch import save_file
 
     names = sorted(state)
     half = len(names) // 2
-    shards = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}
+    shards = {
+        "model-00001-of-00002.safetensors": names[:half],
+        "model-00002-of-00002.safetensors": names[half:],
+    }
     weight_map = {}
     for fname, keys in shards.items():
         save_file({k: state[k].contiguous() for k in keys}, str(directory / fname), metadata={"format": "pt"})
         weight_map.update({k: fname for k in keys})
-    (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (directory / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
     cfg = {
-        "model_type": "llada", "architectures": ["LLaDAModelLM"], "activation_type": "silu", "alibi": False,
-        "block_type": "llama", "block_group_size": 1, "d_model": d_model, "n_heads": n_heads,
-        "n_kv_heads": n_kv, "n_layers": n_layers, "mlp_hidden_size": mlp, "mlp_ratio": 4,
-        "embedding_size": vocab, "vocab_size": vocab, "include_bias": False, "include_qkv_bias": False,
-        "input_emb_norm": False, "layer_norm_type": "rms", "rms_norm_eps": eps, "rope": True,
-        "rope_theta": rope_theta, "scale_logits": False, "weight_tying": False, "attention_layer_norm": False,
-        "mask_token_id": mask, "eos_token_id": eos, "pad_token_id": eos, "max_sequence_length": 512,
+        "model_type": "llada",
+        "architectures": ["LLaDAModelLM"],
+        "activation_type": "silu",
+        "alibi": False,
+        "block_type": "llama",
+        "block_group_size": 1,
+        "d_model": d_model,
+        "n_heads": n_heads,
+        "n_kv_heads": n_kv,
+        "n_layers": n_layers,
+        "mlp_hidden_size": mlp,
+        "mlp_ratio": 4,
+        "embedding_size": vocab,
+        "vocab_size": vocab,
+        "include_bias": False,
+        "include_qkv_bias": False,
+        "input_emb_norm": False,
+        "layer_norm_type": "rms",
+        "rms_norm_eps": eps,
+        "rope": True,
+        "rope_theta": rope_theta,
+        "scale_logits": False,
+        "weight_tying": False,
+        "attention_layer_norm": False,
+        "mask_token_id": mask,
+        "eos_token_id": eos,
+        "pad_token_id": eos,
+        "max_sequence_length": 512,
     }
     (directory / "config.json").write_text(json.dumps(cfg))
 
@@ -129,9 +178,19 @@ def make_llada_checkpoint(directory, seed: int = 1):
     eos, mask = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|mask|>")
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=512, rope_theta=10000.0, rms_norm_eps=1e-5,
-        tie_word_embeddings=False, initializer_range=0.2, attention_bias=False, mlp_bias=False,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=512,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        initializer_range=0.2,
+        attention_bias=False,
+        mlp_bias=False,
     )
     model = LlamaForCausalLM(cfg).eval()
     _randomize(model, seed)
@@ -148,3 +207,89 @@ def hf_bidirectional_logits(model, ids):
     B, T = ids.shape
     with torch.no_grad():
         return model(ids, attention_mask=torch.zeros(B, 1, T, T)).logits.float()
+
+
+# --- a constructed "successor" model -------------------------------------------------------------
+# Vocabulary of 16: 0..13 content, 14 end-of-text, 15 mask. One block whose attention and MLP
+# outputs are zero, so the final hidden state at a position is (normed) one-hot of its token, and an
+# LM head that maps token t to t+1 with high confidence and the mask token to 7 with lower
+# confidence. Read with the right alignment a shifted model therefore counts up from the last
+# prefix token; read unshifted every slot only sees a mask and says 7.
+SUCC_V, SUCC_EOS, SUCC_MASK = 16, 14, 15
+
+
+def succ_state(family: str) -> dict:
+    import torch
+    from dlm.coder_model.families import dream, llada
+    from dlm.coder_model.families.arch import FamilyArch
+
+    arch = FamilyArch(
+        family, family, SUCC_V, 16, 1, 2, 1, 8, 8, 10000.0, 1e-6, family == "dream", False, family == "dream"
+    )
+    head = torch.zeros(SUCC_V, 16)
+    for t in range(SUCC_EOS + 1):
+        head[(t + 1) % (SUCC_EOS + 1), t] = 3.0
+    head[7, SUCC_MASK] = 1.0
+    ours = {
+        "embed.weight": torch.eye(SUCC_V, 16),
+        "norm.weight": torch.ones(16),
+        "lm_head.weight": head,
+        "layers.0.attn_norm.weight": torch.ones(16),
+        "layers.0.mlp_norm.weight": torch.ones(16),
+        "layers.0.q.weight": torch.randn(16, 16) * 0.1,
+        "layers.0.k.weight": torch.randn(8, 16) * 0.1,
+        "layers.0.v.weight": torch.randn(8, 16) * 0.1,
+        "layers.0.o.weight": torch.zeros(16, 16),
+        "layers.0.gate.weight": torch.randn(8, 16) * 0.1,
+        "layers.0.up.weight": torch.randn(8, 16) * 0.1,
+        "layers.0.down.weight": torch.zeros(16, 8),
+    }
+    if family == "dream":
+        for n in "qkv":
+            ours[f"layers.0.{n}.bias"] = torch.zeros(16 if n == "q" else 8)
+    names = (dream if family == "dream" else llada).tensor_names(arch)
+    return {names[k]: v for k, v in ours.items()}
+
+
+def word_tokenizer(n: int):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(n)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return tok
+
+
+def make_succ_checkpoint(directory, family: str, drop: str | None = None, **config_overrides):
+    from safetensors.torch import save_file
+
+    state = succ_state(family)
+    if drop is not None:
+        del state[drop]
+    if family == "dream":
+        save_file(state, str(directory / "model.safetensors"))
+        cfg = {
+            "model_type": "Dream",
+            "architectures": ["DreamModel"],
+            "vocab_size": SUCC_V,
+            "hidden_size": 16,
+            "intermediate_size": 8,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "rope_theta": 10000.0,
+            "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": False,
+            "mask_token_id": SUCC_MASK,
+            "eos_token_id": SUCC_EOS,
+            "pad_token_id": SUCC_EOS,
+        }
+        cfg.update(config_overrides)
+        (directory / "config.json").write_text(json.dumps(cfg))
+    else:
+        write_llada(directory, state, 16, 2, 1, 1, 8, SUCC_V, SUCC_MASK, SUCC_EOS, eps=1e-6)
+        if config_overrides:
+            cfg = json.loads((directory / "config.json").read_text())
+            cfg.update(config_overrides)
+            (directory / "config.json").write_text(json.dumps(cfg))
+    word_tokenizer(SUCC_V).save(str(directory / "tokenizer.json"))
+    return directory

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from dlm.coder_model.families import load_family_model
 from dlm.coder_model.families.infill import InfillDecoder, InfillOptions
 from dlm.coder_model.types import SamplerParams
-
 from family_helpers import hf_bidirectional_logits
 
 FAMILIES = ["dream_ckpt", "llada_ckpt"]
@@ -22,7 +20,7 @@ def loaded(request):
 
 
 def test_detected_family_and_alignment(loaded):
-    name, model, tok, tokens, arch, ref, d = loaded
+    name, _model, tok, tokens, arch, _ref, d = loaded
     if name == "dream_ckpt":
         assert (arch.family, arch.shift_logits, arch.qkv_bias) == ("dream", True, True)
     else:
@@ -33,7 +31,7 @@ def test_detected_family_and_alignment(loaded):
 
 
 def test_logits_match_transformers_fp32(loaded):
-    _, model, tok, tokens, arch, ref, _ = loaded
+    _, model, _tok, tokens, arch, ref, _ = loaded
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(0, arch.vocab_size, (2, 23), generator=g)
     ids[0, 5:9] = tokens.mask_id
@@ -51,7 +49,7 @@ def test_logits_match_transformers_fp32(loaded):
 
 def test_cached_window_equals_full_pass_when_fresh(loaded):
     """The dual cache's block-only pass, right after a refresh, reproduces the full pass."""
-    _, model, tok, tokens, arch, ref, _ = loaded
+    _, model, _tok, tokens, _arch, _ref, _ = loaded
     dec = InfillDecoder(model, tokens, InfillOptions(lengths=(), dual_cache=True))
     prefix, suffix, L = [5, 17, 40, 41, 42], [60, 61, 62], 6
     ids = torch.tensor([prefix + [tokens.mask_id] * L + suffix])
@@ -65,25 +63,27 @@ def reference_greedy_infill(ref, prefix, suffix, L, mask_id, shift):
     """One slot per step, most confident first, from transformers logits with the family's alignment."""
     x = torch.tensor([prefix + [mask_id] * L + suffix])
     P = len(prefix)
-    while (x[0, P:P + L] == mask_id).any():
+    while (x[0, P : P + L] == mask_id).any():
         logits = hf_bidirectional_logits(ref, x)[0]  # (N, V)
-        rows = logits[P - shift:P - shift + L].clone()
+        rows = logits[P - shift : P - shift + L].clone()
         rows[:, mask_id] = float("-inf")
         p = rows.softmax(-1)
         conf, tok = p.max(-1)
-        conf[x[0, P:P + L] != mask_id] = -1.0
+        conf[x[0, P : P + L] != mask_id] = -1.0
         j = int(conf.argmax())
         x[0, P + j] = tok[j]
-    return x[0, P:P + L].tolist()
+    return x[0, P : P + L].tolist()
 
 
 @pytest.mark.parametrize("dual_cache", [False, True])
 def test_greedy_infill_matches_reference(loaded, dual_cache):
-    name, model, tok, tokens, arch, ref, _ = loaded
+    name, model, tok, tokens, _arch, ref, _ = loaded
     prefix = tok.encode("def add(a, b):\n    return", add_special_tokens=False).ids
     suffix = tok.encode("\n\nfor i in range(10):\n", add_special_tokens=False).ids
     L = 6
-    opt = InfillOptions(lengths=(), dual_cache=dual_cache, refresh_every=1, fill_after_eos=False, add_bos=False)
+    opt = InfillOptions(
+        lengths=(), dual_cache=dual_cache, refresh_every=1, fill_after_eos=False, add_bos=False
+    )
     dec = InfillDecoder(model, tokens, opt)
     r = dec.infill(prefix, suffix, SamplerParams(steps=L, block_len=L, threshold=1.0))
     shift = {"dream_ckpt": 1, "llada_ckpt": 0}[name]  # the family's training alignment, not our detection
@@ -94,7 +94,7 @@ def test_greedy_infill_matches_reference(loaded, dual_cache):
 
 def test_bf16_load_is_close_to_fp32(loaded):
     """bf16 weights (the GPU default) compute the same function within bf16 rounding."""
-    _, model, tok, tokens, arch, ref, d = loaded
+    _, model, _tok, _tokens, _arch, _ref, d = loaded
     m16, *_ = load_family_model(d, device="cpu", dtype="bfloat16", impl="reference")
     assert m16.embed.weight.dtype == torch.bfloat16
     ids = torch.arange(10)[None] + 7
