@@ -1,0 +1,182 @@
+"""Remote mode with the real (tiny, random) native model on loopback.
+
+The reference is LocalEngine on the same checkpoint: the remote path
+(protocol + batching scheduler + forward_blocks + per-client caches) must
+give the same suggestion, alone and when requests share forward passes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from dlm.coder_model.remote.client import RemoteEngine
+from dlm.coder_model.remote.server import ServerOptions, ServerThread
+from dlm.coder_model.types import CancelToken, Prompt, SamplerParams
+
+pytestmark = pytest.mark.timeout(240)
+
+PARAMS = SamplerParams(steps=6, block_len=6, max_blocks=2, threshold=0.5)
+
+SOURCE = "import os\n\n\ndef add(a, b):\n    return a + b\n\n\nclass Point:\n    def __init__(self, x):\n"
+
+
+def typing_prompts(n: int, path: str = "demo.py") -> list[Prompt]:
+    """Consecutive keystrokes on one line (the region grows, the prefix stays)."""
+    line = "        self.x = x + 1"
+    return [Prompt(prefix=SOURCE, region=line[: 10 + k], cursor=10 + k, suffix="\n\nprint(1)\n",
+                   language="python", path=path) for k in range(n)]
+
+
+@pytest.fixture(scope="module")
+def sharp_checkpoint(tiny_checkpoint, tmp_path_factory):
+    """The tiny random model with weights scaled x10: its greedy output then depends on the
+    prompt (the unscaled one writes the same special token everywhere, which would make a
+    mismatched or mis-batched answer undetectable)."""
+    import torch
+
+    from dlm.coder_model.checkpoint import load_model, save_checkpoint
+
+    model, tok = load_model(tiny_checkpoint, "cpu")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.endswith("norm.weight"):
+                p.mul_(10.0)
+    d = tmp_path_factory.mktemp("sharp_ckpt")
+    save_checkpoint(model, tok, d)
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def local(sharp_checkpoint):
+    from dlm.coder_model.engine import load_engine
+
+    eng = load_engine(sharp_checkpoint, "cpu")
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def remote_server(sharp_checkpoint):
+    from dlm.coder_model.remote.backend import load_scheduler
+
+    scheduler, name, device = load_scheduler(sharp_checkpoint, "cpu", max_batch=8)
+    srv = ServerThread(scheduler, ServerOptions(port=0, model_name=name, device=device)).start()
+    yield srv
+    srv.stop()
+
+
+def _key(pred):
+    return (pred.text, pred.steps, pred.tokens, pred.cancelled)
+
+
+def test_same_suggestion_as_local(local, remote_server):
+    eng = RemoteEngine("127.0.0.1", remote_server.port)
+    try:
+        assert eng.wait_connected(20)
+        assert eng.status().state == "ready" and eng.status().device == "cpu"
+        preds = []
+        texts = set()
+        for p in typing_prompts(4):
+            want = local.predict(p, PARAMS, CancelToken())
+            got = eng.predict(p, PARAMS, CancelToken())
+            assert not got.cancelled and _key(got) == _key(want)
+            preds.append(got)
+            texts.add(got.text)
+        assert len(texts) > 1 and "" not in texts  # the comparison can tell prompts apart
+        # consecutive keystrokes of one document reuse the client's prefix cache on the server
+        assert preds[0].cached_tokens == 0
+        assert all(p.cached_tokens > 0 for p in preds[1:])
+        assert preds[1].context_tokens > preds[1].cached_tokens
+    finally:
+        eng.close()
+
+
+def test_batched_requests_match_local(local, remote_server):
+    """Four clients at once: their steps share forward passes; each answer equals the local one."""
+    prompts = [typing_prompts(1, path=f"f{i}.py")[0] for i in range(4)]
+    prompts = [Prompt(p.prefix, p.region + " " * i, p.cursor, p.suffix, language="python", path=p.path)
+               for i, p in enumerate(prompts)]
+    want = [_key(local.predict(p, PARAMS, CancelToken())) for p in prompts]
+    engines = [RemoteEngine("127.0.0.1", remote_server.port) for _ in prompts]
+    got: dict[int, tuple] = {}
+    barrier = threading.Barrier(len(prompts))
+
+    def go(i):
+        barrier.wait()
+        got[i] = _key(engines[i].predict(prompts[i], PARAMS, CancelToken()))
+
+    try:
+        assert all(e.wait_connected(20) for e in engines)
+        before = remote_server.stats.max_batch_seen
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert len({w[0] for w in want}) > 1
+        assert [got[i] for i in range(len(prompts))] == want
+        assert max(before, remote_server.stats.max_batch_seen) > 1
+    finally:
+        for e in engines:
+            e.close()
+
+
+def test_cancel_with_real_model(remote_server):
+    eng = RemoteEngine("127.0.0.1", remote_server.port)
+    try:
+        assert eng.wait_connected(20)
+        cancel = CancelToken()
+        cancel.cancel()
+        assert eng.predict(typing_prompts(1)[0], PARAMS, cancel).cancelled  # never sent
+        # after a cancelled request the next one on the same document is still right
+        pred = eng.predict(typing_prompts(2)[1], PARAMS, CancelToken())
+        assert not pred.cancelled
+    finally:
+        eng.close()
+
+
+def test_serve_cli_end_to_end(sharp_checkpoint, local, tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("cli-token-0123456789abcdef\n")
+    os.chmod(token_file, 0o600)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlm.lsp.cli", "serve", "--listen", "127.0.0.1:0", "--model", sharp_checkpoint,
+         "--device", "cpu", "--token-file", str(token_file), "--log-level", "warning"],
+        stderr=subprocess.PIPE, text=True, env=env,
+    )
+    try:
+        port = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            if "listening on" in line:
+                port = int(line.split("listening on ")[1].split()[0].rsplit(":", 1)[1])
+                break
+        assert port, "dlm-lsp serve did not report its port"
+        eng = RemoteEngine("127.0.0.1", port, token=token_file.read_text().strip())
+        try:
+            assert eng.wait_connected(20)
+            p = typing_prompts(1)[0]
+            assert _key(eng.predict(p, PARAMS, CancelToken())) == _key(local.predict(p, PARAMS, CancelToken()))
+        finally:
+            eng.close()
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+def test_serve_cli_refuses_public_bind_without_token():
+    env = {k: v for k, v in os.environ.items() if k != "DLM_TOKEN"}
+    out = subprocess.run([sys.executable, "-m", "dlm.lsp.cli", "serve", "--listen", "0.0.0.0:0"],
+                         capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 2
+    assert "without a token" in out.stderr and "--token-file" in out.stderr
