@@ -1,0 +1,138 @@
+"""Document + cursor -> Prompt (DESIGN §2, §4).
+
+The editable region is snapped to syntax:
+- "typing" (the user is typing here, last edit < idle_ms ago near the cursor):
+  the cursor line plus the rest of its statement, bounded in tokens, so the
+  masked block stays short (L ~ 32-48) and a step is cheap;
+- "wide" (after a pause or a jump, and for dlm/editPrediction): a few lines
+  around the cursor, widened to whole statements, to look for next edits.
+
+The prefix window ends at the region and starts at a line kept in
+`Document.anchors["prefix"]` (it follows edits above it). It is re-chosen
+only when the window would exceed its budget or no longer precedes the
+region, and then placed `window_fill` full, so typing (and Enter) does not
+move its start: the tokens before the region stay the same and the model's
+prefix KV cache stays valid. The suffix window works the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+from dlm.coder_model.types import Prompt
+from dlm.lsp.documents import Document, content
+from dlm.lsp.options import ContextOptions
+from dlm.lsp.syntax import language_name
+
+Mode = Literal["typing", "wide"]
+
+
+@dataclass(frozen=True)
+class Built:
+    prompt: Prompt
+    start_line: int  # first line of the region
+    end_line: int  # last line of the region (inclusive; its terminator is in the suffix)
+    mode: Mode
+
+
+def choose_mode(doc: Document, row: int, opts: ContextOptions, now: float | None = None) -> Mode:
+    now = time.monotonic() if now is None else now
+    recent = doc.last_change_at and (now - doc.last_change_at) * 1000 < opts.idle_ms
+    near = abs(row - doc.last_change_line) <= 1
+    return "typing" if recent and near else "wide"
+
+
+def _chars(lines: list[str], a: int, b: int) -> int:
+    return sum(len(x) for x in lines[a:b])
+
+
+def region_rows(doc: Document, row: int, col: int, mode: Mode, opts: ContextOptions) -> tuple[int, int]:
+    lines = doc.lines
+    last = len(lines) - 1
+    cpt = opts.chars_per_token
+    syntax = doc.syntax
+
+    def span(r: int, c: int = -1) -> tuple[int, int]:
+        s = syntax.statement_span(r, c) if syntax is not None else None
+        return s if s is not None else (r, r)
+
+    if mode == "typing":
+        end = min(max(span(row, col)[1], row), row + opts.typing_region_lines - 1, last)
+        budget = opts.typing_region_tokens * cpt
+        while end > row and _chars(lines, row, end + 1) > budget:
+            end -= 1
+        return row, end
+    start = max(0, row - opts.wide_region_lines_before)
+    end = min(last, row + opts.wide_region_lines_after)
+    start = min(start, max(span(start)[0], row - 2 * opts.wide_region_lines_before))
+    end = max(end, min(span(end)[1], row + 2 * opts.wide_region_lines_after, last))
+    budget = opts.wide_region_tokens * cpt
+    while _chars(lines, start, end + 1) > budget and (start < row or end > row):
+        # shrink from the side farther from the cursor
+        if end - row >= row - start and end > row:
+            end -= 1
+        else:
+            start += 1
+    return start, end
+
+
+def _prefix_start(doc: Document, start: int, opts: ContextOptions) -> int:
+    budget = opts.prefix_tokens * opts.chars_per_token
+    anchor = doc.anchors.get("prefix")
+    if anchor is not None and anchor <= start and _chars(doc.lines, anchor, start) <= budget:
+        return anchor
+    target, used, a = budget * opts.window_fill, 0, start
+    while a > 0 and used + len(doc.lines[a - 1]) <= target:
+        a -= 1
+        used += len(doc.lines[a])
+    doc.anchors["prefix"] = a
+    return a
+
+
+def _suffix_end(doc: Document, end: int, opts: ContextOptions) -> int:
+    """Exclusive end line of the suffix window."""
+    budget = opts.suffix_tokens * opts.chars_per_token
+    n = len(doc.lines)
+    anchor = doc.anchors.get("suffix")
+    if anchor is not None and end + 1 <= anchor <= n and _chars(doc.lines, end + 1, anchor) <= budget:
+        return anchor
+    target, used, b = budget * opts.window_fill, 0, end + 1
+    while b < n and used + len(doc.lines[b]) <= target:
+        used += len(doc.lines[b])
+        b += 1
+    doc.anchors["suffix"] = b
+    return b
+
+
+def build(
+    doc: Document, row: int, col: int, mode: Mode, opts: ContextOptions, path: str = "",
+    now: float | None = None,
+) -> Built | None:  # fmt: skip
+    """The Prompt for a cursor at (row, code-point col), or None when there is nothing to
+    suggest (the cursor line is longer than max_line_chars, e.g. minified code)."""
+    lines = doc.lines
+    if len(lines[row]) > opts.max_line_chars:
+        return None
+    start, end = region_rows(doc, row, col, mode, opts)
+    region = "".join(lines[start:end]) + content(lines[end])
+    cursor = _chars(lines, start, row) + col
+    p0 = _prefix_start(doc, start, opts)
+    s1 = _suffix_end(doc, end, opts)
+    prefix = "".join(lines[p0:start])
+    suffix = lines[end][len(content(lines[end])) :] + "".join(lines[end + 1 : s1])
+    history: tuple[str, ...] = ()
+    if doc.history is not None:
+        doc.history.close_if_idle(time.monotonic() if now is None else now, lines, row)
+        history = doc.history.rendered()
+    prompt = Prompt(
+        prefix=prefix,
+        region=region,
+        cursor=cursor,
+        suffix=suffix,
+        history=history,
+        language=language_name(doc.language_id, doc.uri),
+        path=path,
+    )
+    return Built(prompt, start, end, mode)

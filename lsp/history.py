@@ -1,0 +1,146 @@
+"""Edit history: changes coalesced into events, rendered as unified diffs.
+
+An event is a run of changes to one area: a change joins the open event
+when it touches lines within `gap_lines` of it and comes less than `idle_s`
+after the previous change; otherwise (a pause, or a jump elsewhere) the open
+event is closed and rendered as a unified diff of its lines, and a new one
+starts. Only closed events are rendered (DESIGN §4): the open event is
+visible in the editable region, and keeping it out means that typing does
+not change the tokens before the region, so the model's prefix KV cache
+stays valid while the user types.
+
+The event keeps the original text of its line range; lines that join the
+range later are unchanged by the event so far, so their original text is
+read from the document at that moment.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass
+class _Event:
+    start: int  # first line, in current document coordinates
+    end: int  # last line (inclusive), in current document coordinates
+    old_lines: list[str]  # the original text of lines start..end
+    last_at: float
+
+
+@dataclass
+class HistoryOptions:
+    max_events: int = 6
+    max_tokens: int = 512  # budget for the rendered events, oldest dropped first
+    gap_lines: int = 8
+    idle_s: float = 1.0
+    chars_per_token: float = 3.5
+
+
+@dataclass
+class History:
+    path: str = ""
+    options: HistoryOptions = field(default_factory=HistoryOptions)
+
+    def __post_init__(self) -> None:
+        self._closed: deque[str] = deque(maxlen=self.options.max_events)
+        self._open: _Event | None = None
+        self.generation = 0  # bumps when the rendered history changes
+
+    # ---- fed by lsp.documents ------------------------------------------------------------------------
+    def before_change(self, sl: int, el: int, now: float, lines: list[str]) -> None:
+        ev = self._open
+        if ev is None:
+            return
+        far = sl > ev.end + self.options.gap_lines or el < ev.start - self.options.gap_lines
+        if far or now - ev.last_at > self.options.idle_s:
+            self._close(lines)
+
+    def after_change(self, change, lines: list[str]) -> None:
+        sl, el = change.start_line, change.old_end_line
+        delta = change.new_end_line - el
+        ev = self._open
+        if ev is None:
+            self._open = _Event(sl, change.new_end_line, list(change.old_lines), change.at)
+            return
+        start, end_pre = min(ev.start, sl), max(ev.end, el)
+
+        def original(i: int) -> str:  # a pre-change line outside the event: the event left it alone
+            if sl <= i <= el:
+                return change.old_lines[i - sl]
+            j = i if i < sl else i + delta
+            return lines[j] if 0 <= j < len(lines) else ""
+
+        old = [original(i) for i in range(start, ev.start)]
+        old += ev.old_lines  # the event's lines map to its original block as a whole
+        old += [original(i) for i in range(ev.end + 1, end_pre + 1)]
+        ev.start, ev.end, ev.old_lines, ev.last_at = start, end_pre + delta, old, change.at
+
+    # ---- read by lsp.context -------------------------------------------------------------------------
+    def close_if_idle(self, now: float, lines: list[str], cursor_line: int | None = None) -> None:
+        """Close the open event after a pause, or when the cursor jumped away from it."""
+        ev = self._open
+        if ev is None:
+            return
+        jumped = cursor_line is not None and not (
+            ev.start - self.options.gap_lines <= cursor_line <= ev.end + self.options.gap_lines
+        )
+        if jumped or now - ev.last_at > self.options.idle_s:
+            self._close(lines)
+
+    @property
+    def open_event(self) -> tuple[int, int] | None:
+        return (self._open.start, self._open.end) if self._open else None
+
+    def rendered(self) -> tuple[str, ...]:
+        """Closed events, oldest first, within the token budget (newest kept)."""
+        budget = self.options.max_tokens * self.options.chars_per_token
+        out: list[str] = []
+        used = 0
+        for diff in reversed(self._closed):
+            if used + len(diff) > budget:
+                break
+            out.append(diff)
+            used += len(diff)
+        return tuple(reversed(out))
+
+    def _close(self, lines: list[str]) -> None:
+        ev, self._open = self._open, None
+        if ev is None:
+            return
+        new = lines[ev.start : ev.end + 1]
+        diff = render_diff(self.path, ev.start, ev.old_lines, new)
+        if diff:
+            self._closed.append(diff)
+            self.generation += 1
+
+
+def render_diff(path: str, start: int, old: list[str], new: list[str]) -> str:
+    """A unified diff of one event ('' when the event changed nothing)."""
+    from dlm.lsp.documents import content
+
+    a = [content(x) for x in old]
+    b = [content(x) for x in new]
+    if a == b:
+        return ""
+    body = list(difflib.unified_diff(a, b, lineterm="", n=1))[2:]  # drop the ---/+++ of difflib
+    # Hunk headers count from line 1 of the event; shift them to document lines.
+    shifted = []
+    for line in body:
+        if line.startswith("@@"):
+            line = _shift_hunk(line, start)
+        shifted.append(line)
+    name = path or "untitled"
+    return "\n".join([f"--- a/{name}", f"+++ b/{name}", *shifted]) + "\n"
+
+
+def _shift_hunk(header: str, start: int) -> str:
+    # "@@ -1,3 +1,4 @@" -> line numbers + start
+    parts = header.split(" ")
+    for k in (1, 2):
+        sign, rest = parts[k][0], parts[k][1:]
+        num, _, count = rest.partition(",")
+        n = int(num) + start
+        parts[k] = f"{sign}{n}" + (f",{count}" if count else "")
+    return " ".join(parts)

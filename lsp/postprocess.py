@@ -1,0 +1,150 @@
+"""New region text -> what the editor shows (DESIGN §2).
+
+The model returns the whole new text of the editable region. We turn it into
+minimal edits; the one that inserts at the cursor (or replaces the rest of
+the cursor line) becomes the inline completion (ghost text), the others are
+edit predictions (`dlm/editPrediction`). Filters on the inline text:
+- nothing when the model proposes no change;
+- single line when the cursor is mid-line (text after it on the line);
+- drop text that only repeats what follows the cursor (the suffix / next lines),
+  and trailing characters that the rest of the line already has (`)` typed twice);
+- keep brackets balanced: cut the insertion before a closer that has no opener.
+All offsets here are code points inside the region; lsp.server converts to
+LSP positions.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+
+_OPEN = {"(": ")", "[": "]", "{": "}"}
+_CLOSE = {v: k for k, v in _OPEN.items()}
+_CLOSERS = set(")]}\"'`;, ")
+
+
+@dataclass(frozen=True)
+class RegionEdit:
+    start: int  # offsets in the old region
+    end: int
+    text: str
+
+
+@dataclass
+class Suggestion:
+    insert_text: str = ""  # the inline completion ("" = none)
+    replace_end: int | None = None  # region offset where the replaced rest of line ends, if any
+    edits: list[RegionEdit] = field(default_factory=list)  # other edits in the region
+
+    @property
+    def empty(self) -> bool:
+        return not self.insert_text and not self.edits
+
+
+def minimal_edits(old: str, new: str) -> list[RegionEdit]:
+    """Character-level edits turning `old` into `new`; edits separated by fewer than 3
+    unchanged characters on one line are merged so a word change is one edit."""
+    if old == new:
+        return []
+    ops = [op for op in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()]
+    edits: list[list[int]] = []  # [i1, i2, j1, j2]
+    for tag, i1, i2, j1, j2 in ops:
+        if tag == "equal":
+            continue
+        if edits:
+            p = edits[-1]
+            gap = old[p[1] : i1]
+            if len(gap) < 3 and "\n" not in gap:
+                p[1], p[3] = i2, j2
+                continue
+        edits.append([i1, i2, j1, j2])
+    return [RegionEdit(i1, i2, new[j1:j2]) for i1, i2, j1, j2 in edits]
+
+
+def _line_end(text: str, pos: int) -> int:
+    n = text.find("\n", pos)
+    return len(text) if n < 0 else (n - 1 if n > 0 and text[n - 1] == "\r" else n)
+
+
+def _unmatched_closer(text: str, start: int) -> int:
+    """Index of the first closer at or after `start` that has no opener before it, or -1."""
+    stack: list[str] = []
+    for i, ch in enumerate(text):
+        if ch in _OPEN:
+            stack.append(ch)
+        elif ch in _CLOSE:
+            if stack and stack[-1] == _CLOSE[ch]:
+                stack.pop()
+            elif i >= start:
+                return i
+            else:
+                stack.clear()  # already unbalanced before the insertion: not ours to judge
+    return -1
+
+
+def filter_insertion(text: str, line_before: str, rest_of_line: str, following: str) -> str:
+    """Apply the inline filters to an insertion `text` at the cursor. `following` is the
+    text after the cursor line (region rest + suffix)."""
+    if not text:
+        return ""
+    if rest_of_line.strip():  # mid-line: one line only
+        text = text.split("\n", 1)[0].rstrip("\r")
+    # Trailing characters the line already has after the cursor (closers, quotes, ;).
+    k = min(len(text), len(rest_of_line))
+    while k > 0:
+        tail = rest_of_line[:k]
+        if set(tail) <= _CLOSERS and text.endswith(tail):
+            text = text[: len(text) - k]
+            break
+        k -= 1
+    # Lines that repeat the next lines of the document.
+    lines = text.split("\n")
+    if len(lines) > 1:
+        nxt = following.split("\n")
+        nxt = nxt[1:] if nxt and not nxt[0].strip() else nxt
+        for k in range(len(lines) - 1, 0, -1):
+            tail = [x.strip() for x in lines[len(lines) - k :]]
+            if tail == [x.strip() for x in nxt[:k]] and any(tail):
+                lines = lines[: len(lines) - k]
+                break
+        text = "\n".join(lines)
+    stripped = text.strip()
+    if not stripped:
+        return ""
+    if (rest_of_line + following).lstrip().startswith(stripped):
+        return ""  # the model only retyped what is already there
+    # Brackets: cut before a closer the line does not open.
+    cut = _unmatched_closer(line_before + text, len(line_before))
+    if cut >= 0:
+        text = text[: cut - len(line_before)]
+    return text if text.strip() else ""
+
+
+def suggest(old: str, cursor: int, new: str, suffix: str = "") -> Suggestion:
+    """Split the model's new region into the inline completion and other edits."""
+    if new == old:
+        return Suggestion()
+    eol = _line_end(old, cursor)
+    before, rest, after_line = old[:cursor], old[cursor:eol], old[eol:]
+    line_before = before[before.rfind("\n") + 1 :]
+    following = after_line + suffix
+    out = Suggestion()
+    if new.startswith(before) and new.endswith(old[cursor:]) and len(new) >= len(old):
+        # A pure insertion at the cursor.
+        ins = new[cursor : len(new) - len(old) + cursor]
+        out.insert_text = filter_insertion(ins, line_before, rest, following)
+        return out
+    if new.startswith(before) and new.endswith(after_line) and len(new) - len(after_line) >= cursor:
+        # The rest of the cursor line is rewritten, the lines after it are kept.
+        text = new[cursor : len(new) - len(after_line)]
+        if "\n" not in text and text.strip() and text != rest:
+            cut = _unmatched_closer(line_before + text, len(line_before))
+            if cut < 0:
+                out.insert_text, out.replace_end = text, eol
+                return out
+    for e in minimal_edits(old, new):
+        if e.start == e.end == cursor and not out.insert_text:
+            out.insert_text = filter_insertion(e.text, line_before, rest, following)
+        else:
+            out.edits.append(e)
+    return out

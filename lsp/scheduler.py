@@ -1,0 +1,171 @@
+"""Latest wins, per document (DESIGN §2).
+
+Each document has at most one model run in flight and one pending. A new
+request for a different (version, position) supersedes the pending one (it
+answers "no suggestion" at once) and cancels the running one through its
+CancelToken, so the engine frees the device within one denoising step. A
+request for the same key as the running or pending job joins it instead of
+starting another run. A pending job whose document version moved on before
+it could start is skipped. Runs of one document start at most every
+`throttle_ms` (leading edge: the first request runs at once, there is no
+debounce delay). Documents are independent of each other.
+
+`$/cancelRequest` cancels the handler's task; the waiter leaves the job, and
+a job nobody waits for any more is cancelled too.
+
+The blocking `engine.predict` runs in a thread pool so the event loop keeps
+reading messages while the model works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable
+
+from dlm.coder_model.types import CancelToken
+from dlm.lsp.stats import Stats
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Job:
+    key: Hashable
+    work: Callable[[CancelToken], Any]  # blocking; runs in the executor
+    valid: Callable[[], bool]  # still worth running (document version unchanged)?
+    future: asyncio.Future
+    cancel: CancelToken = field(default_factory=CancelToken)
+    waiters: int = 0
+    started: bool = False
+    counted_cancel: bool = False
+
+
+@dataclass
+class _Slot:
+    running: Job | None = None
+    pending: Job | None = None
+    last_start: float = -1e9
+    timer: asyncio.TimerHandle | None = None
+
+
+class Scheduler:
+    def __init__(self, executor: Executor, stats: Stats, throttle_ms: float = 20.0) -> None:
+        self.executor = executor
+        self.stats = stats
+        self.throttle_s = throttle_ms / 1000.0
+        self._slots: dict[str, _Slot] = {}
+
+    async def submit(
+        self, doc_id: str, key: Hashable, work: Callable[[CancelToken], Any], valid: Callable[[], bool],
+        timeout_s: float = 10.0,
+    ) -> Any:  # fmt: skip
+        """Run `work` under the latest-wins policy; None when superseded, cancelled or skipped."""
+        loop = asyncio.get_running_loop()
+        slot = self._slots.setdefault(doc_id, _Slot())
+        job = None
+        for j in (slot.running, slot.pending):
+            if j is not None and j.key == key and not j.cancel.cancelled and not j.future.done():
+                job = j
+                break
+        if job is None:
+            job = Job(key, work, valid, loop.create_future())
+            if slot.pending is not None:
+                self._resolve(slot.pending, None)
+                self.stats.add("superseded")
+            if slot.running is not None:
+                self._cancel(slot.running)
+            slot.pending = job
+            self._kick(doc_id)
+        job.waiters += 1
+        try:
+            return await asyncio.wait_for(asyncio.shield(job.future), timeout_s)
+        except asyncio.TimeoutError:
+            log.warning("prediction for %s took over %.1f s; giving up on it", doc_id, timeout_s)
+            self._cancel(job)
+            return None
+        finally:
+            job.waiters -= 1
+            if job.waiters == 0 and not job.future.done():  # $/cancelRequest: nobody wants it now
+                if slot.pending is job:
+                    slot.pending = None
+                    self._resolve(job, None)
+                    self.stats.add("superseded")
+                else:
+                    self._cancel(job)
+
+    def invalidate(self, doc_id: str) -> None:
+        """The document changed: its running prediction is stale, stop it now."""
+        slot = self._slots.get(doc_id)
+        if slot is not None and slot.running is not None:
+            self._cancel(slot.running)
+
+    def forget(self, doc_id: str) -> None:
+        slot = self._slots.pop(doc_id, None)
+        if slot is None:
+            return
+        if slot.timer is not None:
+            slot.timer.cancel()
+        for job in (slot.running, slot.pending):
+            if job is not None:
+                self._cancel(job)
+                self._resolve(job, None)
+
+    def busy(self) -> int:
+        return sum(1 for s in self._slots.values() if s.running is not None)
+
+    # ---- internals ---------------------------------------------------------------------------------
+    def _cancel(self, job: Job) -> None:
+        job.cancel.cancel()
+        if job.started and not job.counted_cancel:
+            job.counted_cancel = True
+            self.stats.add("cancelled")
+
+    @staticmethod
+    def _resolve(job: Job, value: Any) -> None:
+        if not job.future.done():
+            job.future.set_result(value)
+
+    def _kick(self, doc_id: str) -> None:
+        slot = self._slots.get(doc_id)
+        if slot is None or slot.running is not None or slot.pending is None:
+            return
+        loop = asyncio.get_running_loop()
+        wait = slot.last_start + self.throttle_s - time.monotonic()
+        if wait > 0:
+            if slot.timer is None:
+
+                def fire() -> None:
+                    slot.timer = None
+                    self._kick(doc_id)
+
+                slot.timer = loop.call_later(wait, fire)
+            return
+        job, slot.pending = slot.pending, None
+        if job.cancel.cancelled or job.future.done() or not job.valid():
+            self._resolve(job, None)
+            self.stats.add("skipped")
+            self._kick(doc_id)
+            return
+        job.started = True
+        slot.running = job
+        slot.last_start = time.monotonic()
+        self.stats.add("model_runs")
+        fut = loop.run_in_executor(self.executor, job.work, job.cancel)
+
+        def done(f: asyncio.Future) -> None:
+            if slot.running is job:
+                slot.running = None
+            exc = f.exception()
+            if exc is not None:
+                log.error("prediction failed: %s", exc, exc_info=exc)
+                self.stats.add("failed")
+                self._resolve(job, None)
+            else:
+                self._resolve(job, None if job.cancel.cancelled else f.result())
+            self._kick(doc_id)
+
+        fut.add_done_callback(done)

@@ -1,0 +1,57 @@
+"""`dlm-lsp [--stdio | --tcp HOST:PORT]`: run the language server.
+
+Imports nothing heavy: torch and the model load in a background thread after
+the server has started (lsp.server.EngineHolder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def _host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{value!r} is not HOST:PORT (for example 127.0.0.1:7777)")
+    return host or "127.0.0.1", int(port)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--stdio", action="store_true", help="talk LSP over stdin/stdout (the default)")
+    mode.add_argument("--tcp", metavar="HOST:PORT", type=_host_port, help="listen for one LSP client on TCP")
+    parser.add_argument("--model", metavar="DIR", help="checkpoint directory (default: the embedded model)")
+    parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
+    parser.add_argument("--remote", metavar="HOST:PORT", help="use a model served by `dlm-lsp serve`")
+    parser.add_argument("--token-file", metavar="F", help="shared token for --remote (or env DLM_TOKEN)")
+    parser.add_argument("--tls", action="store_true", help="use TLS for --remote")
+    parser.add_argument("--log-file", metavar="F", help="write logs here (default: stderr)")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    # Tests: "module:function" called as function(model, device) -> Engine (env DLM_ENGINE_FACTORY too).
+    parser.add_argument("--engine-factory", help=argparse.SUPPRESS)
+
+
+def run(args: argparse.Namespace) -> int:
+    handler: logging.Handler
+    handler = logging.FileHandler(args.log_file) if args.log_file else logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(args.log_level)
+    if args.log_level != "DEBUG":  # pygls logs every message at INFO
+        logging.getLogger("pygls").setLevel(logging.WARNING)
+    if args.remote:
+        _host_port(args.remote)
+
+    from dlm.lsp.server import create_server, make_engine_factory
+
+    server = create_server(make_engine_factory(args))
+    server.engine.start()
+    if args.tcp:
+        host, port = args.tcp
+        server.start_tcp(host, port)
+    else:
+        server.start_io()
+    return 0

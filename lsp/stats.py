@@ -1,0 +1,49 @@
+"""Counters and rolling latency percentiles (for dlm/status, dlm/stats and the bench)."""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in [0, 100]) of `values`; None when empty."""
+    if not values:
+        return None
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, int(round(q / 100.0 * len(s) + 0.5)) - 1))
+    return s[k]
+
+
+class Stats:
+    COUNTERS = (
+        "requests", "model_runs", "completed", "cancelled", "superseded", "skipped", "outdated",
+        "cache_hits", "empty", "failed", "shown", "accepted", "partially_accepted", "steps", "tokens",
+    )  # fmt: skip
+
+    def __init__(self, window: int = 200) -> None:
+        self.counts: Counter[str] = Counter({k: 0 for k in self.COUNTERS})
+        self.latencies: deque[float] = deque(maxlen=window)  # request -> answer, ms, model runs only
+        self.stage_ms: dict[str, deque[float]] = {}
+
+    def add(self, name: str, n: int = 1) -> None:
+        self.counts[name] += n
+
+    def latency(self, ms: float) -> None:
+        self.latencies.append(ms)
+
+    def stage(self, name: str, ms: float) -> None:
+        self.stage_ms.setdefault(name, deque(maxlen=self.latencies.maxlen)).append(ms)
+
+    def p(self, q: float) -> float | None:
+        v = percentile(list(self.latencies), q)
+        return None if v is None else round(v, 1)
+
+    def snapshot(self) -> dict:
+        out: dict = dict(self.counts)
+        out["p50_ms"], out["p95_ms"], out["p99_ms"] = self.p(50), self.p(95), self.p(99)
+        out["stages_p50_ms"] = {
+            k: round(percentile(list(v), 50) or 0.0, 2) for k, v in sorted(self.stage_ms.items())
+        }
+        steps = self.counts["steps"]
+        out["tokens_per_step"] = round(self.counts["tokens"] / steps, 3) if steps else None
+        return out

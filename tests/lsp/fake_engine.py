@@ -1,0 +1,55 @@
+"""Test doubles for the *scheduling* tests (loaded in the server subprocess through
+DLM_ENGINE_FACTORY). They make no claim about model behaviour: the text they return is
+a fixed marker so the tests can see which request a result belongs to.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from dlm.coder_model.types import CancelToken, EngineStatus, Prediction, Prompt, SamplerParams
+
+MARK = "FAKE"
+
+
+class SlowFakeEngine:
+    """Sleeps `steps` x `step_s` (checking the CancelToken each step, like the sampler),
+    then inserts MARK at the cursor; a region containing "TODO" gets it replaced by "DONE"
+    (an edit away from the cursor). One request at a time, like LocalEngine."""
+
+    def __init__(self, step_s: float = 0.02, steps: int = 10) -> None:
+        self.step_s, self.steps = step_s, steps
+        self._lock = threading.Lock()
+
+    def predict(self, prompt: Prompt, params: SamplerParams, cancel: CancelToken) -> Prediction:
+        t0 = time.monotonic()
+        with self._lock:
+            t1 = time.monotonic()
+            for i in range(self.steps):
+                if cancel.cancelled:
+                    return Prediction("", steps=i, cancelled=True, queue_ms=(t1 - t0) * 1000)
+                time.sleep(self.step_s)
+            region = prompt.region
+            if "TODO" in region:
+                text = region.replace("TODO", "DONE", 1)
+            else:
+                text = region[: prompt.cursor] + MARK + region[prompt.cursor :]
+            return Prediction(text, steps=self.steps, tokens=self.steps, queue_ms=(t1 - t0) * 1000,
+                              denoise_ms=(time.monotonic() - t1) * 1000)
+
+    def status(self) -> EngineStatus:
+        return EngineStatus(state="ready", device="cpu", model="slow-fake (scheduling tests only)")
+
+    def close(self) -> None:
+        pass
+
+
+def slow(model, device):
+    time.sleep(float(os.environ.get("FAKE_LOAD_S", "0")))
+    return SlowFakeEngine(float(os.environ.get("FAKE_STEP_S", "0.02")), int(os.environ.get("FAKE_STEPS", "10")))
+
+
+def failing(model, device):
+    raise RuntimeError("fake engine refuses to load (test of the failure path)")

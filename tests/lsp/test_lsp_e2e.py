@@ -1,0 +1,225 @@
+"""The real server as a subprocess, driven by pytest-lsp, with the slow fake engine
+(scheduling only: it makes no claim about model behaviour)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import pytest_lsp
+from conftest import SERVER, request, server_env
+from lsprotocol import types
+from pygls.exceptions import JsonRpcRequestCancelled
+from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+URI = "file:///work/proj/a.py"
+TEXT = "import os\n\n\ndef main(x):\n    y = x + 1\n    return y\n"
+
+
+@pytest_lsp.fixture(
+    scope="module",
+    loop_scope="module",
+    config=ClientServerConfig(
+        server_command=SERVER, server_env=server_env(DLM_ENGINE_FACTORY="fake_engine:slow", FAKE_STEP_S="0.03")
+    ),
+)
+async def client(lsp_client: LanguageClient):
+    params = types.InitializeParams(
+        capabilities=client_capabilities("visual-studio-code"),
+        workspace_folders=[
+            types.WorkspaceFolder(uri="file:///work/proj", name="proj"),
+            types.WorkspaceFolder(uri="file:///work/other", name="other"),
+        ],
+    )
+    result = await lsp_client.initialize_session(params)
+    lsp_client.init_result = result
+    await _wait_ready(lsp_client)
+    yield
+    await lsp_client.shutdown_session()
+
+
+async def _wait_ready(client: LanguageClient) -> None:
+    for _ in range(200):
+        st = await request(client, "dlm/stats", {})
+        if st["state"] == "ready":
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("engine never became ready")
+
+
+def _open(client: LanguageClient, uri: str, text: str, version: int = 1, lang: str = "python") -> None:
+    client.text_document_did_open(
+        types.DidOpenTextDocumentParams(types.TextDocumentItem(uri=uri, language_id=lang, version=version, text=text))
+    )
+
+
+def _insert(client: LanguageClient, uri: str, version: int, line: int, ch: int, text: str) -> None:
+    pos = types.Position(line=line, character=ch)
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+            content_changes=[types.TextDocumentContentChangePartial(range=types.Range(pos, pos), text=text)],
+        )
+    )
+
+
+def _inline(client: LanguageClient, uri: str, line: int, ch: int) -> asyncio.Future:
+    # ensure_future: the request goes out now, in order with the notifications around it
+    return asyncio.ensure_future(client.text_document_inline_completion_async(
+        types.InlineCompletionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            position=types.Position(line=line, character=ch),
+            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic),
+        )
+    ))
+
+
+async def _stats(client: LanguageClient) -> dict:
+    return await request(client, "dlm/stats", {})
+
+
+async def test_capabilities(client: LanguageClient):
+    caps = client.init_result.capabilities
+    assert caps.inline_completion_provider is not None
+    assert caps.completion_provider is not None
+    assert "dlm.acceptCompletion" in caps.execute_command_provider.commands
+    assert caps.text_document_sync.change == types.TextDocumentSyncKind.Incremental
+
+
+async def test_completion_after_open_and_change(client: LanguageClient):
+    _open(client, URI, TEXT)
+    _insert(client, URI, 2, 4, 13, " * 2")  # "    y = x + 1 * 2"
+    res = await _inline(client, URI, 4, 17)
+    assert len(res.items) == 1
+    item = res.items[0]
+    assert item.insert_text == "FAKE"
+    assert item.range is None  # a pure insertion at the cursor
+    assert item.command.command == "dlm.acceptCompletion"
+    # The fallback completion provider offers the same text as a text edit at the cursor.
+    comp = await client.text_document_completion_async(
+        types.CompletionParams(types.TextDocumentIdentifier(URI), types.Position(4, 17))
+    )
+    assert comp.items[0].text_edit.new_text == "FAKE"
+    assert comp.items[0].text_edit.range.start == types.Position(4, 17)
+
+
+async def test_burst_latest_wins(client: LanguageClient):
+    uri = "file:///work/proj/burst.py"
+    _open(client, uri, "x = 1\n")
+    before = await _stats(client)
+    futures = []
+    for i in range(20):
+        _insert(client, uri, 2 + i, 0, 5 + i, "a")
+        futures.append(_inline(client, uri, 0, 6 + i))
+    results = await asyncio.gather(*futures)
+    after = await _stats(client)
+    shown = [r for r in results if r.items]
+    assert len(shown) == 1 and results[-1].items, "only the final version gets a suggestion"
+    assert results[-1].items[0].insert_text == "FAKE"
+    completed = after["completed"] - before["completed"]
+    assert completed == 1
+    runs = after["model_runs"] - before["model_runs"]
+    dropped = (after["superseded"] - before["superseded"]) + (after["skipped"] - before["skipped"])
+    cancelled = after["cancelled"] - before["cancelled"]
+    assert runs == 1 + cancelled  # every run but the final one was cancelled mid-way
+    assert dropped + runs == 20  # the others never reached the model
+
+
+async def test_cancel_request(client: LanguageClient):
+    uri = "file:///work/proj/cancel.py"
+    _open(client, uri, "def f():\n    pass\n")
+    before = await _stats(client)
+    params = types.InlineCompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri),
+        position=types.Position(line=1, character=8),
+        context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Invoked),
+    )
+    fut = asyncio.ensure_future(
+        client.protocol.send_request_async("textDocument/inlineCompletion", params, msg_id="cancel-me")
+    )
+    for _ in range(100):  # wait until the run has started (it takes 0.3 s)
+        if (await _stats(client))["model_runs"] > before["model_runs"]:
+            break
+        await asyncio.sleep(0.01)
+    client.protocol.notify("$/cancelRequest", types.CancelParams(id="cancel-me"))
+    with pytest.raises(JsonRpcRequestCancelled):
+        await fut
+    await asyncio.sleep(0.2)
+    after = await _stats(client)
+    assert after["cancelled"] - before["cancelled"] == 1
+    assert after["completed"] == before["completed"]
+    # The next request works.
+    res = await _inline(client, uri, 1, 8)
+    assert res.items and res.items[0].insert_text == "FAKE"
+
+
+async def test_accept_and_partial_accept_counters(client: LanguageClient):
+    uri = "file:///work/proj/acc.py"
+    _open(client, uri, "value = \n")
+    res = await _inline(client, uri, 0, 8)
+    item = res.items[0]
+    before = await _stats(client)
+    client.protocol.notify("textDocument/didShowCompletion", {"item": client.protocol._converter.unstructure(item)})
+    client.protocol.notify(
+        "textDocument/didPartiallyAcceptCompletion",
+        {"item": client.protocol._converter.unstructure(item), "acceptedLength": 2},
+    )
+    await client.workspace_execute_command_async(
+        types.ExecuteCommandParams(command=item.command.command, arguments=item.command.arguments)
+    )
+    after = await _stats(client)
+    assert after["shown"] - before["shown"] == 1
+    assert after["partially_accepted"] - before["partially_accepted"] == 1
+    assert after["accepted"] - before["accepted"] == 1
+
+
+async def test_typing_through_uses_prefix_cache(client: LanguageClient):
+    uri = "file:///work/proj/cache.py"
+    _open(client, uri, "name = \n")
+    res = await _inline(client, uri, 0, 7)
+    assert res.items[0].insert_text == "FAKE"
+    before = await _stats(client)
+    _insert(client, uri, 2, 0, 7, "FA")  # the user types the first two characters of the ghost text
+    res = await _inline(client, uri, 0, 9)
+    after = await _stats(client)
+    assert res.items[0].insert_text == "KE"
+    assert after["cache_hits"] - before["cache_hits"] == 1
+    assert after["model_runs"] == before["model_runs"]
+
+
+async def test_edit_prediction_away_from_cursor(client: LanguageClient):
+    uri = "file:///work/other/todo.py"
+    text = "def g():\n    # TODO\n    return 1\n"
+    _open(client, uri, text)
+    res = await request(
+        client,
+        "dlm/editPrediction", {"textDocument": {"uri": uri}, "position": {"line": 2, "character": 12}}
+    )
+    assert res is not None and res["version"] == 1
+    assert res["edits"] == [
+        {"range": {"start": {"line": 1, "character": 6}, "end": {"line": 1, "character": 10}}, "newText": "DONE"}
+    ]
+    # The inline request at the same place shows nothing: the edit is not at the cursor.
+    inline = await _inline(client, uri, 2, 12)
+    assert not inline.items
+
+
+async def test_many_documents_independent(client: LanguageClient):
+    uris = [f"file:///work/{'proj' if i % 2 else 'other'}/m{i}.py" for i in range(12)]
+    for u in uris:
+        _open(client, u, "a = \n")
+    results = await asyncio.gather(*[_inline(client, u, 0, 4) for u in uris])
+    assert all(r.items and r.items[0].insert_text == "FAKE" for r in results)
+
+
+async def test_unknown_uri_and_positions_past_end(client: LanguageClient):
+    res = await _inline(client, "file:///nowhere/never-opened.py", 0, 0)
+    assert not res.items
+    uri = "file:///work/proj/past.py"
+    _open(client, uri, "ab\ncd\n")
+    res = await _inline(client, uri, 99, 99)  # clamped to the end of the document
+    assert res.items and res.items[0].insert_text == "FAKE"
+    res = await _inline(client, uri, 0, 500)  # clamped to the end of line 0
+    assert res.items and res.items[0].insert_text == "FAKE"
