@@ -1049,7 +1049,7 @@ def real_noop_from_record(rec: dict, rng: random.Random, opts: EditOptions = DEF
 def real_edit_examples(
     split: str, rng: random.Random, *, data_dir: str | os.PathLike | None = None,
     opts: EditOptions = DEFAULT_OPTIONS, noop_rate: float = 0.1, repeat: bool = True,
-    shuffle_buffer: int = 4096,
+    shuffle_buffer: int = 4096, repos: Iterable[str] | None = None,
 ) -> Iterator[Example]:
     """Endless (if `repeat`) shuffled stream of `real_edit` examples, with a share
     `noop_rate` of finished-commit `noop` examples. Refuses the test split."""
@@ -1059,11 +1059,13 @@ def real_edit_examples(
     d = edit_histories_dir(data_dir)
     buf: list[dict] = []
     while True:
-        files = sorted(d.glob("*.jsonl.gz"))
-        rng.shuffle(files)
+        names = sorted(f.name[: -len(".jsonl.gz")].replace("__", "/", 1) for f in d.glob("*.jsonl.gz"))
+        if repos is not None:
+            names = [n for n in names if n in set(repos)]
+        rng.shuffle(names)
         produced = False
-        for f in files:
-            for rec in iter_edit_records(split, d, repos=[f.name[: -len(".jsonl.gz")].replace("__", "/", 1)]):
+        for name in names:
+            for rec in iter_edit_records(split, d, repos=[name]):
                 buf.append(rec)
                 if len(buf) < shuffle_buffer:
                     continue
