@@ -336,7 +336,7 @@ def sites_to_hunks(text: str, sites: list[Site], anchor: int = 0) -> tuple[list[
         return None
     anchor_site = sites[min(anchor, len(sites) - 1)]
     sites = sorted(sites, key=lambda s: (s.start, s.end))
-    for x, y in zip(sites, sites[1:]):
+    for x, y in itertools.pairwise(sites):
         if y.start < x.end:
             return None  # overlapping sites
     starts = _line_starts(text)
@@ -373,7 +373,7 @@ def sites_to_hunks(text: str, sites: list[Site], anchor: int = 0) -> tuple[list[
         for s in gsites:
             site_group[id(s)] = gi
     a = site_group[id(anchor_site)]
-    order = list(range(a, len(hunks))) + list(range(0, a))
+    order = list(range(a, len(hunks))) + list(range(a))
     return hunks, order
 
 
@@ -387,7 +387,7 @@ _TOKEN_RE = re.compile(
     |(?P<name>[A-Za-z_][A-Za-z0-9_]*)
     |(?P<num>0[xXoObB][0-9a-fA-F_]+|(?:\d[\d_]*\.?[\d_]*(?:[eE][+-]?\d+)?|\.\d[\d_]*(?:[eE][+-]?\d+)?)[jJ]?)
     """,
-    re.X | re.S,
+    re.VERBOSE | re.DOTALL,
 )
 _WORD_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _RESERVED = frozenset(keyword.kwlist) | frozenset(getattr(keyword, "softkwlist", [])) | frozenset(dir(builtins))
@@ -425,7 +425,7 @@ def _scan(text: str) -> _Scan:
             if kind == "str" and "\n" not in tok and len(tok) <= 40 and tok[0] in "\"'":
                 lits.setdefault(tok, []).append(m.start())
     imports: set[str] = set()
-    for m in re.finditer(r"^[ \t]*(?:from[ \t]+\S+[ \t]+)?import[ \t]+([^\n]*)", text, re.M):
+    for m in re.finditer(r"^[ \t]*(?:from[ \t]+\S+[ \t]+)?import[ \t]+([^\n]*)", text, re.MULTILINE):
         imports.update(_WORD_RE.findall(m.group(1)))
         imports.update(_WORD_RE.findall(m.group()))
     return _Scan(names, attr, words, lits, imports)
@@ -500,7 +500,7 @@ def new_identifier(name: str, rng: random.Random, taken: set[str]) -> str | None
 # the code chunk a synthetic edit works on
 
 
-_TOP_RE = re.compile(r"^[^ \t\n#)\]}\r]", re.M)
+_TOP_RE = re.compile(r"^[^ \t\n#)\]}\r]", re.MULTILINE)
 
 
 def _chunk(text: str, rng: random.Random, max_chars: int) -> tuple[int, int] | None:

@@ -11,7 +11,6 @@ import random
 import tokenize
 
 import pytest
-
 from dlm.coder_model import edit_examples as ee
 
 # A small program whose output must not change under the behaviour-preserving
