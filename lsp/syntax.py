@@ -42,7 +42,7 @@ _BLOCKS = {
     "module", "program", "source_file", "translation_unit", "block", "statement_block",
     "compound_statement", "declaration_list", "class_body", "field_declaration_list",
     "interface_body", "enum_body", "switch_body", "switch_block", "constructor_body",
-    "expression_statement_list", "suite",
+    "statement_list", "suite",
 }  # fmt: skip
 
 

@@ -1,0 +1,143 @@
+"""Unit tests: context windows (region snapping, hysteresis) and post-processing."""
+
+from __future__ import annotations
+
+from dlm.lsp import context, postprocess
+from dlm.lsp.documents import Document
+from dlm.lsp.options import ContextOptions, parse_options
+
+PY = "".join(f"v{i} = {i}\n" for i in range(400)) + "def f(a,\n      b):\n    return g(a,\n             b)\n"
+
+
+def test_typing_region_is_cursor_line_plus_rest_of_statement():
+    doc = Document("file:///c.py", PY, 1, "python")
+    b = context.build(doc, 402, 12, "typing", ContextOptions())
+    assert (b.start_line, b.end_line) == (402, 403)
+    assert b.prompt.region == "    return g(a,\n             b)"
+    assert b.prompt.region[: b.prompt.cursor] == "    return g"
+    assert b.prompt.suffix.startswith("\n")
+    assert b.prompt.prefix.endswith("      b):\n")
+    assert b.prompt.language == "python"
+
+
+def test_wide_region_spans_a_few_lines_snapped_to_statements():
+    doc = Document("file:///c.py", PY, 1, "python")
+    b = context.build(doc, 402, 4, "wide", ContextOptions())
+    assert b.start_line == 400 and b.end_line == 404  # widened to the def header; ends at the last line
+    assert len(b.prompt.region) <= ContextOptions().wide_region_tokens * 3.5
+
+
+def test_windows_respect_budgets_and_start_at_line_boundaries():
+    opts = ContextOptions(prefix_tokens=100, suffix_tokens=20)
+    doc = Document("file:///c.py", PY, 1, "python")
+    b = context.build(doc, 200, 0, "typing", opts)
+    assert len(b.prompt.prefix) <= 100 * opts.chars_per_token
+    assert b.prompt.prefix.startswith("v") and b.prompt.prefix.endswith("\n")
+    assert len(b.prompt.suffix) <= 20 * opts.chars_per_token
+
+
+def test_prefix_window_start_is_stable_while_typing_and_pressing_enter():
+    opts = ContextOptions(prefix_tokens=100)
+    doc = Document("file:///c.py", PY, 1, "python")
+    first = context.build(doc, 200, 7, "typing", opts).prompt.prefix
+    start_line = doc.anchors["prefix"]
+    version = 2
+    for ch in "abc":  # typing inside the line
+        doc.apply((200, 7), (200, 7), ch, version)
+        version += 1
+        assert context.build(doc, 200, 8, "typing", opts).prompt.prefix == first
+    doc.apply((200, 10), (200, 10), "\n", version)  # Enter: the prefix grows by one line, same start
+    p = context.build(doc, 201, 0, "typing", opts).prompt.prefix
+    assert p.startswith(first) and doc.anchors["prefix"] == start_line
+    # A jump far away re-anchors.
+    context.build(doc, 20, 0, "typing", opts)
+    assert doc.anchors["prefix"] != start_line
+
+
+def test_anchor_follows_lines_inserted_above():
+    opts = ContextOptions(prefix_tokens=100)
+    doc = Document("file:///c.py", PY, 1, "python")
+    before = context.build(doc, 200, 0, "typing", opts).prompt.prefix
+    a = doc.anchors["prefix"]
+    doc.apply((0, 0), (0, 0), "import x\n", 2)
+    assert doc.anchors["prefix"] == a + 1
+    assert context.build(doc, 201, 0, "typing", opts).prompt.prefix == before
+
+
+def test_minified_line_gives_no_prompt():
+    doc = Document("file:///m.js", "x=1;" * 1000, 1, "javascript")
+    assert context.build(doc, 0, 5, "typing", ContextOptions()) is None
+
+
+def test_mode_typing_only_right_after_an_edit_near_the_cursor():
+    doc = Document("file:///c.py", PY, 1, "python")
+    assert context.choose_mode(doc, 10, ContextOptions()) == "wide"
+    doc.apply((10, 0), (10, 0), "x", 2)
+    assert context.choose_mode(doc, 10, ContextOptions()) == "typing"
+    assert context.choose_mode(doc, 50, ContextOptions()) == "wide"  # a jump
+    assert context.choose_mode(doc, 10, ContextOptions(), now=doc.last_change_at + 1.0) == "wide"
+
+
+def test_options_from_initialization_options():
+    opts, problems = parse_options(
+        {"context": {"prefixTokens": 64, "bogus": 1}, "sampler": {"steps": 8}, "throttleMs": 5,
+         "scheduler": {"throttleMs": "fast"}}
+    )
+    assert opts.context.prefix_tokens == 64 and opts.sampler == {"steps": 8}
+    assert len(problems) == 3 and any("bogus" in p for p in problems)
+    assert opts.scheduler.throttle_ms == 20  # the bad value kept the default
+    assert parse_options([1])[1]
+
+
+# ---- post-processing --------------------------------------------------------------------------------
+
+
+def test_no_change_no_suggestion():
+    assert postprocess.suggest("x = 1", 3, "x = 1").empty
+
+
+def test_pure_insertion_at_cursor():
+    s = postprocess.suggest("x = ", 4, "x = foo(1)")
+    assert s.insert_text == "foo(1)" and s.replace_end is None and not s.edits
+
+
+def test_mid_line_is_single_line_and_closers_not_repeated():
+    # cursor inside "print(|)": the model writes "x)\ny = 2" -> one line, no second ")"
+    s = postprocess.suggest("print()", 6, "print(x)\ny = 2)")
+    assert s.insert_text in ("", "x")
+    s = postprocess.suggest("print()", 6, "print(x))")
+    assert s.insert_text == "x"
+
+
+def test_rewrite_of_the_rest_of_the_line_gets_a_range():
+    old = "value = compute(a)\nnext()"
+    new = "value = compute_all(a, b)\nnext()"
+    s = postprocess.suggest(old, 15, new)
+    assert s.insert_text == "_all(a, b)" and s.replace_end == len("value = compute(a)")
+
+
+def test_edit_away_from_cursor_goes_to_edits():
+    old = "def f(a):\n    return b\n"
+    new = "def f(a, b):\n    return b\n"
+    s = postprocess.suggest(old, len(old) - 1, new)
+    assert not s.insert_text
+    assert [(e.start, e.end, e.text) for e in s.edits] == [(7, 7, ", b")]
+
+
+def test_drop_repeat_of_next_lines():
+    old = "if x:\n    "
+    new = "if x:\n    y = 1\n    return y"
+    s = postprocess.suggest(old, len(old), new, suffix="\n    return y\n")
+    assert s.insert_text == "y = 1"
+    s = postprocess.suggest("a = ", 4, "a = b", suffix="b\n")
+    assert s.insert_text == ""  # only retypes what follows
+
+
+def test_unbalanced_closer_is_cut():
+    s = postprocess.suggest("x = ", 4, "x = a + b) * 2")
+    assert s.insert_text == "a + b"
+
+
+def test_minimal_edits_merge_nearby_changes():
+    edits = postprocess.minimal_edits("foo(abc)", "foo(xbz)")
+    assert [(e.start, e.end, e.text) for e in edits] == [(4, 7, "xbz")]
