@@ -129,6 +129,7 @@ ATTN_CASES = [
     pytest.param(1, 2, 2, 6, 0, 32, 0, False, None, id="all-block-no-context"),
     # extending a cache with more context and the block (queries straddle context_len)
     pytest.param(1, 8, 2, 11, 13, 64, 20, False, None, id="cache13-ctx20-straddle-gqa4"),
+    pytest.param(1, 4, 1, 17, 40, 32, 50, False, 3, id="cache40-ctx50-straddle-gqa4-split3"),
     # dream/llada: fully bidirectional, with and without cache
     pytest.param(1, 4, 1, 9, 0, 64, 0, True, None, id="bidir9"),
     pytest.param(2, 8, 1, 6, 33, 32, 33, True, 2, id="bidir-cache33-gqa8-split2"),
