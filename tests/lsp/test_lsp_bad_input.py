@@ -1,0 +1,199 @@
+"""Bad input, tried on the real server process: each is survived, and the next request works."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+
+import pytest
+import pytest_lsp
+from conftest import SERVER, request, server_env
+from lsprotocol import types
+from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_lsp.fixture(
+    scope="module",
+    loop_scope="module",
+    config=ClientServerConfig(
+        server_command=SERVER, server_env=server_env(DLM_ENGINE_FACTORY="fake_engine:slow", FAKE_STEP_S="0.002")
+    ),
+)
+async def client(lsp_client: LanguageClient):
+    await lsp_client.initialize_session(types.InitializeParams(capabilities=client_capabilities("neovim")))
+    for _ in range(200):
+        if (await request(lsp_client, "dlm/stats", {}))["state"] == "ready":
+            break
+        await asyncio.sleep(0.05)
+    yield
+    await lsp_client.shutdown_session()
+
+
+def _open(client, uri, text, version=1):
+    client.text_document_did_open(
+        types.DidOpenTextDocumentParams(types.TextDocumentItem(uri=uri, language_id="python", version=version, text=text))
+    )
+
+
+def _change(client, uri, version, start, end, text):
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+            content_changes=[
+                types.TextDocumentContentChangePartial(
+                    range=types.Range(types.Position(*start), types.Position(*end)), text=text
+                )
+            ],
+        )
+    )
+
+
+async def _inline(client, uri, line, ch):
+    return await client.text_document_inline_completion_async(
+        types.InlineCompletionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            position=types.Position(line=line, character=ch),
+            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Invoked),
+        )
+    )
+
+
+async def test_unknown_uri_change_and_requests(client: LanguageClient):
+    _change(client, "file:///never/opened.py", 2, (0, 0), (0, 0), "x")
+    assert not (await _inline(client, "file:///never/opened.py", 0, 0)).items
+    assert await request(client, "dlm/editPrediction", {"textDocument": {"uri": "file:///never.py"},
+                                                        "position": {"line": 0, "character": 0}}) is None
+    # the server is fine
+    _open(client, "file:///ok.py", "x = \n")
+    assert (await _inline(client, "file:///ok.py", 0, 4)).items[0].insert_text == "FAKE"
+
+
+async def test_surrogate_positions(client: LanguageClient):
+    uri = "file:///emoji.py"
+    _open(client, uri, "s = '😀😀'\n")
+    # character 6 is between the two UTF-16 halves of the first emoji: snapped to its start
+    _change(client, uri, 2, (0, 6), (0, 6), "x")
+    res = await _inline(client, uri, 0, 7)
+    assert res.items and res.items[0].insert_text == "FAKE"
+    # a change whose range splits both emoji; the server stays consistent and answers
+    _change(client, uri, 3, (0, 7), (0, 10), "")
+    res = await _inline(client, uri, 0, 9)
+    assert res.items and res.items[0].insert_text == "FAKE"
+
+
+async def test_positions_past_the_end(client: LanguageClient):
+    uri = "file:///past.py"
+    _open(client, uri, "a\nb")
+    _change(client, uri, 2, (50, 3), (70, 1), "c")  # clamped to the end of the document
+    res = await _inline(client, uri, 1000, 1000)
+    assert res.items and res.items[0].insert_text == "FAKE"
+    res = await request(client, "dlm/editPrediction", {"textDocument": {"uri": uri},
+                                                       "position": {"line": 10**6, "character": 10**6}})
+    assert res is None  # the fake proposes no edit away from the cursor
+
+
+async def test_ten_megabyte_document(client: LanguageClient):
+    uri = "file:///big.py"
+    line = "value_%07d = compute(%d)  # padding padding padding padding\n"
+    text = "".join(line % (i, i) for i in range(160_000))
+    assert len(text) > 10_000_000
+    _open(client, uri, text)
+    _change(client, uri, 2, (80_000, 0), (80_000, 0), "x = ")
+    res = await _inline(client, uri, 80_000, 4)
+    assert res.items and res.items[0].insert_text == "FAKE"
+    client.text_document_did_close(types.DidCloseTextDocumentParams(types.TextDocumentIdentifier(uri)))
+
+
+def _rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+async def test_thousand_changes_per_second_for_five_seconds(client: LanguageClient):
+    uri = "file:///storm.py"
+    text = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(300))
+    _open(client, uri, text)
+    pid = client._server.pid
+    await request(client, "dlm/stats", {})
+    rss0 = _rss_kb(pid)
+    version, t0 = 1, time.monotonic()
+    for burst in range(50):  # 50 x 100 changes, one burst every 0.1 s = 1,000 per second
+        for k in range(100):
+            version += 1
+            row = 3 * ((burst * 100 + k) % 300) + 1
+            if k % 2 == 0:
+                _change(client, uri, version, (row, 4), (row, 4), "yy")
+            else:
+                _change(client, uri, version, (row, 4), (row, 6), "")
+        await asyncio.sleep(max(0.0, t0 + 0.1 * (burst + 1) - time.monotonic()))
+    stats = await request(client, "dlm/stats", {})  # answered after all 5,000 changes
+    rss1 = _rss_kb(pid)
+    assert stats["documents"] >= 1
+    assert rss1 - rss0 < 60_000, f"server memory grew by {rss1 - rss0} kB over 5,000 changes"
+    # the text is what the changes say (every "yy" was removed again): a completion lands where expected
+    res = await _inline(client, uri, 1, 4)
+    assert res.items and res.items[0].insert_text == "FAKE"
+
+
+def _frame(obj) -> bytes:
+    body = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+    return b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+def _read_message(stream) -> dict:
+    length = None
+    while True:
+        line = stream.readline()
+        if not line:
+            raise AssertionError("server closed stdout")
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+        elif line == b"\r\n" and length is not None:
+            return json.loads(stream.read(length))
+
+
+def test_malformed_jsonrpc_bytes_on_stdin():
+    proc = subprocess.Popen(
+        SERVER, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        env=server_env(DLM_ENGINE_FACTORY="fake_engine:slow"),
+    )
+    try:
+        junk = [
+            b"this is not a header\r\n\r\n",
+            _frame(b"{not json at all"),
+            _frame(b"\xff\xfe\x00garbage bytes"),
+            _frame(b"[1, 2, 3]"),
+            _frame({"jsonrpc": "2.0", "method": "no/such/notification", "params": {}}),
+            _frame({"jsonrpc": "1.0", "id": 99, "method": "initialize"}),
+        ]
+        for chunk in junk:
+            proc.stdin.write(chunk)
+        proc.stdin.write(_frame({"jsonrpc": "2.0", "id": 1, "method": "no/such/request", "params": {}}))
+        proc.stdin.write(_frame({"jsonrpc": "2.0", "id": 2, "method": "initialize",
+                                 "params": {"processId": None, "rootUri": None, "capabilities": {}}}))
+        # a request whose params do not match the method: an error reply, not silence
+        proc.stdin.write(_frame({"jsonrpc": "2.0", "id": 3, "method": "textDocument/inlineCompletion",
+                                 "params": {"textDocument": {"uri": 5}, "position": "here"}}))
+        proc.stdin.write(_frame({"jsonrpc": "2.0", "id": 4, "method": "dlm/stats", "params": {}}))
+        proc.stdin.flush()
+        replies = {}
+        deadline = time.monotonic() + 60
+        while 4 not in replies and time.monotonic() < deadline:
+            msg = _read_message(proc.stdout)
+            if "id" in msg:
+                replies[msg["id"]] = msg
+        assert replies[1]["error"]["code"] == -32601  # method not found
+        assert "inlineCompletionProvider" in replies[2]["result"]["capabilities"]
+        assert replies[3]["error"]["code"] == -32602 and "invalid params" in replies[3]["error"]["message"]
+        assert replies[4]["result"]["state"] in ("loading", "ready")
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()

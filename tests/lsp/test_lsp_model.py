@@ -1,0 +1,107 @@
+"""The server with real engines: a model that fails to load, and the tiny random checkpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+from conftest import SERVER, request, server_env
+from lsprotocol import types
+from pytest_lsp import ClientServerConfig, client_capabilities
+
+pytestmark = pytest.mark.asyncio
+
+
+async def _start(extra_args, **env):
+    cfg = ClientServerConfig(server_command=SERVER + extra_args, server_env=server_env(**env))
+    client = await cfg.start()
+    statuses: list[dict] = []
+
+    @client.feature("dlm/status")
+    def _status(params):
+        statuses.append(params if isinstance(params, dict) else params._asdict())
+
+    result = await client.initialize_session(types.InitializeParams(capabilities=client_capabilities("neovim")))
+    return client, statuses, result
+
+
+async def _wait_state(client, states, timeout_s=120.0) -> dict:
+    for _ in range(int(timeout_s / 0.1)):
+        st = await request(client, "dlm/stats", {})
+        if st["state"] in states:
+            return st
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"state never reached {states}")
+
+
+def _open_and_ask(client, uri="file:///m.py", text="def add(a, b):\n    return \n", line=1, ch=11):
+    client.text_document_did_open(
+        types.DidOpenTextDocumentParams(types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text))
+    )
+    return client.text_document_inline_completion_async(
+        types.InlineCompletionParams(
+            text_document=types.TextDocumentIdentifier(uri=uri),
+            position=types.Position(line=line, character=ch),
+            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Invoked),
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    "args, env",
+    [
+        ([], {"DLM_ENGINE_FACTORY": "fake_engine:failing"}),
+        (["--model", "/nonexistent/checkpoint-dir", "--device", "cpu"], {}),  # the real loader fails
+    ],
+    ids=["factory-raises", "missing-checkpoint"],
+)
+async def test_model_that_fails_to_load(args, env):
+    client, statuses, result = await _start(args, **env)
+    try:
+        assert result.capabilities.inline_completion_provider is not None  # initialize answered anyway
+        await _wait_state(client, ("failed",))
+        res = await _open_and_ask(client)
+        assert not res.items  # empty, not an error
+        assert await request(client, "dlm/editPrediction", {"textDocument": {"uri": "file:///m.py"},
+                                                            "position": {"line": 0, "character": 0}}) is None
+        for _ in range(50):
+            if any(s["state"] == "failed" for s in statuses):
+                break
+            await asyncio.sleep(0.1)
+        failed = [s for s in statuses if s["state"] == "failed"]
+        assert failed and "failed to load" in failed[-1]["message"]
+        assert (await request(client, "dlm/stats", {}))["state"] == "failed"  # still running, still answering
+    finally:
+        await client.shutdown_session()
+        await client.stop()
+
+
+async def test_tiny_real_checkpoint(tiny_checkpoint):
+    client, statuses, _ = await _start(["--model", tiny_checkpoint, "--device", "cpu"])
+    try:
+        await _wait_state(client, ("ready", "failed"))
+        st = await request(client, "dlm/stats", {})
+        assert st["state"] == "ready", statuses
+        res = await _open_and_ask(client)
+        # A random model proposes anything (or nothing): the answer is well-formed either way.
+        for item in res.items:
+            assert isinstance(item.insert_text, str) and item.insert_text
+        st = await request(client, "dlm/stats", {})
+        assert st["model_runs"] == 1 and st["completed"] == 1 and st["steps"] >= 1
+        edits = await request(client, "dlm/editPrediction", {"textDocument": {"uri": "file:///m.py"},
+                                                             "position": {"line": 1, "character": 11}})
+        if edits is not None:
+            for e in edits["edits"]:
+                assert 0 <= e["range"]["start"]["line"] <= e["range"]["end"]["line"] <= 2
+        assert any(s["state"] == "ready" and s["device"] for s in statuses)
+    finally:
+        await client.shutdown_session()
+        await client.stop()
+
+
+def test_server_import_does_not_import_torch():
+    import subprocess
+
+    code = "import sys, dlm.lsp.server_cli, dlm.lsp.server, dlm.lsp.bench; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, env=server_env())
