@@ -1,0 +1,317 @@
+"""`dlm-lsp bench`: replay realistic typing through the real server over stdio.
+
+The bench starts `dlm-lsp --stdio` as a subprocess and acts as an editor
+would: it opens real source files with a few lines cut out at a random
+place, then types those lines back character by character (inter-key gaps
+around 1/cps, pauses after some words and at line ends, typos fixed with
+backspace, Enter with auto-indent), jumps to another file and place, and
+sends `textDocument/inlineCompletion` after every keystroke without waiting
+for the previous answer, like VS Code.
+
+Latency = keystroke (didChange sent) -> the answer to that keystroke's
+request, measured by the client, so it includes JSON-RPC both ways. A
+request counts as measured when its answer arrived before the next
+keystroke was sent; at a pause the bench waits for the answer, so every
+pause is measured (those are the suggestions a user actually sees). The
+rest were superseded by the next keystroke. Server-side counters come from
+`dlm/stats`: model runs, cancelled, superseded, cache hits, tokens per step,
+and the median time per stage (context, queue, prefill, denoise, post).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dlm.lsp.stats import percentile
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", metavar="DIR", help="checkpoint directory (default: the embedded model)")
+    parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
+    parser.add_argument("--remote", metavar="HOST:PORT", help="bench a remote model (dlm-lsp serve)")
+    parser.add_argument("--files", nargs="*", metavar="FILE", help="source files to type (default: dlm's own)")
+    parser.add_argument("--keystrokes", type=int, default=400, help="keystrokes to replay (default 400)")
+    parser.add_argument("--cps", type=float, default=8.0, help="typing speed, characters per second")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument("--load-timeout", type=float, default=600.0, help="seconds to wait for the model")
+    parser.add_argument("--server-log", metavar="F", help="server log file (default: a temp file)")
+    parser.add_argument("--engine-factory", help=argparse.SUPPRESS)  # tests: see lsp/server_cli.py
+
+
+@dataclass
+class Sample:
+    sent: float
+    answered: float | None = None
+    shown: bool = False
+    pause: bool = False
+    superseded: bool = False
+
+
+@dataclass
+class Result:
+    samples: list[Sample] = field(default_factory=list)
+    server: dict = field(default_factory=dict)
+    status: dict = field(default_factory=dict)
+    jumps: int = 0
+    typos: int = 0
+
+
+def default_files() -> list[Path]:
+    import dlm.lsp
+
+    root = Path(dlm.lsp.__file__).resolve().parent.parent
+    files = sorted(root.glob("lsp/*.py")) + sorted(root.glob("coder_model/*.py"))
+    return [f for f in files if f.stat().st_size > 2000]
+
+
+def _chunk(text: str, rng: random.Random) -> tuple[int, int]:
+    """Line range [a, b) to cut out and type back: a few non-blank lines inside the file."""
+    lines = text.split("\n")
+    for _ in range(50):
+        a = rng.randrange(5, max(6, len(lines) - 8))
+        b = a + rng.randint(2, 5)
+        body = lines[a:b]
+        if all(x.strip() for x in body) and sum(len(x) for x in body) > 40:
+            return a, b
+    return 1, 2
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.res = Result()
+
+    def server_command(self, log_file: str) -> list[str]:
+        cmd = [sys.executable, "-m", "dlm.lsp.cli", "--stdio", "--device", self.args.device, "--log-file", log_file]
+        for opt in ("model", "remote", "engine_factory"):
+            value = getattr(self.args, opt, None)
+            if value:
+                cmd += ["--" + opt.replace("_", "-"), value]
+        return cmd
+
+    async def run(self) -> Result:
+        from lsprotocol import types
+        from pygls.lsp.client import LanguageClient
+
+        client = LanguageClient("dlm-bench", "0.1")
+
+        @client.feature("dlm/status")
+        def _status(params) -> None:
+            self.res.status = params if isinstance(params, dict) else getattr(params, "_asdict", dict)()
+
+        log_file = self.args.server_log or tempfile.mkstemp(prefix="dlm-bench-", suffix=".log")[1]
+        cmd = self.server_command(log_file)
+        env = dict(os.environ)
+        await client.start_io(*cmd, env=env)
+        try:
+            await client.initialize_async(types.InitializeParams(capabilities=types.ClientCapabilities(
+                text_document=types.TextDocumentClientCapabilities(
+                    inline_completion=types.InlineCompletionClientCapabilities())),
+                process_id=os.getpid()))
+            client.initialized(types.InitializedParams())
+            await self._wait_ready(client, log_file)
+            await self._replay(client, types)
+            stats = await client.protocol.send_request_async("dlm/stats", {})
+            self.res.server = _plain(stats)
+        finally:
+            try:
+                await asyncio.wait_for(client.shutdown_async(None), 10)
+                client.exit(None)
+            except Exception:  # noqa: BLE001 - the server is going away either way
+                pass
+            await client.stop()
+        return self.res
+
+    async def _wait_ready(self, client, log_file: str) -> None:
+        deadline = time.monotonic() + self.args.load_timeout
+        while time.monotonic() < deadline:
+            st = _plain(await client.protocol.send_request_async("dlm/stats", {}))
+            if st["state"] == "ready":
+                return
+            if st["state"] == "failed":
+                raise SystemExit(f"dlm-lsp bench: the model failed to load: {self.res.status.get('message')} "
+                                 f"(server log: {log_file})")
+            await asyncio.sleep(0.2)
+        raise SystemExit(f"dlm-lsp bench: the model was not ready after {self.args.load_timeout:.0f} s; "
+                         f"raise --load-timeout (server log: {log_file})")
+
+    async def _replay(self, client, types) -> None:
+        files = [Path(f) for f in (self.args.files or [])] or default_files()
+        if not files:
+            raise SystemExit("dlm-lsp bench: no source files to type; pass --files")
+        left = self.args.keystrokes
+        doc_no = 0
+        while left > 0:
+            path = self.rng.choice(files)
+            text = path.read_text(encoding="utf-8", errors="replace")
+            a, b = _chunk(text, self.rng)
+            lines = text.split("\n")
+            target = "\n".join(lines[a:b])
+            doc_no += 1
+            uri = f"file://{path.resolve()}?bench={doc_no}"
+            opened = "\n".join(lines[:a] + [""] + lines[b:])
+            client.text_document_did_open(types.DidOpenTextDocumentParams(types.TextDocumentItem(
+                uri=uri, language_id="python" if path.suffix == ".py" else path.suffix.lstrip("."),
+                version=1, text=opened)))
+            self.res.jumps += 1
+            left = await self._type(client, types, uri, a, target, left)
+            client.text_document_did_close(types.DidCloseTextDocumentParams(types.TextDocumentIdentifier(uri)))
+
+    async def _type(self, client, types, uri: str, row: int, target: str, left: int) -> int:
+        col, version, i = 0, 1, 0
+        pending: list[tuple[Sample, asyncio.Future]] = []
+        while i < len(target) and left > 0:
+            ch = target[i]
+            if ch == "\n":  # Enter + auto-indent in one change, like editors do
+                j = i + 1
+                while j < len(target) and target[j] in " \t":
+                    j += 1
+                piece = target[i:j]
+            elif ch.isalpha() and self.rng.random() < 0.02:  # a typo, fixed right away
+                piece = "#"
+                self.res.typos += 1
+            else:
+                piece = ch
+            version += 1
+            pos = types.Position(row, col)
+            client.text_document_did_change(types.DidChangeTextDocumentParams(
+                text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+                content_changes=[types.TextDocumentContentChangePartial(range=types.Range(pos, pos), text=piece)]))
+            if piece == "#" and ch != "#":  # undo the typo: backspace
+                await asyncio.sleep(self._gap())
+                version += 1
+                client.text_document_did_change(types.DidChangeTextDocumentParams(
+                    text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+                    content_changes=[types.TextDocumentContentChangePartial(
+                        range=types.Range(pos, types.Position(row, col + 1)), text="")]))
+                left -= 1
+                continue
+            if "\n" in piece:
+                row, col = row + 1, len(piece) - 1
+            else:
+                col += len(piece)
+            i += len(piece)
+            left -= 1
+            sample = Sample(sent=time.monotonic())
+            fut = asyncio.ensure_future(client.text_document_inline_completion_async(types.InlineCompletionParams(
+                text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(row, col),
+                context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic))))
+
+            def done(f, s=sample):
+                s.answered = time.monotonic()
+                try:
+                    s.shown = bool(f.result().items)
+                except Exception:  # noqa: BLE001 - an error answer counts as nothing shown
+                    s.shown = False
+
+            fut.add_done_callback(done)
+            self.res.samples.append(sample)
+            pending.append((sample, fut))
+            pause = (ch in " \n" and self.rng.random() < 0.15) or i >= len(target)
+            if pause:
+                sample.pause = True
+                await asyncio.wait([fut], timeout=60)
+                await asyncio.sleep(self.rng.uniform(0.4, 1.2))
+            else:
+                await asyncio.sleep(self._gap())
+            for s, _ in pending:  # anything unanswered when the next key comes was superseded
+                if s.answered is None:
+                    s.superseded = True
+            pending = [(s, f) for s, f in pending if not f.done()]
+        if pending:
+            await asyncio.wait([f for _, f in pending], timeout=60)
+        return left
+
+    def _gap(self) -> float:
+        return min(0.4, max(0.03, self.rng.gauss(1.0 / self.args.cps, 0.4 / self.args.cps)))
+
+
+def _plain(obj):
+    if hasattr(obj, "_asdict"):
+        return {k: _plain(v) for k, v in obj._asdict().items()}
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def summarize(res: Result, args: argparse.Namespace, wall_s: float) -> dict:
+    measured = [s for s in res.samples if s.answered is not None and not s.superseded]
+    lat = [(s.answered - s.sent) * 1000 for s in measured]
+    at_pause = [(s.answered - s.sent) * 1000 for s in measured if s.pause]
+
+    def pct(v):
+        return {f"p{q}_ms": (round(percentile(v, q), 1) if v else None) for q in (50, 95, 99)}
+
+    srv = res.server
+    return {
+        "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, {platform.python_version()}",
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "model": res.status.get("model", ""),
+        "device": res.status.get("device", ""),
+        "keystrokes": len(res.samples),
+        "measured": len(measured),
+        "latency": pct(lat),
+        "latency_at_pauses": pct(at_pause) | {"n": len(at_pause)},
+        "shown": sum(1 for s in measured if s.shown),
+        "superseded_client": sum(1 for s in res.samples if s.superseded),
+        "jumps": res.jumps,
+        "typos": res.typos,
+        "server": {k: srv.get(k) for k in ("model_runs", "completed", "cancelled", "superseded", "skipped",
+                                             "cache_hits", "empty", "outdated", "failed", "tokens_per_step",
+                                             "stages_p50_ms", "p50_ms", "p95_ms", "p99_ms")},
+        "wall_s": round(wall_s, 1),
+        "cps": args.cps,
+        "seed": args.seed,
+    }
+
+
+def render(summary: dict) -> str:
+    lat, lp, srv = summary["latency"], summary["latency_at_pauses"], summary["server"]
+    rows = [
+        ("model / device", f"{summary['model']} / {summary['device']}"),
+        ("keystrokes (measured)", f"{summary['keystrokes']} ({summary['measured']})"),
+        ("keystroke->suggestion p50 / p95 / p99", f"{lat['p50_ms']} / {lat['p95_ms']} / {lat['p99_ms']} ms"),
+        ("  at pauses (n=%d) p50 / p95 / p99" % lp["n"], f"{lp['p50_ms']} / {lp['p95_ms']} / {lp['p99_ms']} ms"),
+        ("suggestions shown", summary["shown"]),
+        ("model runs / completed", f"{srv['model_runs']} / {srv['completed']}"),
+        ("cancelled / superseded / skipped", f"{srv['cancelled']} / {srv['superseded']} / {srv['skipped']}"),
+        ("prefix-cache hits", srv["cache_hits"]),
+        ("tokens per step", srv["tokens_per_step"]),
+        ("server stage p50 (ms)", ", ".join(f"{k[:-3]} {v}" for k, v in (srv["stages_p50_ms"] or {}).items())),
+        ("jumps / typos", f"{summary['jumps']} / {summary['typos']}"),
+        ("wall", f"{summary['wall_s']} s"),
+    ]
+    w = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.keystrokes < 1:
+        print("dlm-lsp bench: --keystrokes must be at least 1", file=sys.stderr)
+        return 2
+    if args.cps <= 0:
+        print("dlm-lsp bench: --cps must be > 0", file=sys.stderr)
+        return 2
+    for f in args.files or []:
+        if not Path(f).is_file():
+            print(f"dlm-lsp bench: {f} is not a file; pass readable source files to --files", file=sys.stderr)
+            return 2
+    t0 = time.monotonic()
+    res = asyncio.run(Bench(args).run())
+    summary = summarize(res, args, time.monotonic() - t0)
+    print(json.dumps(summary, indent=2) if args.json else render(summary))
+    return 0
