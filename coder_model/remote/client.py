@@ -16,6 +16,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import logging
+import os
 import random
 import socket
 import ssl
@@ -40,6 +41,7 @@ from dlm.coder_model.types import CancelToken, EngineStatus, Prediction, Prompt,
 
 log = logging.getLogger("dlm.remote.client")
 
+TLS_CA_ENV = "DLM_TLS_CA"
 _POLL_S = 0.005  # how often a waiting predict() looks at its CancelToken
 
 
@@ -65,7 +67,7 @@ class RemoteEngine:
 
     token: the shared secret (bytes or str); None = no auth (loopback servers only).
     tls: wrap the connection in TLS; `cafile` is the CA (or self-signed cert) to trust,
-    default the system store; `server_hostname` overrides the name checked in the cert.
+    default $DLM_TLS_CA, else the system store; `server_hostname` overrides the name checked in the cert.
     request_timeout: a request with no answer after this long returns empty (and is cancelled).
     backoff_initial/backoff_max: reconnect delays (seconds), doubling after each failure.
     """
@@ -90,7 +92,9 @@ class RemoteEngine:
         self._token = token.encode("utf-8") if isinstance(token, str) else token
         self._ssl: ssl.SSLContext | None = None
         if tls:
-            self._ssl = ssl.create_default_context(cafile=cafile)
+            # DLM_TLS_CA lets `dlm-lsp --remote ... --tls` trust a self-signed server certificate
+            # without a command-line flag for it.
+            self._ssl = ssl.create_default_context(cafile=cafile or os.environ.get(TLS_CA_ENV) or None)
         self._server_hostname = server_hostname
         self.connect_timeout = connect_timeout
         self.request_timeout = request_timeout

@@ -180,3 +180,20 @@ def test_serve_cli_refuses_public_bind_without_token():
                          capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 2
     assert "without a token" in out.stderr and "--token-file" in out.stderr
+
+
+def test_remote_bench_runs(sharp_checkpoint, capsys):
+    import argparse
+
+    from dlm.coder_model.remote.bench import add_remote_arguments, run_remote_bench
+
+    parser = argparse.ArgumentParser()
+    add_remote_arguments(parser)
+    args = parser.parse_args(["--model", sharp_checkpoint, "--device", "cpu", "--clients", "1,2",
+                              "--requests", "2", "--keystrokes", "3", "--steps", "2", "--block-len", "4",
+                              "--max-blocks", "1"])
+    assert run_remote_bench(args) == 0
+    out = capsys.readouterr().out
+    assert "| added by the hop |" in out
+    rows = [line for line in out.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    assert [r.split("|")[2].strip() for r in rows] == ["2", "4"]  # requests completed per client count
