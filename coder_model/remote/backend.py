@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
 from dlm.coder_model.cache import PrefixCache
 from dlm.coder_model.layout import LayoutBudget, encode_prompt
 from dlm.coder_model.remote.server import Request

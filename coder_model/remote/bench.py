@@ -168,6 +168,29 @@ def _replay(engine, prompts: list[Prompt], params: SamplerParams) -> tuple[list[
     return lat, tokens
 
 
+def _concurrent(engines, per_client: list[list[Prompt]], params: SamplerParams) -> tuple[list[float], int, float]:
+    """Every client replays its prompts back to back, all at once: (latencies ms, tokens, wall s)."""
+    lat: list[float] = []
+    tokens = [0]
+    lock = threading.Lock()
+    barrier = threading.Barrier(len(engines))
+
+    def work(i: int) -> None:
+        barrier.wait()
+        ls, tk = _replay(engines[i], per_client[i], params)
+        with lock:
+            lat.extend(ls)
+            tokens[0] += tk
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(engines))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return lat, tokens[0], time.perf_counter() - t0
+
+
 def run_remote_bench(args: argparse.Namespace) -> int:
     from dlm.coder_model.engine import load_engine
     from dlm.coder_model.remote.client import RemoteEngine
@@ -209,27 +232,9 @@ def run_remote_bench(args: argparse.Namespace) -> int:
             try:
                 if not all(e.wait_connected(60) for e in engines):
                     raise RuntimeError("not every bench client could connect")
-                lat: list[float] = []
-                toks = [0]
-                lock = threading.Lock()
                 per_client = [typing_prompts(args.requests, path=f"client{i}.py", shift=i) for i in range(n)]
-                barrier = threading.Barrier(n)
-
-                def work(i: int) -> None:
-                    barrier.wait()
-                    ls, tk = _replay(engines[i], per_client[i], params)
-                    with lock:
-                        lat.extend(ls)
-                        toks[0] += tk
-
-                t0 = time.perf_counter()
-                threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-                wall = time.perf_counter() - t0
-                rows.append((n, len(lat), wall, len(lat) / wall, toks[0] / wall, _pct(lat, 0.5), _pct(lat, 0.99)))
+                lat, tokens, wall = _concurrent(engines, per_client, params)
+                rows.append((n, len(lat), wall, len(lat) / wall, tokens / wall, _pct(lat, 0.5), _pct(lat, 0.99)))
                 print(f"  {n} clients done: {len(lat) / wall:.2f} req/s", file=sys.stderr, flush=True)
             finally:
                 for e in engines:

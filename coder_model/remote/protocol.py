@@ -25,7 +25,6 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import msgpack
-
 from dlm.coder_model.types import Prediction, Prompt, SamplerParams
 
 PROTOCOL_VERSION = 1
@@ -85,7 +84,7 @@ def decode_body(body: bytes) -> dict[str, Any]:
     """msgpack bytes -> a map with a string "t" and an int "id"; ProtocolError otherwise."""
     try:
         obj = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
-    except Exception as exc:  # msgpack raises several types (ExtraData, FormatError, ValueError, ...)
+    except Exception as exc:  # noqa: BLE001 - msgpack raises many types (ExtraData, FormatError, ...)
         raise ProtocolError(
             "bad_frame", f"frame body is not valid msgpack ({type(exc).__name__}: {exc}); send one msgpack map"
         ) from None

@@ -23,8 +23,9 @@ import logging
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from dlm.coder_model.remote import auth
 from dlm.coder_model.remote.protocol import (
@@ -409,10 +410,10 @@ class _Conn:
         client_nonce = msg.get("nonce")
         if not isinstance(client_nonce, bytes) or len(client_nonce) != auth.NONCE_BYTES:
             raise ProtocolError("protocol", f"hello nonce must be {auth.NONCE_BYTES} random bytes")
-        if token is not None:
-            if not auth.proofs_match(auth.client_proof(token, nonce, client_nonce), msg.get("proof")):
-                raise ProtocolError("auth_failed", "wrong token: the client's proof does not match this "
-                                    "server's token; use the same --token-file / DLM_TOKEN on both ends")
+        if token is not None and not auth.proofs_match(auth.client_proof(token, nonce, client_nonce),
+                                                       msg.get("proof")):
+            raise ProtocolError("auth_failed", "wrong token: the client's proof does not match this "
+                                "server's token; use the same --token-file / DLM_TOKEN on both ends")
         client = msg.get("client")
         if isinstance(client, str) and 0 < len(client) <= 128:
             # A stable client id (kept across reconnects) keys the prefix caches.
@@ -562,7 +563,7 @@ class ServerThread:
         asyncio.set_event_loop(self.loop)
         try:
             self.loop.run_until_complete(self.server.start())
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - handed to start() in the caller's thread
             self._error = exc
             self._ready.set()
             return

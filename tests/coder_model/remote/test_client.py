@@ -16,11 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from dlm.coder_model.remote.client import RemoteEngine
 from dlm.coder_model.remote.protocol import Limits
 from dlm.coder_model.types import CancelToken, Engine, Prompt, SamplerParams
-
 from remote_fakes import fake_text, start_fake_server
 
 pytestmark = pytest.mark.timeout(180)
@@ -146,7 +144,7 @@ def test_32_clients_x_50_requests_no_lost_or_mismatched_response():
 def _self_signed(tmp: Path) -> tuple[str, str]:
     cert, key = tmp / "cert.pem", tmp / "key.pem"
     try:
-        from cryptography import x509  # noqa: F401
+        from cryptography import x509
     except ImportError:
         openssl = shutil.which("openssl")
         if openssl is None:

@@ -7,7 +7,6 @@ import os
 
 import msgpack
 import pytest
-
 from dlm.coder_model.remote import auth
 from dlm.coder_model.remote.client import parse_host_port
 from dlm.coder_model.remote.protocol import (
@@ -97,7 +96,7 @@ def test_two_frames_in_one_read():
         reader = asyncio.StreamReader()
         reader.feed_data(encode_frame({"t": "cancel", "id": 1}) + encode_frame({"t": "cancel", "id": 2}))
         reader.feed_eof()
-        kw = dict(max_bytes=1024, first_byte_timeout=1, frame_timeout=1)
+        kw = {"max_bytes": 1024, "first_byte_timeout": 1, "frame_timeout": 1}
         return [(await read_frame(reader, **kw))["id"], (await read_frame(reader, **kw))["id"]]
 
     assert asyncio.run(go()) == [1, 2]

@@ -12,10 +12,9 @@ import os
 import sys
 
 import pytest
+from dlm.coder_model.remote.server import ServerOptions, ServerThread
 from lsprotocol import types
 from pytest_lsp import LanguageClient, client_capabilities
-
-from dlm.coder_model.remote.server import ServerOptions, ServerThread
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.asyncio]
 
@@ -27,7 +26,6 @@ POSITIONS = [(9, 17), (4, 10), (8, 10)]
 @pytest.fixture(scope="module")
 def sharp_checkpoint(tiny_checkpoint, tmp_path_factory):
     import torch
-
     from dlm.coder_model.checkpoint import load_model, save_checkpoint
 
     model, tok = load_model(tiny_checkpoint, "cpu")

@@ -12,13 +12,11 @@ import time
 
 import msgpack
 import pytest
-
 from dlm.coder_model.remote import auth
 from dlm.coder_model.remote.client import RemoteEngine
 from dlm.coder_model.remote.protocol import HEADER, PROTOCOL_VERSION, Limits, encode_frame, predict_message
 from dlm.coder_model.remote.server import BatchScheduler, Request
 from dlm.coder_model.types import CancelToken, Prompt, SamplerParams
-
 from remote_fakes import FakeBackend, fake_text, start_fake_server
 
 pytestmark = pytest.mark.timeout(120)
