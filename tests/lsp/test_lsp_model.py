@@ -105,3 +105,26 @@ def test_server_import_does_not_import_torch():
 
     code = "import sys, dlm.lsp.server_cli, dlm.lsp.server, dlm.lsp.bench; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, env=server_env())
+
+
+async def test_utf8_position_encoding_negotiated():
+    caps = client_capabilities("neovim")
+    caps.general = types.GeneralClientCapabilities(position_encodings=["utf-8", "utf-16"])
+    cfg = ClientServerConfig(server_command=SERVER, server_env=server_env(DLM_ENGINE_FACTORY="fake_engine:slow",
+                                                                          FAKE_STEP_S="0.001"))
+    client = await cfg.start()
+    try:
+        result = await client.initialize_session(types.InitializeParams(capabilities=caps))
+        assert result.capabilities.position_encoding == "utf-8"
+        await _wait_state(client, ("ready",))
+        uri = "file:///u.py"
+        client.text_document_did_open(types.DidOpenTextDocumentParams(
+            types.TextDocumentItem(uri=uri, language_id="python", version=1, text="s = 'é😀' + \n")))
+        # byte offsets: "s = 'é😀' + " is 4 + 1 + 2 + 4 + 1 + 3 = 15 bytes
+        comp = await client.text_document_completion_async(
+            types.CompletionParams(types.TextDocumentIdentifier(uri), types.Position(0, 15)))
+        assert comp.items[0].text_edit.range.start == types.Position(0, 15)
+        assert comp.items[0].text_edit.new_text == "FAKE"
+    finally:
+        await client.shutdown_session()
+        await client.stop()
