@@ -34,7 +34,6 @@ import json
 import math
 import os
 import random
-import resource
 import signal
 import subprocess
 import sys
@@ -47,7 +46,7 @@ from pathlib import Path
 from dlm.coder_model.examples import KINDS, completion_example, fim_example, window
 from dlm.coder_model.types import CancelToken, Prompt, SamplerParams
 
-AR_PARAMS = dict(threshold=1.0, order="left_to_right")
+AR_PARAMS = {"threshold": 1.0, "order": "left_to_right"}
 
 # ---------------------------------------------------------------------------
 # metrics
@@ -225,15 +224,15 @@ class SandboxResult:
         return not self.timed_out and self.returncode == 0
 
 
-def _limits(memory_mb: int, cpu_s: int, file_mb: int) -> Callable[[], None]:
-    def apply() -> None:  # runs in the child between fork and exec
-        mem = memory_mb * 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (file_mb * 1024 * 1024,) * 2)
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-    return apply
+# Sets the limits, then becomes the program's interpreter (exec). A launcher
+# process instead of Popen(preexec_fn=...): preexec_fn is unsafe while other
+# threads run (the engine's inference thread, torch's pools) and can deadlock.
+_LAUNCH = (
+    "import os,resource as R,sys;m,c,f=map(int,sys.argv[1:4]);"
+    "R.setrlimit(R.RLIMIT_AS,(m,m));R.setrlimit(R.RLIMIT_CPU,(c,c+1));"
+    "R.setrlimit(R.RLIMIT_FSIZE,(f,f));R.setrlimit(R.RLIMIT_CORE,(0,0));"
+    "os.execv(sys.argv[4],[sys.argv[4],'-I',sys.argv[5]])"
+)
 
 
 def run_sandboxed(
@@ -253,9 +252,10 @@ def run_sandboxed(
                "PYTHONIOENCODING": "utf-8"}
         t0 = time.perf_counter()
         with open(out_p, "wb") as out_f, open(err_p, "wb") as err_f:
+            limits = [str(memory_mb << 20), str(max(1, math.ceil(timeout_s))), str(file_mb << 20)]
             proc = subprocess.Popen(
-                [python, "-I", str(prog)], cwd=d, stdin=subprocess.PIPE, stdout=out_f, stderr=err_f, env=env,
-                preexec_fn=_limits(memory_mb, max(1, math.ceil(timeout_s)), file_mb), start_new_session=True,
+                [python, "-I", "-S", "-c", _LAUNCH, *limits, python, str(prog)], cwd=d, stdin=subprocess.PIPE,
+                stdout=out_f, stderr=err_f, env=env, start_new_session=True,
             )
             timed_out = False
             try:
@@ -424,6 +424,7 @@ class EvalOptions:
     safim_dir: str | None = None
     safim_tasks: tuple[str, ...] = ("block", "control")
     safim_max_blocks: int = 8
+    safim_limit: int = 0  # 0 = --limit
     timeout_s: float = 5.0
     memory_mb: int = 1024
     ar: bool = True
@@ -473,7 +474,7 @@ def evaluate(opts: EvalOptions, engine=None, log=print) -> dict:
         if opts.safim:
             report["safim"] = {}
             for task in opts.safim_tasks:
-                cases = list(_take(iter_safim(task, opts.safim_dir), opts.limit))
+                cases = list(_take(iter_safim(task, opts.safim_dir), opts.safim_limit or opts.limit))
                 entry = {}
                 for name, p in (("diffusion", diff_params), ("ar", ar_params)):
                     if name == "ar" and not opts.ar:
@@ -521,7 +522,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--edit-histories", default=None, help="edit-histories directory")
     ap.add_argument("--safim", action="store_true", help="also run SAFIM Python block/control pass@1")
     ap.add_argument("--safim-dir", default=None)
+    ap.add_argument("--safim-limit", type=int, default=0, help="tasks per SAFIM task type (default: --limit)")
     ap.add_argument("--safim-tasks", default="block,control")
+    ap.add_argument("--safim-max-blocks", type=int, default=8, help="blocks of L slots for a SAFIM hole")
     ap.add_argument("--timeout", type=float, default=5.0, help="seconds per SAFIM test run")
     ap.add_argument("--memory-mb", type=int, default=1024, help="address-space limit per SAFIM test run")
     ap.add_argument("--no-ar", action="store_true", help="skip the autoregressive decode of every case")
@@ -539,6 +542,7 @@ def run(args: argparse.Namespace) -> int:
         model=args.model, device=args.device, limit=args.limit, kinds=kinds, corpus=args.corpus,
         edit_histories=args.edit_histories, safim=args.safim, safim_dir=args.safim_dir,
         safim_tasks=tuple(t for t in args.safim_tasks.split(",") if t), timeout_s=args.timeout,
+        safim_max_blocks=args.safim_max_blocks, safim_limit=args.safim_limit,
         memory_mb=args.memory_mb, ar=not args.no_ar, seed=args.seed,
     )
     try:
