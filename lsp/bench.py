@@ -39,7 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="DIR", help="checkpoint directory (default: the embedded model)")
     parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
     parser.add_argument("--remote", metavar="HOST:PORT", help="bench a remote model (dlm-lsp serve)")
-    parser.add_argument("--files", nargs="*", metavar="FILE", help="source files to type (default: dlm's own)")
+    parser.add_argument(
+        "--files", nargs="*", metavar="FILE", help="source files to type (default: dlm's own)"
+    )
     parser.add_argument("--keystrokes", type=int, default=400, help="keystrokes to replay (default 400)")
     parser.add_argument("--cps", type=float, default=8.0, help="typing speed, characters per second")
     parser.add_argument("--seed", type=int, default=0)
@@ -94,7 +96,16 @@ class Bench:
         self.res = Result()
 
     def server_command(self, log_file: str) -> list[str]:
-        cmd = [sys.executable, "-m", "dlm.lsp.cli", "--stdio", "--device", self.args.device, "--log-file", log_file]
+        cmd = [
+            sys.executable,
+            "-m",
+            "dlm.lsp.cli",
+            "--stdio",
+            "--device",
+            self.args.device,
+            "--log-file",
+            log_file,
+        ]
         for opt in ("model", "remote", "engine_factory"):
             value = getattr(self.args, opt, None)
             if value:
@@ -116,10 +127,16 @@ class Bench:
         env = dict(os.environ)
         await client.start_io(*cmd, env=env)
         try:
-            await client.initialize_async(types.InitializeParams(capabilities=types.ClientCapabilities(
-                text_document=types.TextDocumentClientCapabilities(
-                    inline_completion=types.InlineCompletionClientCapabilities())),
-                process_id=os.getpid()))
+            await client.initialize_async(
+                types.InitializeParams(
+                    capabilities=types.ClientCapabilities(
+                        text_document=types.TextDocumentClientCapabilities(
+                            inline_completion=types.InlineCompletionClientCapabilities()
+                        )
+                    ),
+                    process_id=os.getpid(),
+                )
+            )
             client.initialized(types.InitializedParams())
             await self._wait_ready(client, log_file)
             await self._replay(client, types)
@@ -129,8 +146,8 @@ class Bench:
             try:
                 await asyncio.wait_for(client.shutdown_async(None), 10)
                 client.exit(None)
-            except Exception:  # noqa: BLE001 - the server is going away either way
-                pass
+            except Exception as exc:  # noqa: BLE001 - the server is going away either way
+                print(f"dlm-lsp bench: shutdown was not clean ({exc})", file=sys.stderr)
             await client.stop()
         return self.res
 
@@ -141,11 +158,15 @@ class Bench:
             if st["state"] == "ready":
                 return
             if st["state"] == "failed":
-                raise SystemExit(f"dlm-lsp bench: the model failed to load: {self.res.status.get('message')} "
-                                 f"(server log: {log_file})")
+                raise SystemExit(
+                    f"dlm-lsp bench: the model failed to load: {self.res.status.get('message')} "
+                    f"(server log: {log_file})"
+                )
             await asyncio.sleep(0.2)
-        raise SystemExit(f"dlm-lsp bench: the model was not ready after {self.args.load_timeout:.0f} s; "
-                         f"raise --load-timeout (server log: {log_file})")
+        raise SystemExit(
+            f"dlm-lsp bench: the model was not ready after {self.args.load_timeout:.0f} s; "
+            f"raise --load-timeout (server log: {log_file})"
+        )
 
     async def _replay(self, client, types) -> None:
         files = [Path(f) for f in (self.args.files or [])] or default_files()
@@ -162,12 +183,21 @@ class Bench:
             doc_no += 1
             uri = f"file://{path.resolve()}?bench={doc_no}"
             opened = "\n".join(lines[:a] + [""] + lines[b:])
-            client.text_document_did_open(types.DidOpenTextDocumentParams(types.TextDocumentItem(
-                uri=uri, language_id="python" if path.suffix == ".py" else path.suffix.lstrip("."),
-                version=1, text=opened)))
+            client.text_document_did_open(
+                types.DidOpenTextDocumentParams(
+                    types.TextDocumentItem(
+                        uri=uri,
+                        language_id="python" if path.suffix == ".py" else path.suffix.lstrip("."),
+                        version=1,
+                        text=opened,
+                    )
+                )
+            )
             self.res.jumps += 1
             left = await self._type(client, types, uri, a, target, left)
-            client.text_document_did_close(types.DidCloseTextDocumentParams(types.TextDocumentIdentifier(uri)))
+            client.text_document_did_close(
+                types.DidCloseTextDocumentParams(types.TextDocumentIdentifier(uri))
+            )
 
     async def _type(self, client, types, uri: str, row: int, target: str, left: int) -> int:
         col, version, i = 0, 1, 0
@@ -186,16 +216,27 @@ class Bench:
                 piece = ch
             version += 1
             pos = types.Position(row, col)
-            client.text_document_did_change(types.DidChangeTextDocumentParams(
-                text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
-                content_changes=[types.TextDocumentContentChangePartial(range=types.Range(pos, pos), text=piece)]))
+            client.text_document_did_change(
+                types.DidChangeTextDocumentParams(
+                    text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+                    content_changes=[
+                        types.TextDocumentContentChangePartial(range=types.Range(pos, pos), text=piece)
+                    ],
+                )
+            )
             if piece == "#" and ch != "#":  # undo the typo: backspace
                 await asyncio.sleep(self._gap())
                 version += 1
-                client.text_document_did_change(types.DidChangeTextDocumentParams(
-                    text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
-                    content_changes=[types.TextDocumentContentChangePartial(
-                        range=types.Range(pos, types.Position(row, col + 1)), text="")]))
+                client.text_document_did_change(
+                    types.DidChangeTextDocumentParams(
+                        text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+                        content_changes=[
+                            types.TextDocumentContentChangePartial(
+                                range=types.Range(pos, types.Position(row, col + 1)), text=""
+                            )
+                        ],
+                    )
+                )
                 left -= 1
                 continue
             if "\n" in piece:
@@ -205,9 +246,17 @@ class Bench:
             i += len(piece)
             left -= 1
             sample = Sample(sent=time.monotonic())
-            fut = asyncio.ensure_future(client.text_document_inline_completion_async(types.InlineCompletionParams(
-                text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(row, col),
-                context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic))))
+            fut = asyncio.ensure_future(
+                client.text_document_inline_completion_async(
+                    types.InlineCompletionParams(
+                        text_document=types.TextDocumentIdentifier(uri=uri),
+                        position=types.Position(row, col),
+                        context=types.InlineCompletionContext(
+                            trigger_kind=types.InlineCompletionTriggerKind.Automatic
+                        ),
+                    )
+                )
+            )
 
             def done(f, s=sample):
                 s.answered = time.monotonic()
@@ -270,9 +319,25 @@ def summarize(res: Result, args: argparse.Namespace, wall_s: float) -> dict:
         "superseded_client": sum(1 for s in res.samples if s.superseded),
         "jumps": res.jumps,
         "typos": res.typos,
-        "server": {k: srv.get(k) for k in ("model_runs", "completed", "cancelled", "superseded", "skipped",
-                                             "cache_hits", "empty", "outdated", "failed", "tokens_per_step",
-                                             "stages_p50_ms", "p50_ms", "p95_ms", "p99_ms")},
+        "server": {
+            k: srv.get(k)
+            for k in (
+                "model_runs",
+                "completed",
+                "cancelled",
+                "superseded",
+                "skipped",
+                "cache_hits",
+                "empty",
+                "outdated",
+                "failed",
+                "tokens_per_step",
+                "stages_p50_ms",
+                "p50_ms",
+                "p95_ms",
+                "p99_ms",
+            )
+        },
         "wall_s": round(wall_s, 1),
         "cps": args.cps,
         "seed": args.seed,
@@ -285,13 +350,19 @@ def render(summary: dict) -> str:
         ("model / device", f"{summary['model']} / {summary['device']}"),
         ("keystrokes (measured)", f"{summary['keystrokes']} ({summary['measured']})"),
         ("keystroke->suggestion p50 / p95 / p99", f"{lat['p50_ms']} / {lat['p95_ms']} / {lat['p99_ms']} ms"),
-        ("  at pauses (n=%d) p50 / p95 / p99" % lp["n"], f"{lp['p50_ms']} / {lp['p95_ms']} / {lp['p99_ms']} ms"),
+        (
+            f"  at pauses (n={lp['n']}) p50 / p95 / p99",
+            f"{lp['p50_ms']} / {lp['p95_ms']} / {lp['p99_ms']} ms",
+        ),
         ("suggestions shown", summary["shown"]),
         ("model runs / completed", f"{srv['model_runs']} / {srv['completed']}"),
         ("cancelled / superseded / skipped", f"{srv['cancelled']} / {srv['superseded']} / {srv['skipped']}"),
         ("prefix-cache hits", srv["cache_hits"]),
         ("tokens per step", srv["tokens_per_step"]),
-        ("server stage p50 (ms)", ", ".join(f"{k[:-3]} {v}" for k, v in (srv["stages_p50_ms"] or {}).items())),
+        (
+            "server stage p50 (ms)",
+            ", ".join(f"{k[:-3]} {v}" for k, v in (srv["stages_p50_ms"] or {}).items()),
+        ),
         ("jumps / typos", f"{summary['jumps']} / {summary['typos']}"),
         ("wall", f"{summary['wall_s']} s"),
     ]

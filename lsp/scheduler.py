@@ -22,9 +22,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Hashable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable
+from typing import Any
 
 from dlm.coder_model.types import CancelToken
 from dlm.lsp.stats import Stats

@@ -23,16 +23,11 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import unquote, urlparse
-
-from lsprotocol import types
-from pygls.exceptions import JsonRpcInvalidParams
-from pygls.lsp.server import LanguageServer
-from pygls.protocol import LanguageServerProtocol
-from pygls.protocol.language_server import lsp_method
 
 from dlm.coder_model.types import EngineStatus, Prediction, SamplerParams
 from dlm.lsp import context, postprocess
@@ -41,6 +36,11 @@ from dlm.lsp.history import History
 from dlm.lsp.options import Options, parse_options
 from dlm.lsp.scheduler import Scheduler
 from dlm.lsp.stats import Stats
+from lsprotocol import types
+from pygls.exceptions import JsonRpcInvalidParams
+from pygls.lsp.server import LanguageServer
+from pygls.protocol import LanguageServerProtocol
+from pygls.protocol.language_server import lsp_method
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ class EngineHolder:
             self.engine = engine
             self.status = replace(st, state=st.state if st.state != "loading" else "ready")
             log.info("engine ready in %.1f s: %s", time.monotonic() - t0, self.status)
-        except BaseException as exc:  # noqa: BLE001 - any failure must leave the server running
+        except BaseException as exc:
             log.exception("model failed to load")
             self.status = EngineStatus(
                 state="failed",
@@ -221,7 +221,7 @@ class DlmServer(LanguageServer):
         self._last_status_at = time.monotonic()
         try:
             self.protocol.notify(STATUS, self.status_payload())
-        except Exception:  # noqa: BLE001 - the client went away; nothing to tell
+        except Exception:
             log.debug("could not send dlm/status", exc_info=True)
 
     def maybe_send_status(self) -> None:
@@ -394,7 +394,9 @@ def create_server(engine_factory: Callable[[], Any]) -> DlmServer:
         for change in params.content_changes:
             if isinstance(change, types.TextDocumentContentChangePartial):
                 r = change.range
-                doc.apply((r.start.line, r.start.character), (r.end.line, r.end.character), change.text, version)
+                doc.apply(
+                    (r.start.line, r.start.character), (r.end.line, r.end.character), change.text, version
+                )
             else:
                 doc.replace_all(change.text, version)
         ls.scheduler.invalidate(uri)

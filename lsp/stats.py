@@ -10,7 +10,7 @@ def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
     s = sorted(values)
-    k = max(0, min(len(s) - 1, int(round(q / 100.0 * len(s) + 0.5)) - 1))
+    k = max(0, min(len(s) - 1, round(q / 100.0 * len(s) + 0.5) - 1))
     return s[k]
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from functools import lru_cache
+from functools import cache
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def language_name(language_id: str, uri: str = "") -> str:
     return _EXTENSIONS.get(path[dot:].lower(), language_id) if dot >= 0 else language_id
 
 
-@lru_cache(maxsize=None)
+@cache
 def _language(name: str):
     from tree_sitter import Language
 

@@ -36,8 +36,13 @@ class SlowFakeEngine:
                 text = region.replace("TODO", "DONE", 1)
             else:
                 text = region[: prompt.cursor] + MARK + region[prompt.cursor :]
-            return Prediction(text, steps=self.steps, tokens=self.steps, queue_ms=(t1 - t0) * 1000,
-                              denoise_ms=(time.monotonic() - t1) * 1000)
+            return Prediction(
+                text,
+                steps=self.steps,
+                tokens=self.steps,
+                queue_ms=(t1 - t0) * 1000,
+                denoise_ms=(time.monotonic() - t1) * 1000,
+            )
 
     def status(self) -> EngineStatus:
         return EngineStatus(state="ready", device="cpu", model="slow-fake (scheduling tests only)")
@@ -48,7 +53,9 @@ class SlowFakeEngine:
 
 def slow(model, device):
     time.sleep(float(os.environ.get("FAKE_LOAD_S", "0")))
-    return SlowFakeEngine(float(os.environ.get("FAKE_STEP_S", "0.02")), int(os.environ.get("FAKE_STEPS", "10")))
+    return SlowFakeEngine(
+        float(os.environ.get("FAKE_STEP_S", "0.02")), int(os.environ.get("FAKE_STEPS", "10"))
+    )
 
 
 def failing(model, device):

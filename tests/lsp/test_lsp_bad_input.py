@@ -20,7 +20,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
     scope="module",
     loop_scope="module",
     config=ClientServerConfig(
-        server_command=SERVER, server_env=server_env(DLM_ENGINE_FACTORY="fake_engine:slow", FAKE_STEP_S="0.002")
+        server_command=SERVER,
+        server_env=server_env(DLM_ENGINE_FACTORY="fake_engine:slow", FAKE_STEP_S="0.002"),
     ),
 )
 async def client(lsp_client: LanguageClient):
@@ -35,7 +36,9 @@ async def client(lsp_client: LanguageClient):
 
 def _open(client, uri, text, version=1):
     client.text_document_did_open(
-        types.DidOpenTextDocumentParams(types.TextDocumentItem(uri=uri, language_id="python", version=version, text=text))
+        types.DidOpenTextDocumentParams(
+            types.TextDocumentItem(uri=uri, language_id="python", version=version, text=text)
+        )
     )
 
 
@@ -65,8 +68,14 @@ async def _inline(client, uri, line, ch):
 async def test_unknown_uri_change_and_requests(client: LanguageClient):
     _change(client, "file:///never/opened.py", 2, (0, 0), (0, 0), "x")
     assert not (await _inline(client, "file:///never/opened.py", 0, 0)).items
-    assert await request(client, "dlm/editPrediction", {"textDocument": {"uri": "file:///never.py"},
-                                                        "position": {"line": 0, "character": 0}}) is None
+    assert (
+        await request(
+            client,
+            "dlm/editPrediction",
+            {"textDocument": {"uri": "file:///never.py"}, "position": {"line": 0, "character": 0}},
+        )
+        is None
+    )
     # the server is fine
     _open(client, "file:///ok.py", "x = \n")
     assert (await _inline(client, "file:///ok.py", 0, 4)).items[0].insert_text == "FAKE"
@@ -91,8 +100,11 @@ async def test_positions_past_the_end(client: LanguageClient):
     _change(client, uri, 2, (50, 3), (70, 1), "c")  # clamped to the end of the document
     res = await _inline(client, uri, 1000, 1000)
     assert res.items and res.items[0].insert_text == "FAKE"
-    res = await request(client, "dlm/editPrediction", {"textDocument": {"uri": uri},
-                                                       "position": {"line": 10**6, "character": 10**6}})
+    res = await request(
+        client,
+        "dlm/editPrediction",
+        {"textDocument": {"uri": uri}, "position": {"line": 10**6, "character": 10**6}},
+    )
     assert res is None  # the fake proposes no edit away from the cursor
 
 
@@ -161,7 +173,10 @@ def _read_message(stream) -> dict:
 
 def test_malformed_jsonrpc_bytes_on_stdin():
     proc = subprocess.Popen(
-        SERVER, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        SERVER,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
         env=server_env(DLM_ENGINE_FACTORY="fake_engine:slow"),
     )
     try:
@@ -176,11 +191,27 @@ def test_malformed_jsonrpc_bytes_on_stdin():
         for chunk in junk:
             proc.stdin.write(chunk)
         proc.stdin.write(_frame({"jsonrpc": "2.0", "id": 1, "method": "no/such/request", "params": {}}))
-        proc.stdin.write(_frame({"jsonrpc": "2.0", "id": 2, "method": "initialize",
-                                 "params": {"processId": None, "rootUri": None, "capabilities": {}}}))
+        proc.stdin.write(
+            _frame(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 2,
+                    "method": "initialize",
+                    "params": {"processId": None, "rootUri": None, "capabilities": {}},
+                }
+            )
+        )
         # a request whose params do not match the method: an error reply, not silence
-        proc.stdin.write(_frame({"jsonrpc": "2.0", "id": 3, "method": "textDocument/inlineCompletion",
-                                 "params": {"textDocument": {"uri": 5}, "position": "here"}}))
+        proc.stdin.write(
+            _frame(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 3,
+                    "method": "textDocument/inlineCompletion",
+                    "params": {"textDocument": {"uri": 5}, "position": "here"},
+                }
+            )
+        )
         proc.stdin.write(_frame({"jsonrpc": "2.0", "id": 4, "method": "dlm/stats", "params": {}}))
         proc.stdin.flush()
         replies = {}

@@ -14,9 +14,26 @@ def test_bench_json_with_fake_engine(tmp_path):
     src = tmp_path / "sample.py"
     src.write_text("".join(f"def f{i}(x):\n    y = x * {i} + 1\n    return y - {i}\n\n" for i in range(30)))
     out = subprocess.run(
-        [sys.executable, "-m", "dlm.lsp.cli", "bench", "--engine-factory", "fake_engine:slow",
-         "--files", str(src), "--keystrokes", "25", "--cps", "30", "--json"],
-        capture_output=True, text=True, timeout=240, env=server_env(FAKE_STEP_S="0.005"), check=True,
+        [
+            sys.executable,
+            "-m",
+            "dlm.lsp.cli",
+            "bench",
+            "--engine-factory",
+            "fake_engine:slow",
+            "--files",
+            str(src),
+            "--keystrokes",
+            "25",
+            "--cps",
+            "30",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=server_env(FAKE_STEP_S="0.005"),
+        check=True,
     )
     summary = json.loads(out.stdout)
     assert summary["keystrokes"] == 25
@@ -30,6 +47,10 @@ def test_bench_json_with_fake_engine(tmp_path):
 def test_bench_rejects_bad_arguments(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "dlm.lsp.cli", "bench", "--files", str(tmp_path / "missing.py")],
-        capture_output=True, text=True, timeout=60, env=server_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=server_env(),
+        check=False,
     )
     assert out.returncode == 2 and "is not a file" in out.stderr

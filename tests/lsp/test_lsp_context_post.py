@@ -80,8 +80,12 @@ def test_mode_typing_only_right_after_an_edit_near_the_cursor():
 
 def test_options_from_initialization_options():
     opts, problems = parse_options(
-        {"context": {"prefixTokens": 64, "bogus": 1}, "sampler": {"steps": 8}, "throttleMs": 5,
-         "scheduler": {"throttleMs": "fast"}}
+        {
+            "context": {"prefixTokens": 64, "bogus": 1},
+            "sampler": {"steps": 8},
+            "throttleMs": 5,
+            "scheduler": {"throttleMs": "fast"},
+        }
     )
     assert opts.context.prefix_tokens == 64 and opts.sampler == {"steps": 8}
     assert len(problems) == 3 and any("bogus" in p for p in problems)

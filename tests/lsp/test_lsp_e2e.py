@@ -22,7 +22,8 @@ TEXT = "import os\n\n\ndef main(x):\n    y = x + 1\n    return y\n"
     scope="module",
     loop_scope="module",
     config=ClientServerConfig(
-        server_command=SERVER, server_env=server_env(DLM_ENGINE_FACTORY="fake_engine:slow", FAKE_STEP_S="0.03")
+        server_command=SERVER,
+        server_env=server_env(DLM_ENGINE_FACTORY="fake_engine:slow", FAKE_STEP_S="0.03"),
     ),
 )
 async def client(lsp_client: LanguageClient):
@@ -51,7 +52,9 @@ async def _wait_ready(client: LanguageClient) -> None:
 
 def _open(client: LanguageClient, uri: str, text: str, version: int = 1, lang: str = "python") -> None:
     client.text_document_did_open(
-        types.DidOpenTextDocumentParams(types.TextDocumentItem(uri=uri, language_id=lang, version=version, text=text))
+        types.DidOpenTextDocumentParams(
+            types.TextDocumentItem(uri=uri, language_id=lang, version=version, text=text)
+        )
     )
 
 
@@ -67,13 +70,17 @@ def _insert(client: LanguageClient, uri: str, version: int, line: int, ch: int, 
 
 def _inline(client: LanguageClient, uri: str, line: int, ch: int) -> asyncio.Future:
     # ensure_future: the request goes out now, in order with the notifications around it
-    return asyncio.ensure_future(client.text_document_inline_completion_async(
-        types.InlineCompletionParams(
-            text_document=types.TextDocumentIdentifier(uri=uri),
-            position=types.Position(line=line, character=ch),
-            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic),
+    return asyncio.ensure_future(
+        client.text_document_inline_completion_async(
+            types.InlineCompletionParams(
+                text_document=types.TextDocumentIdentifier(uri=uri),
+                position=types.Position(line=line, character=ch),
+                context=types.InlineCompletionContext(
+                    trigger_kind=types.InlineCompletionTriggerKind.Automatic
+                ),
+            )
         )
-    ))
+    )
 
 
 async def _stats(client: LanguageClient) -> dict:
@@ -161,7 +168,9 @@ async def test_accept_and_partial_accept_counters(client: LanguageClient):
     res = await _inline(client, uri, 0, 8)
     item = res.items[0]
     before = await _stats(client)
-    client.protocol.notify("textDocument/didShowCompletion", {"item": client.protocol._converter.unstructure(item)})
+    client.protocol.notify(
+        "textDocument/didShowCompletion", {"item": client.protocol._converter.unstructure(item)}
+    )
     client.protocol.notify(
         "textDocument/didPartiallyAcceptCompletion",
         {"item": client.protocol._converter.unstructure(item), "acceptedLength": 2},
@@ -194,12 +203,14 @@ async def test_edit_prediction_away_from_cursor(client: LanguageClient):
     text = "def g():\n    # TODO\n    return 1\n"
     _open(client, uri, text)
     res = await request(
-        client,
-        "dlm/editPrediction", {"textDocument": {"uri": uri}, "position": {"line": 2, "character": 12}}
+        client, "dlm/editPrediction", {"textDocument": {"uri": uri}, "position": {"line": 2, "character": 12}}
     )
     assert res is not None and res["version"] == 1
     assert res["edits"] == [
-        {"range": {"start": {"line": 1, "character": 6}, "end": {"line": 1, "character": 10}}, "newText": "DONE"}
+        {
+            "range": {"start": {"line": 1, "character": 6}, "end": {"line": 1, "character": 10}},
+            "newText": "DONE",
+        }
     ]
     # The inline request at the same place shows nothing: the edit is not at the cursor.
     inline = await _inline(client, uri, 2, 12)

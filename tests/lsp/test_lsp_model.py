@@ -22,7 +22,9 @@ async def _start(extra_args, **env):
     def _status(params):
         statuses.append(params if isinstance(params, dict) else params._asdict())
 
-    result = await client.initialize_session(types.InitializeParams(capabilities=client_capabilities("neovim")))
+    result = await client.initialize_session(
+        types.InitializeParams(capabilities=client_capabilities("neovim"))
+    )
     return client, statuses, result
 
 
@@ -37,7 +39,9 @@ async def _wait_state(client, states, timeout_s=120.0) -> dict:
 
 def _open_and_ask(client, uri="file:///m.py", text="def add(a, b):\n    return \n", line=1, ch=11):
     client.text_document_did_open(
-        types.DidOpenTextDocumentParams(types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text))
+        types.DidOpenTextDocumentParams(
+            types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)
+        )
     )
     return client.text_document_inline_completion_async(
         types.InlineCompletionParams(
@@ -63,8 +67,14 @@ async def test_model_that_fails_to_load(args, env):
         await _wait_state(client, ("failed",))
         res = await _open_and_ask(client)
         assert not res.items  # empty, not an error
-        assert await request(client, "dlm/editPrediction", {"textDocument": {"uri": "file:///m.py"},
-                                                            "position": {"line": 0, "character": 0}}) is None
+        assert (
+            await request(
+                client,
+                "dlm/editPrediction",
+                {"textDocument": {"uri": "file:///m.py"}, "position": {"line": 0, "character": 0}},
+            )
+            is None
+        )
         for _ in range(50):
             if any(s["state"] == "failed" for s in statuses):
                 break
@@ -89,8 +99,11 @@ async def test_tiny_real_checkpoint(tiny_checkpoint):
             assert isinstance(item.insert_text, str) and item.insert_text
         st = await request(client, "dlm/stats", {})
         assert st["model_runs"] == 1 and st["completed"] == 1 and st["steps"] >= 1
-        edits = await request(client, "dlm/editPrediction", {"textDocument": {"uri": "file:///m.py"},
-                                                             "position": {"line": 1, "character": 11}})
+        edits = await request(
+            client,
+            "dlm/editPrediction",
+            {"textDocument": {"uri": "file:///m.py"}, "position": {"line": 1, "character": 11}},
+        )
         if edits is not None:
             for e in edits["edits"]:
                 assert 0 <= e["range"]["start"]["line"] <= e["range"]["end"]["line"] <= 2
@@ -110,19 +123,25 @@ def test_server_import_does_not_import_torch():
 async def test_utf8_position_encoding_negotiated():
     caps = client_capabilities("neovim")
     caps.general = types.GeneralClientCapabilities(position_encodings=["utf-8", "utf-16"])
-    cfg = ClientServerConfig(server_command=SERVER, server_env=server_env(DLM_ENGINE_FACTORY="fake_engine:slow",
-                                                                          FAKE_STEP_S="0.001"))
+    cfg = ClientServerConfig(
+        server_command=SERVER,
+        server_env=server_env(DLM_ENGINE_FACTORY="fake_engine:slow", FAKE_STEP_S="0.001"),
+    )
     client = await cfg.start()
     try:
         result = await client.initialize_session(types.InitializeParams(capabilities=caps))
         assert result.capabilities.position_encoding == "utf-8"
         await _wait_state(client, ("ready",))
         uri = "file:///u.py"
-        client.text_document_did_open(types.DidOpenTextDocumentParams(
-            types.TextDocumentItem(uri=uri, language_id="python", version=1, text="s = 'é😀' + \n")))
+        client.text_document_did_open(
+            types.DidOpenTextDocumentParams(
+                types.TextDocumentItem(uri=uri, language_id="python", version=1, text="s = 'é😀' + \n")
+            )
+        )
         # byte offsets: "s = 'é😀' + " is 4 + 1 + 2 + 4 + 1 + 3 = 15 bytes
         comp = await client.text_document_completion_async(
-            types.CompletionParams(types.TextDocumentIdentifier(uri), types.Position(0, 15)))
+            types.CompletionParams(types.TextDocumentIdentifier(uri), types.Position(0, 15))
+        )
         assert comp.items[0].text_edit.range.start == types.Position(0, 15)
         assert comp.items[0].text_edit.new_text == "FAKE"
     finally:

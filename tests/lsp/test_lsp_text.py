@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from dlm.lsp import positions
 from dlm.lsp.documents import Document, split_lines
 from dlm.lsp.history import History, HistoryOptions
@@ -58,17 +57,21 @@ def test_incremental_changes_match_reference():
         a, b = sorted(rng.randrange(len(text) + 1) for _ in range(2))
         new = rng.choice(["", "x", "\n", "    y = 1\n", "é😀", "(", ")", "\r\n"])
         lines = split_lines(text)
+
         # offsets -> (line, utf-16 character)
-        def pos(off):
+        def pos(off, lines=lines):
             row = 0
             while off > len(lines[row]) and row < len(lines) - 1:
                 off -= len(lines[row])
                 row += 1
             return row, positions.to_character(lines[row], min(off, len(lines[row].rstrip("\r\n"))))
+
         sa, sb = pos(a), pos(b)
+
         # recompute the offsets the positions denote (a position inside \r\n clamps to the line end)
-        def off(p):
+        def off(p, lines=lines):
             return sum(len(x) for x in lines[: p[0]]) + positions.to_index(lines[p[0]].rstrip("\r\n"), p[1])
+
         text = _apply_reference(text, off(sa), off(sb), new)
         doc.apply(sa, sb, new, v)
         assert doc.text == text
