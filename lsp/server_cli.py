@@ -43,7 +43,11 @@ def run(args: argparse.Namespace) -> int:
     if args.log_level != "DEBUG":  # pygls logs every message at INFO
         logging.getLogger("pygls").setLevel(logging.WARNING)
     if args.remote:
-        _host_port(args.remote)
+        try:
+            _host_port(args.remote)
+        except argparse.ArgumentTypeError as exc:
+            print(f"dlm-lsp: --remote {exc}", file=sys.stderr)
+            return 2
 
     from dlm.lsp.server import create_server, make_engine_factory
 

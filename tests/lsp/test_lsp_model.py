@@ -147,3 +147,48 @@ async def test_utf8_position_encoding_negotiated():
     finally:
         await client.shutdown_session()
         await client.stop()
+
+
+async def test_tcp_mode():
+    import socket
+    import subprocess
+
+    from pygls.lsp.client import LanguageClient
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "dlm.lsp.cli", "--tcp", f"127.0.0.1:{port}"]
+    proc = subprocess.Popen(
+        cmd, env=server_env(DLM_ENGINE_FACTORY="fake_engine:slow"), stderr=subprocess.DEVNULL
+    )
+    client = LanguageClient("t", "0")
+    try:
+        for _ in range(300):  # pygls serves one TCP client: connect (no probe) once it listens
+            try:
+                await client.start_tcp("127.0.0.1", port)
+                break
+            except OSError:
+                await asyncio.sleep(0.1)
+        result = await asyncio.wait_for(
+            client.initialize_async(types.InitializeParams(capabilities=types.ClientCapabilities())), 30
+        )
+        assert result.capabilities.inline_completion_provider is not None
+    finally:
+        proc.kill()
+        proc.wait()
+        await client.stop()
+
+
+def test_bad_remote_address_is_refused():
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-m", "dlm.lsp.cli", "--stdio", "--remote", "nohostport"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=server_env(),
+        check=False,
+    )
+    assert out.returncode == 2 and "HOST:PORT" in out.stderr
