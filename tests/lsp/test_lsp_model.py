@@ -159,8 +159,8 @@ async def test_tcp_mode():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "dlm.lsp.cli", "--tcp", f"127.0.0.1:{port}"]
-    proc = subprocess.Popen(
-        cmd, env=server_env(DLM_ENGINE_FACTORY="fake_engine:slow"), stderr=subprocess.DEVNULL
+    proc = await asyncio.create_subprocess_exec(
+        *cmd, env=server_env(DLM_ENGINE_FACTORY="fake_engine:slow"), stderr=asyncio.subprocess.DEVNULL
     )
     client = LanguageClient("t", "0")
     try:
@@ -176,7 +176,7 @@ async def test_tcp_mode():
         assert result.capabilities.inline_completion_provider is not None
     finally:
         proc.kill()
-        proc.wait()
+        await proc.wait()
         await client.stop()
 
 
