@@ -151,7 +151,6 @@ async def test_utf8_position_encoding_negotiated():
 
 async def test_tcp_mode():
     import socket
-    import subprocess
 
     from pygls.lsp.client import LanguageClient
 
