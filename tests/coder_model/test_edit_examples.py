@@ -257,6 +257,11 @@ def test_every_example_decodes_back_to_valid_layout():
     rng = random.Random(0)
     examples = [ee.synthetic_edit_example(PROGRAM, rng, "p.py") for _ in range(30)]
     examples += [ee.noop_example(PROGRAM, rng, "p.py") for _ in range(10)]
+    try:  # real next-edit examples too, when the edit-histories data is there
+        stream = ee.real_edit_examples("valid", rng, shuffle_buffer=8, repos=["pytest-dev/pluggy"])
+        examples += list(itertools.islice(stream, 10))
+    except FileNotFoundError:
+        pass
     examples = [e for e in examples if e is not None]
     assert any(e.kind == "synthetic_edit" for e in examples) and any(e.kind == "noop" for e in examples)
     for ex in examples:
