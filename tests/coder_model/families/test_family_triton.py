@@ -8,8 +8,8 @@ import sys
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton_ops defines its kernels (see tests/kernels/conftest.py)
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 pytest.importorskip("triton")
 
