@@ -354,6 +354,7 @@ def render(summary: dict) -> str:
             f"  at pauses (n={lp['n']}) p50 / p95 / p99",
             f"{lp['p50_ms']} / {lp['p95_ms']} / {lp['p99_ms']} ms",
         ),
+        ("  server-side (request in -> answer out) p50 / p95", f"{srv['p50_ms']} / {srv['p95_ms']} ms"),
         ("suggestions shown", summary["shown"]),
         ("model runs / completed", f"{srv['model_runs']} / {srv['completed']}"),
         ("cancelled / superseded / skipped", f"{srv['cancelled']} / {srv['superseded']} / {srv['skipped']}"),
