@@ -26,8 +26,8 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 # HBM bandwidth by device name (bytes/s, vendor spec); the measured copy
 # bandwidth is printed next to it, and --hbm-gbps overrides.
@@ -48,8 +48,10 @@ HBM_SPEC = [
 ]
 
 # Qwen2.5-0.5B dimensions (config.json of the HF release)
-QWEN05B = dict(vocab_size=151936, dim=896, n_layers=24, n_heads=14, n_kv_heads=2, ffn_dim=4864,
-               rope_theta=1000000.0, max_seq_len=8192, tie_embeddings=True)
+QWEN05B = {
+    "vocab_size": 151936, "dim": 896, "n_layers": 24, "n_heads": 14, "n_kv_heads": 2, "ffn_dim": 4864,
+    "rope_theta": 1000000.0, "max_seq_len": 8192, "tie_embeddings": True,
+}
 
 
 @dataclass
@@ -104,7 +106,6 @@ def _tol(dtype) -> float:
 def make_cases(device: str, dtype, quick: bool, small: bool) -> list[Case]:
     """Benchmark shapes (small=True: tiny shapes for the CPU interpreter pre-check)."""
     import torch
-
     from dlm.kernels import reference as ref
     from dlm.kernels import triton_ops as tops
 
@@ -280,7 +281,6 @@ def copy_bandwidth(torch) -> float:
     a = torch.empty(n, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
     t = Timer(torch, reps=20, warmup=3, flush_l2=False)(lambda: b.copy_(a))
-    del a, b
     return 2 * n / (t / 1e3)
 
 
@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
 
     on_cpu = _ensure_interpreter_if_cpu(torch)
     try:
-        import triton  # noqa: F401
+        import triton
     except ImportError:
         print("triton is not installed: pip install 'dlm-lsp[triton]' (or triton>=3.0) to run the kernels")
         return 1
@@ -421,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     if on_cpu:
         print("No CUDA GPU: correctness pre-check only, in the Triton interpreter on small CPU shapes.")
         t0 = time.perf_counter()
-        ok = all([precheck(make_cases("cpu", dt, quick=True, small=True)) for dt in (torch.float32, dtype)])
+        ok = all(precheck(make_cases("cpu", dt, quick=True, small=True)) for dt in (torch.float32, dtype))
         print(f"pre-check {'passed' if ok else 'FAILED'} in {time.perf_counter() - t0:.1f} s.")
         print("Timings need an NVIDIA GPU: run `python -m dlm.kernels.bench` on a machine with CUDA "
               "(and triton) to print the kernel vs reference table.")

@@ -425,14 +425,14 @@ def _attn_combine_kernel(
     rmask = r < n_rows
     offs_d = tl.arange(0, BLOCK_D)
     m_all = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    for sp in range(0, n_splits):
+    for sp in range(n_splits):
         m_s = tl.load(ML + (sp * n_rows + r) * 2, mask=rmask, other=float("-inf"))
         m_all = tl.maximum(m_all, m_s)
     m_safe = tl.where(m_all == float("-inf"), 0.0, m_all)
     l_all = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
     om = rmask[:, None] & (offs_d[None, :] < D)
-    for sp in range(0, n_splits):
+    for sp in range(n_splits):
         m_s = tl.load(ML + (sp * n_rows + r) * 2, mask=rmask, other=float("-inf"))
         l_s = tl.load(ML + (sp * n_rows + r) * 2 + 1, mask=rmask, other=0.0)
         w = tl.exp2(m_s - m_safe)  # 0 for a split that saw no key (m = -inf)
@@ -514,11 +514,11 @@ def attention(
     n_splits = max(1, min(int(n_splits), triton.cdiv(Tk, block_n)))
     keys_per_split = triton.cdiv(triton.cdiv(Tk, n_splits), block_n) * block_n
     n_splits = triton.cdiv(Tk, keys_per_split)
-    common = dict(
-        BIDIR=bool(bidirectional), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        DOT_F32=INTERPRET, PREC=_dot_precision(q.dtype),
-        num_warps=TUNING.attn_warps, num_stages=TUNING.attn_stages,
-    )
+    common = {
+        "BIDIR": bool(bidirectional), "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": block_d,
+        "DOT_F32": INTERPRET, "PREC": _dot_precision(q.dtype),
+        "num_warps": TUNING.attn_warps, "num_stages": TUNING.attn_stages,
+    }
     strides = (
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
@@ -649,7 +649,7 @@ def _unmask_combine_kernel(
     idx = tl.zeros([BLOCK], tl.int32)
     s = tl.zeros([BLOCK], tl.float32)
     t = tl.zeros([BLOCK], tl.float32)
-    for sp in range(0, n_splits):
+    for sp in range(n_splits):
         off = sp * M + slots
         m1, m2, idx, s, t = _merge_stats(
             m1, m2, idx, s, t,
@@ -694,7 +694,7 @@ def unmask_scores(
     if mask_positions.dim() != 1 or mask_positions.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"mask_positions must be a 1-D integer tensor; got {mask_positions.dtype} "
                          f"{tuple(mask_positions.shape)}")
-    N, d = hidden.shape
+    _N, d = hidden.shape
     V = lm_head_weight.shape[0]
     M = mask_positions.shape[0]
     dev = hidden.device

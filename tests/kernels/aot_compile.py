@@ -4,12 +4,16 @@ The interpreter does not check what only the GPU compiler checks (loop-carried
 types, dot shapes, layouts); this does. Run as a script (the kernels must be
 defined with TRITON_INTERPRET unset):  python tests/kernels/aot_compile.py [--fp32] [rms rope attn unmask]
 """
-import os, sys, time
+import os
+import sys
+import time
+
 os.environ.pop("TRITON_INTERPRET", None)
-import triton, triton.language as tl
+import triton
+from dlm.kernels import triton_ops as T
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from dlm.kernels import triton_ops as T
+
 assert not T.INTERPRET
 target = GPUTarget("cuda", 90, 32)
 
@@ -44,11 +48,11 @@ for dt in ("bf16", "fp32") if "--fp32" in sys.argv else ("bf16",):
             for bidir in (False, True):
                 p = {n: f"*{dt}" for n in ("Q", "K", "V", "KC", "VC")}
                 p["O"] = "*fp32" if split else f"*{dt}"; p["ML"] = "*fp32"
-                comp(T._attn_fwd_kernel, p, {"qk_scale"}, dict(BIDIR=bidir, SPLIT=split, BLOCK_M=64, BLOCK_N=64, BLOCK_D=64, DOT_F32=False, PREC=prec), {"num_warps": 4, "num_stages": 2})
-        comp(T._attn_combine_kernel, {"OP": "*fp32", "ML": "*fp32", "O": f"*{dt}"}, set(), dict(BLOCK_R=16, BLOCK_D=64), {"num_warps": 4})
+                comp(T._attn_fwd_kernel, p, {"qk_scale"}, {"BIDIR": bidir, "SPLIT": split, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_D": 64, "DOT_F32": False, "PREC": prec}, {"num_warps": 4, "num_stages": 2})
+        comp(T._attn_combine_kernel, {"OP": "*fp32", "ML": "*fp32", "O": f"*{dt}"}, set(), {"BLOCK_R": 16, "BLOCK_D": 64}, {"num_warps": 4})
     if "unmask" in which:
         prec = "ieee" if dt == "fp32" else "tf32"
         p = {"H": f"*{dt}", "W": f"*{dt}", "POS": "*i64", "PM1": "*fp32", "PM2": "*fp32", "PI": "*i32", "PS": "*fp32", "PT": "*fp32"}
-        comp(T._unmask_partial_kernel, p, set(), dict(BLOCK_M=16, BLOCK_V=128, BLOCK_K=64, DOT_F32=False, PREC=prec), {"num_warps": 4, "num_stages": 3})
+        comp(T._unmask_partial_kernel, p, set(), {"BLOCK_M": 16, "BLOCK_V": 128, "BLOCK_K": 64, "DOT_F32": False, "PREC": prec}, {"num_warps": 4, "num_stages": 3})
         for rule in (0, 1, 2):
-            comp(T._unmask_combine_kernel, {"PM1": "*fp32", "PM2": "*fp32", "PI": "*i32", "PS": "*fp32", "PT": "*fp32", "TOK": "*i64", "CONF": "*fp32"}, set(), dict(RULE=rule, BLOCK=64), {"num_warps": 2})
+            comp(T._unmask_combine_kernel, {"PM1": "*fp32", "PM2": "*fp32", "PI": "*i32", "PS": "*fp32", "PT": "*fp32", "TOK": "*i64", "CONF": "*fp32"}, set(), {"RULE": rule, "BLOCK": 64}, {"num_warps": 2})

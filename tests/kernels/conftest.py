@@ -16,8 +16,8 @@ import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 
 def _interpreted_triton_ops():

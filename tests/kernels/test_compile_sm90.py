@@ -15,6 +15,6 @@ def test_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     script = Path(__file__).with_name("aot_compile.py")
-    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=900)
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, check=False, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert p.stdout.count("ok ") >= 10, p.stdout

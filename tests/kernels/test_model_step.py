@@ -31,8 +31,8 @@ def models(tiny_checkpoint, tops_module):
 
 
 def test_one_step_hidden_and_scores_match(models):
-    from dlm.coder_model.cache import PrefixCache
     from dlm import kernels
+    from dlm.coder_model.cache import PrefixCache
 
     (m, tok) = models
     ctx = tok.encode(CONTEXT)

@@ -14,7 +14,6 @@ import math
 
 import pytest
 import torch
-
 from dlm.kernels import reference as ref
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -55,7 +54,7 @@ def test_rms_norm(tops, dtype, shape, with_residual):
     assert_close(normed, t_normed, b_normed, 1e-5, "rms_norm normed")
     assert_close(summed, t_summed, b_summed, 1e-6, "rms_norm summed")
     # the residual stream must be exactly `x + residual` in the dtype (it is carried to the next layer)
-    r_normed, r_summed = ref.rms_norm(x, w, eps, r)
+    _r_normed, r_summed = ref.rms_norm(x, w, eps, r)
     assert torch.equal(summed, r_summed)
 
 
@@ -211,8 +210,8 @@ def test_unmask_scores(tops, dtype, rule, N, d, V, M, n_splits):
     tok, conf = tops.unmask_scores(hidden, w, pos, rule, n_splits=n_splits)
     assert tok.dtype == torch.int64 and conf.dtype == torch.float32 and tok.shape == (M,)
     check_tokens(tok, hidden, w, pos)
-    t_tok, t_conf = ref.unmask_scores(hidden.float(), w.float(), pos, rule)
-    b_tok, b_conf = torch_unmask_lowp(hidden, w, pos, rule)
+    _t_tok, t_conf = ref.unmask_scores(hidden.float(), w.float(), pos, rule)
+    _b_tok, b_conf = torch_unmask_lowp(hidden, w, pos, rule)
     assert_close(conf, t_conf, b_conf, 2e-5, f"unmask_scores {rule}")
 
 
@@ -224,7 +223,7 @@ def test_unmask_scores_peaked_distribution(tops):
     pos = torch.tensor([1, 3])
     for rule in RULES:
         tok, conf = tops.unmask_scores(hidden, w, pos, rule, n_splits=2)
-        t_tok, t_conf = ref.unmask_scores(hidden, w, pos, rule)
+        _t_tok, t_conf = ref.unmask_scores(hidden, w, pos, rule)
         assert int(tok[0]) == 7
         assert torch.allclose(conf, t_conf, atol=2e-5, rtol=1e-4), (rule, conf, t_conf)
 
