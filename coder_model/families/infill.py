@@ -204,18 +204,23 @@ class InfillDecoder:
         if cancel is not None and cancel.cancelled:
             return InfillResult([], [], 0, False, cancelled=True, context_tokens=P + S)
         lengths = candidate_lengths(opt, params.block_len)
-        probes: dict[int, tuple[torch.Tensor, KVCache | None]] = {}
+        # Only the best probe so far keeps its logits and context K/V (an 8B model's cache
+        # of a long context is ~1 GB; holding one per candidate would multiply that).
+        best: tuple[torch.Tensor, KVCache | None] | None = None
         scores: dict[int, float] = {}
         for L in lengths:
             logits, ctx = self._full(build(L), P, L, want_kv=opt.dual_cache)
-            probes[L] = (logits, ctx)
             _, conf = confidence(logits, "max_prob", 0.0, None)
             scores[L] = float(conf.mean())
+            if pick_length(scores) == L:
+                best = (logits, ctx)
+            del logits, ctx
             if len(lengths) > 1 and cancel is not None and cancel.cancelled:
                 return InfillResult([], [], 0, False, cancelled=True, scores=scores, context_tokens=P + S)
         L = pick_length(scores)
-        logits, ctx = probes.pop(L)
-        probes.clear()
+        assert best is not None
+        logits, ctx = best
+        best = None
         t1 = time.perf_counter()
 
         ids = build(L)
