@@ -13,8 +13,6 @@ from conftest import SERVER, request, server_env
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
-
 
 @pytest_lsp.fixture(
     scope="module",
@@ -65,6 +63,7 @@ async def _inline(client, uri, line, ch):
     )
 
 
+@pytest.mark.asyncio(loop_scope="module")
 async def test_unknown_uri_change_and_requests(client: LanguageClient):
     _change(client, "file:///never/opened.py", 2, (0, 0), (0, 0), "x")
     assert not (await _inline(client, "file:///never/opened.py", 0, 0)).items
@@ -81,6 +80,7 @@ async def test_unknown_uri_change_and_requests(client: LanguageClient):
     assert (await _inline(client, "file:///ok.py", 0, 4)).items[0].insert_text == "FAKE"
 
 
+@pytest.mark.asyncio(loop_scope="module")
 async def test_surrogate_positions(client: LanguageClient):
     uri = "file:///emoji.py"
     _open(client, uri, "s = '😀😀'\n")
@@ -94,6 +94,7 @@ async def test_surrogate_positions(client: LanguageClient):
     assert res.items and res.items[0].insert_text == "FAKE"
 
 
+@pytest.mark.asyncio(loop_scope="module")
 async def test_positions_past_the_end(client: LanguageClient):
     uri = "file:///past.py"
     _open(client, uri, "a\nb")
@@ -108,6 +109,7 @@ async def test_positions_past_the_end(client: LanguageClient):
     assert res is None  # the fake proposes no edit away from the cursor
 
 
+@pytest.mark.asyncio(loop_scope="module")
 async def test_ten_megabyte_document(client: LanguageClient):
     uri = "file:///big.py"
     line = "value_%07d = compute(%d)  # padding padding padding padding\n"
@@ -128,6 +130,7 @@ def _rss_kb(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+@pytest.mark.asyncio(loop_scope="module")
 async def test_thousand_changes_per_second_for_five_seconds(client: LanguageClient):
     uri = "file:///storm.py"
     text = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(300))

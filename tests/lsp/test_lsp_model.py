@@ -10,8 +10,6 @@ from conftest import SERVER, request, server_env
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, client_capabilities
 
-pytestmark = pytest.mark.asyncio
-
 
 async def _start(extra_args, **env):
     cfg = ClientServerConfig(server_command=SERVER + extra_args, server_env=server_env(**env))
@@ -52,6 +50,7 @@ def _open_and_ask(client, uri="file:///m.py", text="def add(a, b):\n    return \
     )
 
 
+@pytest.mark.asyncio
 @pytest.mark.parametrize(
     "args, env",
     [
@@ -87,6 +86,7 @@ async def test_model_that_fails_to_load(args, env):
         await client.stop()
 
 
+@pytest.mark.asyncio
 async def test_tiny_real_checkpoint(tiny_checkpoint):
     client, statuses, _ = await _start(["--model", tiny_checkpoint, "--device", "cpu"])
     try:
@@ -120,6 +120,7 @@ def test_server_import_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True, env=server_env())
 
 
+@pytest.mark.asyncio
 async def test_utf8_position_encoding_negotiated():
     caps = client_capabilities("neovim")
     caps.general = types.GeneralClientCapabilities(position_encodings=["utf-8", "utf-16"])
@@ -149,6 +150,7 @@ async def test_utf8_position_encoding_negotiated():
         await client.stop()
 
 
+@pytest.mark.asyncio
 async def test_tcp_mode():
     import socket
 
