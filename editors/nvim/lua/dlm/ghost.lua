@@ -98,7 +98,8 @@ function M.request(bufnr, trigger_kind)
   local tick = vim.api.nvim_buf_get_changedtick(bufnr)
   local params = vim.lsp.util.make_position_params(0, client.offset_encoding or "utf-16")
   params.context = { triggerKind = trigger_kind or 2 } -- 2 = Automatic
-  local ok, id = dlm.request(client, "textDocument/inlineCompletion", params, function(err, result)
+  local id -- set below; the handler compares it (a local declared in the same statement is not in scope yet)
+  local ok, rid = dlm.request(client, "textDocument/inlineCompletion", params, function(err, result)
     if s.req_id == id then
       s.req_id = nil
     end
@@ -121,7 +122,8 @@ function M.request(bufnr, trigger_kind)
     show(bufnr)
   end, bufnr)
   if ok then
-    s.req_id = id
+    id = rid
+    s.req_id = rid
   end
 end
 
@@ -160,6 +162,12 @@ end
 function M.shown(bufnr)
   local s = state[bufnr == 0 and vim.api.nvim_get_current_buf() or bufnr]
   return s and s.items and s.shown or nil
+end
+
+--- Test helper: whether a request of the plugin is in flight (or about to be sent).
+function M.pending(bufnr)
+  local s = state[bufnr == 0 and vim.api.nvim_get_current_buf() or bufnr]
+  return s ~= nil and (s.req_id ~= nil or (s.timer ~= nil and s.timer:get_due_in() > 0))
 end
 
 function M.current_item(bufnr)
