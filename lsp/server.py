@@ -369,6 +369,19 @@ def create_server(engine_factory: Callable[[], Any]) -> DlmServer:
         ls._initialized = True
         ls.send_status()
 
+    @server.feature(types.SHUTDOWN)
+    def shutdown(ls: DlmServer, params: Any) -> None:
+        # Stop running predictions so that exit does not wait for a model run to finish.
+        for doc in list(ls.documents):
+            ls.scheduler.forget(doc.uri)
+        engine = ls.engine.engine
+        if engine is not None:
+            try:
+                engine.close()
+            except Exception:  # noqa: BLE001 - shutting down anyway
+                log.exception("engine.close() failed")
+        ls.pool.shutdown(wait=False, cancel_futures=True)
+
     @server.feature(types.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS)
     def did_change_workspace_folders(ls: DlmServer, params: types.DidChangeWorkspaceFoldersParams) -> None:
         removed = {unquote(urlparse(f.uri).path) for f in params.event.removed}
