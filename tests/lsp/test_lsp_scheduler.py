@@ -1,0 +1,101 @@
+"""Scheduler unit tests (in process; the work is a slow stand-in that honours the CancelToken)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from dlm.lsp.scheduler import Scheduler
+from dlm.lsp.stats import Stats
+
+
+def _work(tag, log, step_s=0.01, steps=10):
+    def run(cancel):
+        log.append(("start", tag))
+        for _ in range(steps):
+            if cancel.cancelled:
+                log.append(("cancelled", tag))
+                return None
+            time.sleep(step_s)
+        log.append(("done", tag))
+        return tag
+
+    return run
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def test_latest_wins_and_joins_same_key():
+    async def main():
+        stats, log = Stats(), []
+        with ThreadPoolExecutor(4) as pool:
+            s = Scheduler(pool, stats, throttle_ms=0)
+            ok = lambda: True  # noqa: E731
+            a = asyncio.ensure_future(s.submit("d", 1, _work(1, log), ok))
+            await asyncio.sleep(0.03)  # 1 is running
+            b = asyncio.ensure_future(s.submit("d", 2, _work(2, log), ok))
+            c = asyncio.ensure_future(s.submit("d", 3, _work(3, log), ok))  # supersedes 2 while pending
+            d = asyncio.ensure_future(s.submit("d", 3, _work(99, log), ok))  # same key: joins 3
+            results = await asyncio.gather(a, b, c, d)
+        return results, log, stats.counts
+
+    results, log, counts = _run(main())
+    assert results == [None, None, 3, 3]
+    assert ("start", 2) not in log and ("start", 99) not in log
+    assert ("cancelled", 1) in log
+    assert counts["model_runs"] == 2 and counts["cancelled"] == 1 and counts["superseded"] == 1
+
+
+def test_documents_are_independent_and_invalid_jobs_skipped():
+    async def main():
+        stats, log = Stats(), []
+        with ThreadPoolExecutor(4) as pool:
+            s = Scheduler(pool, stats, throttle_ms=0)
+            r = await asyncio.gather(
+                s.submit("x", 1, _work("x", log), lambda: True),
+                s.submit("y", 1, _work("y", log), lambda: True),
+                s.submit("z", 1, _work("z", log), lambda: False),  # the document moved on
+            )
+        return r, stats.counts
+
+    r, counts = _run(main())
+    assert r == ["x", "y", None]
+    assert counts["skipped"] == 1 and counts["model_runs"] == 2
+
+
+def test_leaving_waiter_cancels_the_run():
+    async def main():
+        stats, log = Stats(), []
+        with ThreadPoolExecutor(2) as pool:
+            s = Scheduler(pool, stats, throttle_ms=0)
+            t = asyncio.ensure_future(s.submit("d", 1, _work(1, log, steps=50), lambda: True))
+            await asyncio.sleep(0.05)
+            t.cancel()  # what pygls does on $/cancelRequest
+            try:
+                await t
+            except asyncio.CancelledError:
+                pass
+            await asyncio.sleep(0.05)
+        return log, stats.counts
+
+    log, counts = _run(main())
+    assert ("cancelled", 1) in log and counts["cancelled"] == 1
+
+
+def test_throttle_delays_the_second_run_not_the_first():
+    async def main():
+        stats, log = Stats(), []
+        with ThreadPoolExecutor(2) as pool:
+            s = Scheduler(pool, stats, throttle_ms=1500)
+            t0 = time.monotonic()
+            await s.submit("d", 1, _work(1, log, steps=1), lambda: True)
+            first = time.monotonic() - t0
+            await s.submit("d", 2, _work(2, log, steps=1), lambda: True)
+            second = time.monotonic() - t0
+        return first, second
+
+    first, second = _run(main())
+    assert first < 1.5 <= second  # leading edge: the throttle delays the second run, never the first
