@@ -33,7 +33,7 @@ def test_latest_wins_and_joins_same_key():
         stats, log = Stats(), []
         with ThreadPoolExecutor(4) as pool:
             s = Scheduler(pool, stats, throttle_ms=0)
-            ok = lambda: True  # noqa: E731
+            ok = lambda: True
             a = asyncio.ensure_future(s.submit("d", 1, _work(1, log), ok))
             await asyncio.sleep(0.03)  # 1 is running
             b = asyncio.ensure_future(s.submit("d", 2, _work(2, log), ok))
