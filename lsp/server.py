@@ -153,18 +153,17 @@ def make_engine_factory(args) -> Callable[[], Any]:
 
         def remote():
             try:
+                from dlm.coder_model.remote.auth import load_token
                 from dlm.coder_model.remote.client import RemoteEngine
             except ImportError as exc:
                 raise RuntimeError(
                     f"remote mode is not available in this install ({exc}); run without --remote"
                 ) from exc
             host, _, port = args.remote.rpartition(":")
-            token = None
-            if getattr(args, "token_file", None):
-                with open(args.token_file, encoding="utf-8") as f:
-                    token = f.read().strip()
-            token = token or os.environ.get("DLM_TOKEN")
-            return RemoteEngine(host, int(port), token=token, tls=bool(getattr(args, "tls", False)))
+            token = load_token(getattr(args, "token_file", None))  # the file, else $DLM_TOKEN
+            return RemoteEngine(
+                host or "127.0.0.1", int(port), token=token, tls=bool(getattr(args, "tls", False))
+            )
 
         return remote
 
@@ -378,7 +377,7 @@ def create_server(engine_factory: Callable[[], Any]) -> DlmServer:
         if engine is not None:
             try:
                 engine.close()
-            except Exception:  # noqa: BLE001 - shutting down anyway
+            except Exception:
                 log.exception("engine.close() failed")
         ls.pool.shutdown(wait=False, cancel_futures=True)
 
