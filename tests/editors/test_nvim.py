@@ -30,7 +30,8 @@ LSP_TESTS = ROOT / "tests" / "lsp"
 def find_nvim(min_minor: int = 10) -> str | None:
     for cand in (Path(sys.executable).parent / "nvim", shutil.which("nvim")):
         if cand and Path(cand).exists():
-            out = subprocess.run([str(cand), "--version"], capture_output=True, text=True, timeout=30).stdout
+            out = subprocess.run([str(cand), "--version"], check=False, capture_output=True, text=True, timeout=30)
+            out = out.stdout
             ver = out.split()[1] if out.startswith("NVIM") else ""
             parts = ver.lstrip("v").split(".")
             if len(parts) >= 2 and parts[0] == "0" and int(parts[1]) >= min_minor:
