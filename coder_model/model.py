@@ -113,6 +113,10 @@ class DLM(nn.Module):
         return hidden @ self.lm_head_weight.t()  # (..., V)
 
     def _norm(self, x, norm: RMSNorm, residual=None):
+        if self.training:
+            # autograd path: torch's fused rms_norm avoids the reference's fp32 round trips
+            summed = x if residual is None else x + residual
+            return F.rms_norm(summed, (summed.shape[-1],), norm.weight, norm.eps), summed
         return kernels.rms_norm(x, norm.weight, norm.eps, residual, impl=self.impl)
 
     # -- forward passes ------------------------------------------------------

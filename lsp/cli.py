@@ -14,7 +14,7 @@ import sys
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "predict": ("dlm.coder_model.predict_cli", "predict the edit at a position of a file"),
+    "predict": ("dlm.lsp.predict_cli", "predict the edit at a position of a file"),
     "bench": ("dlm.lsp.bench", "replay typing through the real server and print latency"),
     "serve": ("dlm.coder_model.remote.serve_cli", "serve the model to remote editors over TCP"),
     "http": ("dlm.lsp.http_endpoint", "OpenAI-compatible /v1/completions endpoint (Zed)"),

@@ -1,0 +1,50 @@
+"""LocalEngine behind the Engine protocol."""
+
+from __future__ import annotations
+
+import threading
+
+from dlm.coder_model.engine import LocalEngine, load_engine
+from dlm.coder_model.types import CancelToken, Engine, Prompt, SamplerParams
+
+
+def test_local_engine_predicts_and_reuses_cache(tiny_checkpoint):
+    eng = load_engine(tiny_checkpoint, "cpu")
+    try:
+        assert isinstance(eng, Engine) and isinstance(eng, LocalEngine)
+        p = Prompt(prefix="x = 1\n", region="y = \n", cursor=4, suffix="", path="a.py")
+        a = eng.predict(p, SamplerParams(block_len=8, steps=8), CancelToken())
+        b = eng.predict(p, SamplerParams(block_len=8, steps=8), CancelToken())
+        assert not a.cancelled and a.steps >= 1 and a.text == b.text
+        assert a.cached_tokens == 0 and b.cached_tokens == b.context_tokens > 0
+        assert eng.status().state == "ready"
+    finally:
+        eng.close()
+
+
+def test_cancelled_while_queued_skips_the_model(tiny_checkpoint):
+    eng = load_engine(tiny_checkpoint, "cpu")
+    try:
+        c = CancelToken()
+        c.cancel()
+        r = eng.predict(Prompt(prefix="", region="", cursor=0, suffix=""), SamplerParams(), c)
+        assert r.cancelled and r.steps == 0 and eng.runs == 0
+    finally:
+        eng.close()
+
+
+def test_concurrent_callers_are_serialised(tiny_checkpoint):
+    eng = load_engine(tiny_checkpoint, "cpu")
+    results = []
+    try:
+        def call(i):
+            p = Prompt(prefix=f"v{i} = {i}\n", region="", cursor=0, suffix="", path=f"f{i}.py")
+            results.append(eng.predict(p, SamplerParams(block_len=4, steps=4), CancelToken()))
+        ts = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+        assert len(results) == 4 and all(not r.cancelled for r in results)
+    finally:
+        eng.close()

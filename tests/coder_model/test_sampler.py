@@ -1,0 +1,140 @@
+"""The sampler: cache exactness, commit rules, <eom> handling, AR equivalence, cancellation."""
+
+from __future__ import annotations
+
+import torch
+
+from dlm.coder_model.cache import PrefixCache
+from dlm.coder_model.layout import encode_prompt
+from dlm.coder_model.sampler import BlockDecoder, generate
+from dlm.coder_model.types import CancelToken, Prompt, SamplerParams
+
+PROMPT = Prompt(prefix="def add(a, b):\n", region="    return a\n", cursor=12, suffix="\nprint(add(1, 2))\n",
+                path="m.py", language="python")
+
+
+def _ids(tok):
+    return encode_prompt(tok, PROMPT)
+
+
+def _uncached_generate(model, tok, ids, params):
+    """Every step recomputes context + block from scratch; the decoder's own cache is never read."""
+    dec = BlockDecoder(model, tok, ids, params)
+    dec._new_block()
+    with torch.inference_mode():
+        while not dec.done:
+            n_ctx = len(dec.context_ids)
+            seq = torch.tensor([dec.context_ids + dec.block_input().tolist()])
+            hidden = model(seq, context_len=n_ctx)[0, n_ctx:]  # (L, dim)
+            dec.advance(hidden)
+    return dec
+
+
+def test_cached_and_uncached_sampling_commit_identical_tokens(tiny_model):
+    model, tok = tiny_model
+    for params in (SamplerParams(block_len=16, steps=16, threshold=0.3),
+                   SamplerParams(block_len=8, steps=4, max_blocks=2)):
+        cached = generate(model, tok, _ids(tok), params)
+        uncached = _uncached_generate(model, tok, _ids(tok), params)
+        assert cached.output == uncached.output
+        assert cached.stats.committed_per_step == uncached.stats.committed_per_step
+
+
+def test_cache_reused_across_calls_gives_same_tokens(tiny_model):
+    model, tok = tiny_model
+    params = SamplerParams(block_len=12, steps=12)
+    cache = PrefixCache()
+    first = generate(model, tok, _ids(tok), params, cache=cache)
+    again = generate(model, tok, _ids(tok), params, cache=cache)
+    fresh = generate(model, tok, _ids(tok), params)
+    assert again.stats.cached_tokens == len(_ids(tok))
+    assert first.output == again.output == fresh.output
+
+
+def test_at_least_one_slot_per_step_and_step_budget(tiny_model):
+    model, tok = tiny_model
+    for steps in (1, 3, 32):
+        dec = generate(model, tok, _ids(tok), SamplerParams(block_len=16, steps=steps, threshold=1.0, max_blocks=1))
+        assert all(n >= 1 for n in dec.stats.committed_per_step)
+        assert dec.stats.steps <= steps
+
+
+def test_eom_pads_the_rest_of_the_block_at_once(tiny_model, monkeypatch):
+    """The sampler's bookkeeping: a scorer that proposes <eom> at slot 3 ends the block there."""
+    model, tok = tiny_model
+    word = tok.encode("x")[0]
+
+    def scorer(self, hidden, pos):
+        toks = torch.tensor([tok.eom_id if int(p) == 3 else word for p in pos])
+        conf = torch.tensor([0.99 if int(p) == 3 else 0.1 for p in pos])
+        return toks, conf
+
+    monkeypatch.setattr(BlockDecoder, "_score", scorer)
+    dec = generate(model, tok, _ids(tok), SamplerParams(block_len=32, steps=32, threshold=0.9))
+    # step 1 commits <eom> at slot 3 (above threshold): slots 4..31 become <pad>, and
+    # slots 0..2 take one step each at most
+    assert dec.stats.steps <= 4
+    assert dec.output == [word] * 3 and dec.ended
+    assert dec.stats.blocks == 1
+
+
+def test_threshold_one_left_to_right_equals_greedy_autoregressive(tiny_model):
+    model, tok = tiny_model
+    L = 10
+    ids = _ids(tok)
+    dec = generate(model, tok, ids, SamplerParams(block_len=L, steps=L, threshold=1.0,
+                                                  order="left_to_right", max_blocks=1))
+    # greedy AR on the same network: slot i is the argmax given slots < i, the rest masked
+    out = []
+    with torch.inference_mode():
+        for i in range(L):
+            block = out + [tok.mask_id] * (L - i)
+            h = model(torch.tensor([ids + block]), context_len=len(ids))[0, len(ids) + i]
+            nxt = int(model.logits(h).argmax())
+            out.append(nxt)
+            if nxt in (tok.eom_id, tok.pad_id):
+                break
+    content = []
+    for t in out:
+        if t in (tok.eom_id, tok.pad_id):
+            break
+        content.append(t)
+    assert dec.output == content
+    assert dec.stats.committed_per_step == [1] * dec.stats.steps
+
+
+def test_cancel_stops_within_one_step(tiny_model):
+    model, tok = tiny_model
+    cancel = CancelToken()
+    steps_seen = []
+    orig = BlockDecoder.advance
+
+    def advance_then_cancel(self, hidden):
+        orig(self, hidden)
+        steps_seen.append(self.stats.steps)
+        cancel.cancel()  # the user typed: the next check must stop
+
+    BlockDecoder.advance = advance_then_cancel
+    try:
+        dec = generate(model, tok, _ids(tok), SamplerParams(block_len=32, steps=32, threshold=1.0), cancel=cancel)
+    finally:
+        BlockDecoder.advance = orig
+    assert dec.stats.cancelled and dec.stats.steps == 1
+
+
+def test_cancelled_before_start_does_no_work(tiny_model):
+    model, tok = tiny_model
+    cancel = CancelToken()
+    cancel.cancel()
+    dec = generate(model, tok, _ids(tok), SamplerParams(), cancel=cancel)
+    assert dec.stats.cancelled and dec.stats.steps == 0 and dec.stats.prefill_ms == 0
+
+
+def test_block_extension_appends_a_second_block(tiny_model, monkeypatch):
+    model, tok = tiny_model
+    word = tok.encode("x")[0]
+    monkeypatch.setattr(BlockDecoder, "_score",
+                        lambda self, h, pos: (torch.full((len(pos),), word), torch.ones(len(pos))))
+    dec = generate(model, tok, _ids(tok), SamplerParams(block_len=4, steps=4, max_blocks=3, threshold=0.5))
+    assert dec.stats.blocks == 3 and len(dec.output) == 12 and not dec.ended
+    assert len(dec.cache) == len(_ids(tok)) + 8  # finished blocks became context
