@@ -25,7 +25,7 @@ from dlm import kernels
 from dlm.kernels import reference as reference_ops
 from dlm.coder_model.cache import PrefixCache
 from dlm.coder_model.model import DLM
-from dlm.coder_model.tokenizer import Tokenizer
+from dlm.coder_model.tokenizer import SPECIAL_TOKENS, Tokenizer
 from dlm.coder_model.types import CancelToken, SamplerParams
 
 UNSET = -1  # a slot not yet committed (its input token is <mask>)
@@ -42,6 +42,25 @@ class DecodeStats:
     context_tokens: int = 0
     cached_tokens: int = 0
     cancelled: bool = False
+
+
+def output_head(model: DLM, tok: Tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """LM-head rows the sampler may commit, and the token id of each row.
+
+    Only content tokens, <eom> and <pad> are outputs: layout markers, <mask> and
+    vocabulary rows beyond the tokenizer are never committed. Dropping their rows
+    (instead of masking logits) keeps the fused unmask kernel usable.
+    Returns weight (V', dim) and token_of_row (V',) int64; cached on the model.
+    """
+    w = model.lm_head_weight
+    cached = getattr(model, "_output_head", None)
+    if cached is not None and cached[0] is w and cached[1].device == w.device:
+        return cached[1], cached[2]
+    ids = [tok.pad_id, tok.eom_id] + list(range(len(SPECIAL_TOKENS), min(tok.vocab_size, w.shape[0])))
+    token_of_row = torch.tensor(ids, dtype=torch.long, device=w.device)
+    sub = w.detach()[token_of_row].contiguous()  # (V', dim)
+    model._output_head = (w, sub, token_of_row)
+    return sub, token_of_row
 
 
 class BlockDecoder:
@@ -140,16 +159,17 @@ class BlockDecoder:
 
     def _score(self, hidden: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         p = self.params
-        w = self.model.lm_head_weight
+        w, token_of_row = output_head(self.model, self.tok)
         if p.temperature == 0:
-            return kernels.unmask_scores(hidden, w, pos, p.rule, impl=self.model.impl)
-        logits = (hidden[pos].float() @ w.float().t()) / p.temperature  # (M, V)
+            rows, conf = kernels.unmask_scores(hidden, w, pos, p.rule, impl=self.model.impl)
+            return token_of_row[rows], conf
+        logits = (hidden[pos].float() @ w.float().t()) / p.temperature  # (M, V')
         probs = torch.softmax(logits, dim=-1)
-        tokens = torch.multinomial(probs.cpu(), 1, generator=self._gen).squeeze(1).to(hidden.device)
+        rows = torch.multinomial(probs.cpu(), 1, generator=self._gen).squeeze(1).to(hidden.device)
         _, conf = reference_ops.confidence_from_logits(logits, p.rule)
         if p.rule == "max_prob":
-            conf = probs.gather(1, tokens[:, None]).squeeze(1)
-        return tokens, conf
+            conf = probs.gather(1, rows[:, None]).squeeze(1)
+        return token_of_row[rows], conf
 
     def _finish_block(self) -> None:
         enders = (self.tok.eom_id, self.tok.pad_id)
