@@ -193,3 +193,40 @@ def test_bad_remote_address_is_refused():
         check=False,
     )
     assert out.returncode == 2 and "HOST:PORT" in out.stderr
+
+
+@pytest.mark.asyncio
+async def test_remote_engine_through_dlm_lsp_serve(tiny_checkpoint, tmp_path):
+    """The LSP with --remote against a real `dlm-lsp serve` on loopback (tiny random model)."""
+    import socket
+
+    token = tmp_path / "token"
+    token.write_text("test-secret-token\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    serve = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "dlm.lsp.cli", "serve", "--listen", f"127.0.0.1:{port}",
+        "--model", tiny_checkpoint, "--device", "cpu", "--token-file", str(token),
+        env=server_env(), stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    client = None
+    try:
+        client, statuses, _ = await _start(["--remote", f"127.0.0.1:{port}", "--token-file", str(token)])
+        # the server may need a while to load the model; the client reconnects with backoff
+        for i in range(600):
+            res = await _open_and_ask(client, uri=f"file:///r{i}.py")
+            st = await request(client, "dlm/stats", {})
+            if st["completed"] >= 1:
+                break
+            await asyncio.sleep(0.2)
+        assert st["completed"] >= 1 and st["steps"] >= 1
+        assert any(s["state"] == "ready" for s in statuses)
+        for item in res.items:
+            assert isinstance(item.insert_text, str) and item.insert_text
+    finally:
+        if client is not None:
+            await client.shutdown_session()
+            await client.stop()
+        serve.kill()
+        await serve.wait()
