@@ -27,15 +27,21 @@ PLUGIN = ROOT / "editors" / "nvim"
 LSP_TESTS = ROOT / "tests" / "lsp"
 
 
+def find_nvim_version(nvim: str) -> int:
+    """The minor version of a Neovim 0.x command (-1 when it is not one)."""
+    try:
+        out = subprocess.run([*nvim.split(), "--version"], check=False, capture_output=True, text=True, timeout=60)
+    except OSError:
+        return -1
+    ver = out.stdout.split()[1] if out.stdout.startswith("NVIM") else ""
+    parts = ver.lstrip("v").split(".")
+    return int(parts[1]) if len(parts) >= 2 and parts[0] == "0" and parts[1].isdigit() else -1
+
+
 def find_nvim(min_minor: int = 10) -> str | None:
     for cand in (Path(sys.executable).parent / "nvim", shutil.which("nvim")):
-        if cand and Path(cand).exists():
-            out = subprocess.run([str(cand), "--version"], check=False, capture_output=True, text=True, timeout=30)
-            out = out.stdout
-            ver = out.split()[1] if out.startswith("NVIM") else ""
-            parts = ver.lstrip("v").split(".")
-            if len(parts) >= 2 and parts[0] == "0" and int(parts[1]) >= min_minor:
-                return str(cand)
+        if cand and Path(cand).exists() and find_nvim_version(str(cand)) >= min_minor:
+            return str(cand)
     return None
 
 
@@ -51,7 +57,7 @@ class Nvim:
         self.file = tmp / "m.py"
         self.file.write_text("def add(a, b):\n    return a + b\n\n")
         self.proc = subprocess.Popen(
-            [nvim, "--headless", "-n", "-i", "NONE", "-u", str(init), "--listen", self.sock, str(self.file)],
+            [*nvim.split(), "--headless", "-n", "-i", "NONE", "-u", str(init), "--listen", self.sock, str(self.file)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=tmp,
         )  # fmt: skip
         deadline = time.monotonic() + 30
@@ -61,13 +67,13 @@ class Nvim:
             time.sleep(0.1)
 
     def send(self, keys: str) -> None:
-        subprocess.run([self.nvim, "--server", self.sock, "--remote-send", keys], check=True, timeout=30)
+        subprocess.run([*self.nvim.split(), "--server", self.sock, "--remote-send", keys], check=True, timeout=30)
 
     def lua(self, expr: str):
         """Evaluate a Lua expression in the editor; the value comes back through JSON."""
         vim_expr = f'luaeval("vim.json.encode({{v = ({expr})}})")'.replace("\n", " ")
         out = subprocess.run(
-            [self.nvim, "--server", self.sock, "--remote-expr", vim_expr],
+            [*self.nvim.split(), "--server", self.sock, "--remote-expr", vim_expr],
             capture_output=True, text=True, timeout=30, check=True,
         ).stdout  # fmt: skip
         v = json.loads(out)
@@ -214,5 +220,33 @@ def test_nvim_ghost_text_from_the_real_server_with_a_model(nvim011, tmp_path, ti
             return
         if model != tiny_checkpoint:
             pytest.fail("the embedded model proposed no insertion while typing `    return a`")
+    finally:
+        nv.close()
+
+
+@pytest.mark.nvim12
+def test_nvim012_native_inline_completion_fake_engine(tmp_path):
+    """Neovim 0.12+: the plugin turns on vim.lsp.inline_completion, which draws the server's
+    item; <Tab> (require('dlm').accept) inserts it. DLM_NVIM12 names an nvim >= 0.12 command
+    (e.g. a wrapper that runs it in the Debian sid chroot with /work bind-mounted)."""
+    nvim = os.environ.get("DLM_NVIM12") or find_nvim(min_minor=12)
+    if not nvim or find_nvim_version(nvim) < 12:
+        pytest.skip("no Neovim >= 0.12: set DLM_NVIM12 to its command (see editors/README.md)")
+    cmd = [sys.executable, "-m", "dlm.lsp.cli", "--stdio"]
+    nv = Nvim(nvim, tmp_path, cmd, env_with(DLM_ENGINE_FACTORY="fake_engine:slow", FAKE_STEP_S="0.001"),
+              extra="edit_predictions = false")  # fmt: skip
+    ns = "vim.api.nvim_get_namespaces()['nvim.lsp.inline_completion']"
+    try:
+        nv.wait("require('dlm').status and require('dlm').status.state == 'ready'", 60, "dlm/status ready")
+        assert nv.lua("require('dlm').use_native()") is True
+        nv.send("Go    re")
+        marks = nv.wait(f"{ns} and #vim.api.nvim_buf_get_extmarks(0, {ns}, 0, -1, {{}}) > 0 and "
+                        f"vim.api.nvim_buf_get_extmarks(0, {ns}, 0, -1, {{details = true}})", 30, "native ghost text")  # fmt: skip
+        assert marks[0][3]["virt_text"][0][0] == "FAKE"
+        nv.send("<Tab>")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and nv.lua("vim.api.nvim_buf_get_lines(0, 3, 4, true)[1]") != "    reFAKE":
+            time.sleep(0.1)
+        assert nv.lua("vim.api.nvim_buf_get_lines(0, 3, 4, true)[1]") == "    reFAKE"
     finally:
         nv.close()
