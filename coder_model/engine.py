@@ -117,11 +117,9 @@ def load_engine(model: str | Path | None = None, device: str = "auto", impl: str
     dev = resolve_device(device)
     if family != "dlm":
         from dlm.coder_model.families import load_family_engine
+        from dlm.coder_model.families.engine import FamilyEngineOptions
 
-        return load_family_engine(d, str(dev))
-    import torch
-
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+        return load_family_engine(d, str(dev), FamilyEngineOptions(impl=impl))
     m, tok = load_model(d, device=str(dev), impl=impl)
     log.info("loaded %s on %s", d, dev)
     return LocalEngine(m, tok, device=str(dev), name=d.name)
