@@ -82,9 +82,9 @@ def _chunk(text: str, rng: random.Random) -> tuple[int, int]:
     lines = text.split("\n")
     for _ in range(50):
         a = rng.randrange(5, max(6, len(lines) - 8))
-        b = a + rng.randint(2, 5)
+        b = a + rng.randint(1, 3)
         body = lines[a:b]
-        if all(x.strip() for x in body) and sum(len(x) for x in body) > 40:
+        if all(x.strip() for x in body) and sum(len(x) for x in body) > 30:
             return a, b
     return 1, 2
 
@@ -268,7 +268,7 @@ class Bench:
             fut.add_done_callback(done)
             self.res.samples.append(sample)
             pending.append((sample, fut))
-            pause = (ch in " \n" and self.rng.random() < 0.15) or i >= len(target)
+            pause = (ch in " \n" and self.rng.random() < 0.25) or i >= len(target)
             if pause:
                 sample.pause = True
                 await asyncio.wait([fut], timeout=60)
@@ -360,6 +360,10 @@ def render(summary: dict) -> str:
         ("cancelled / superseded / skipped", f"{srv['cancelled']} / {srv['superseded']} / {srv['skipped']}"),
         ("prefix-cache hits", srv["cache_hits"]),
         ("tokens per step", srv["tokens_per_step"]),
+        (
+            "steps per completed run",
+            round(srv["steps"] / srv["completed"], 1) if srv.get("completed") else None,
+        ),
         (
             "server stage p50 (ms)",
             ", ".join(f"{k[:-3]} {v}" for k, v in (srv["stages_p50_ms"] or {}).items()),

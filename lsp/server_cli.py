@@ -51,6 +51,10 @@ def run(args: argparse.Namespace) -> int:
 
     from dlm.lsp.server import create_server, make_engine_factory
 
+    # The model thread re-takes the GIL between small torch ops; with the default 5 ms switch
+    # interval the event loop waits up to 5 ms per handoff to read the next keystroke.
+    sys.setswitchinterval(0.0005)
+
     server = create_server(make_engine_factory(args))
     server.engine.start()
     if args.tcp:
