@@ -4,7 +4,7 @@ The model returns the whole new text of the editable region. We turn it into
 minimal edits; the one that inserts at the cursor (or replaces the rest of
 the cursor line) becomes the inline completion (ghost text), the others are
 edit predictions (`dlm/editPrediction`). Filters on the inline text:
-- nothing when the model proposes no change;
+- nothing when the model proposes no change, or proposes to erase the whole region;
 - single line when the cursor is mid-line (text after it on the line);
 - drop text that only repeats what follows the cursor (the suffix / next lines),
   and trailing characters that the rest of the line already has (`)` typed twice);
@@ -123,6 +123,10 @@ def filter_insertion(text: str, line_before: str, rest_of_line: str, following: 
 def suggest(old: str, cursor: int, new: str, suffix: str = "") -> Suggestion:
     """Split the model's new region into the inline completion and other edits."""
     if new == old:
+        return Suggestion()
+    if not new.strip() and old.strip():
+        # Erasing the whole region (cursor line included, under the user's hands) is what an
+        # unsure model emits when it stops at once (<eom> first); never a useful proposal.
         return Suggestion()
     eol = _line_end(old, cursor)
     before, rest, after_line = old[:cursor], old[cursor:eol], old[eol:]

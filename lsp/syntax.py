@@ -144,8 +144,11 @@ class SyntaxTree:
         text = line.rstrip("\r\n")
         if not text.strip():
             return None
-        if col < 0 or col > len(text):
-            col = len(text) - len(text.lstrip())
+        first = len(text) - len(text.lstrip())
+        last = len(text.rstrip()) - 1
+        # Look at a character of this line's code: between tokens (end of line, indentation)
+        # tree-sitter answers with the enclosing block instead of the statement on the line.
+        col = first if col < 0 or col <= first else min(col, last)
         point = (row, _nbytes(text[:col]))
         try:
             root = self.tree().root_node
@@ -157,7 +160,9 @@ class SyntaxTree:
             return None
         while node.parent is not None and not _is_block(node.parent.type):
             node = node.parent
-        if node.parent is None:
+        if node.parent is None or node.has_error:
+            # A half-typed line often makes an ERROR node that swallows the lines after it;
+            # its extent says nothing about the statement, so fall back to the line.
             return None
         start, end = node.start_point[0], node.end_point[0]
         if end > start and node.end_point[1] == 0:

@@ -98,6 +98,7 @@ def test_options_from_initialization_options():
 
 def test_no_change_no_suggestion():
     assert postprocess.suggest("x = 1", 3, "x = 1").empty
+    assert postprocess.suggest("x = 1\ny = 2", 3, "\n").empty  # erasing the region is no proposal
 
 
 def test_pure_insertion_at_cursor():

@@ -123,6 +123,11 @@ def test_statement_spans(lang, text, row, span):
     assert doc.syntax.statement_span(row) == span
 
 
+def test_half_typed_line_does_not_swallow_the_next_lines():
+    doc = Document("file:///x.py", "def f(self):\n    self._\n    self.runs = 0\n    return 1\n", 1, "python")
+    assert doc.syntax.statement_span(1, 10) in (None, (1, 1))
+
+
 def test_plain_text_fallback_and_size_limit():
     assert Document("file:///x.unknownext", "abc", 1, "cobol").syntax is None
     assert Document("file:///x.py", "x = 1\n" * 10, 1, "python", max_syntax_chars=10).syntax is None
