@@ -44,6 +44,7 @@ class TrainConfig:
     out: str = "runs/v0"
     preset: str = "cpu-small"
     tokenizer: str = ""  # existing tokenizer.json; empty = train one on the corpus
+    init: str = ""  # warm start from this checkpoint's weights and tokenizer (new schedule)
     vocab_size: int = 8192
     batch: int = 32
     context: int = 384  # context tokens per sequence (left-padded)
@@ -258,6 +259,11 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
     if resume and (last / "trainer_state.json").exists():
         model, tok = load_model(last, device="cpu", impl="reference")
         model.train()
+    elif cfg.init:
+        resume = False
+        model, tok = load_model(cfg.init, device="cpu", impl="reference")
+        model.train()
+        print(f"[train] warm start from {cfg.init}", file=sys.stderr)
     else:
         resume = False
         tok = build_tokenizer(cfg)

@@ -6,7 +6,7 @@ import torch
 
 from dlm.coder_model.cache import PrefixCache
 from dlm.coder_model.layout import encode_prompt
-from dlm.coder_model.sampler import BlockDecoder, generate
+from dlm.coder_model.sampler import BlockDecoder, generate, output_head
 from dlm.coder_model.types import CancelToken, Prompt, SamplerParams
 
 PROMPT = Prompt(prefix="def add(a, b):\n", region="    return a\n", cursor=12, suffix="\nprint(add(1, 2))\n",
@@ -84,13 +84,15 @@ def test_threshold_one_left_to_right_equals_greedy_autoregressive(tiny_model):
     ids = _ids(tok)
     dec = generate(model, tok, ids, SamplerParams(block_len=L, steps=L, threshold=1.0,
                                                   order="left_to_right", max_blocks=1))
-    # greedy AR on the same network: slot i is the argmax given slots < i, the rest masked
+    # greedy AR on the same network: slot i is the argmax (over the tokens the sampler
+    # may output) given slots < i, the rest masked
+    w, token_of_row = output_head(model, tok)
     out = []
     with torch.inference_mode():
         for i in range(L):
             block = out + [tok.mask_id] * (L - i)
             h = model(torch.tensor([ids + block]), context_len=len(ids))[0, len(ids) + i]
-            nxt = int(model.logits(h).argmax())
+            nxt = int(token_of_row[(h @ w.t()).argmax()])
             out.append(nxt)
             if nxt in (tok.eom_id, tok.pad_id):
                 break
@@ -138,3 +140,15 @@ def test_block_extension_appends_a_second_block(tiny_model, monkeypatch):
     dec = generate(model, tok, _ids(tok), SamplerParams(block_len=4, steps=4, max_blocks=3, threshold=0.5))
     assert dec.stats.blocks == 3 and len(dec.output) == 12 and not dec.ended
     assert len(dec.cache) == len(_ids(tok)) + 8  # finished blocks became context
+
+
+def test_layout_markers_and_mask_are_never_output(tiny_model):
+    """The random tiny model's raw argmax is often a special token; the sampler only
+    ever commits content tokens, <eom> and <pad>."""
+    model, tok = tiny_model
+    w, token_of_row = output_head(model, tok)
+    forbidden = {tok.special[n] for n in tok.special if n not in ("<pad>", "<eom>")}
+    assert not forbidden & set(token_of_row.tolist())
+    assert w.shape[0] == len(token_of_row) == tok.vocab_size - len(forbidden)
+    dec = generate(model, tok, _ids(tok), SamplerParams(block_len=16, steps=16, max_blocks=2))
+    assert not forbidden & set(dec.output)
