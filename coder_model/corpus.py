@@ -69,9 +69,13 @@ def is_excluded(path: str) -> bool:
         return True
     parts = norm.lower().split("/")
     for part in parts:
-        name = part.split("-")[0] if part.endswith((".dist-info", ".egg-info")) else part
+        # "<name>-<version>.dist-info": the version holds no dash, the name may
+        name = part
+        for meta in (".dist-info", ".egg-info"):
+            if part.endswith(meta):
+                name = part[: -len(meta)].rsplit("-", 1)[0]
         for listed in (EXCLUDED_PACKAGES, EDIT_HISTORY_PACKAGES):
-            if name in listed or name.replace("_", "-") in listed:
+            if name in listed or name.replace("_", "-") in listed or name.replace("-", "_") in listed:
                 return True
     return False
 
