@@ -28,6 +28,9 @@ class ModelConfig:
     rope_theta: float = 10000.0
     max_seq_len: int = 4096
     tie_embeddings: bool = True
+    # context tokens the model was trained with; inference windows default to it
+    # (rotary positions far beyond training extrapolate badly)
+    context_window: int = 2048
 
     def __post_init__(self) -> None:
         if self.dim % self.n_heads:

@@ -29,7 +29,7 @@ class LocalEngine:
         self.model, self.tok = model, tok
         self.device = device
         self.name = name
-        self.budget = budget or LayoutBudget()
+        self.budget = budget or LayoutBudget.for_window(model.config.context_window)
         self.max_caches = max_caches
         self._caches: OrderedDict[str, object] = OrderedDict()
         self._jobs: queue.Queue = queue.Queue()

@@ -28,6 +28,11 @@ class LayoutBudget:
     max_history: int = 384
     max_suffix: int = 512
 
+    @classmethod
+    def for_window(cls, context_tokens: int) -> LayoutBudget:
+        """The proportions training uses: a third for history, a quarter for the suffix."""
+        return cls(max_context=context_tokens, max_history=context_tokens // 3, max_suffix=context_tokens // 4)
+
 
 def encode_prompt(tok: Tokenizer, prompt: Prompt, budget: LayoutBudget | None = None) -> list[int]:
     """Context token ids for a prompt, ending with <rewrite>."""

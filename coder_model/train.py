@@ -117,7 +117,7 @@ class ExampleStream:
 
 def make_sequence(tok: Tokenizer, ex: ex_mod.Example, cfg: TrainConfig, rng: random.Random):
     """(context ids, block target ids) or None when the target needs more blocks than allowed."""
-    budget = LayoutBudget(max_context=cfg.context, max_history=cfg.context // 3, max_suffix=cfg.context // 4)
+    budget = LayoutBudget.for_window(cfg.context)
     ctx = encode_prompt(tok, ex.prompt, budget)
     tgt = encode_target(tok, ex.target)
     n_blocks = math.ceil(len(tgt) / cfg.block)
@@ -282,6 +282,7 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
         version, internal, gauss = rng_state
         rng.setstate((version, tuple(internal), gauss))
         print(f"[train] resumed at step {step}/{total}", file=sys.stderr)
+    model.config.context_window = cfg.context  # saved in config.json: the inference window
     n_params = count_parameters(model)
     print(f"[train] {cfg.preset}: {n_params / 1e6:.2f}M parameters", file=sys.stderr)
 
