@@ -324,6 +324,8 @@ def summarize(res: Result, args: argparse.Namespace, wall_s: float) -> dict:
             for k in (
                 "model_runs",
                 "completed",
+                "steps",
+                "tokens",
                 "cancelled",
                 "superseded",
                 "skipped",

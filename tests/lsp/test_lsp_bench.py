@@ -42,6 +42,10 @@ def test_bench_json_with_fake_engine(tmp_path):
     assert srv["model_runs"] >= srv["completed"] >= 1
     assert srv["cancelled"] <= srv["model_runs"]
     assert summary["latency_at_pauses"]["n"] >= 1 and summary["latency"]["p50_ms"] is not None
+    from dlm.lsp.bench import render
+
+    table = render(summary)  # the human-readable form of the same numbers
+    assert "keystroke->suggestion" in table and "steps per completed run" in table
 
 
 def test_bench_rejects_bad_arguments(tmp_path):
