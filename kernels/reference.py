@@ -109,11 +109,17 @@ def attention(
         k = torch.cat([kv_cache[0], k], dim=2)  # (B, Hk, Tc+Tq, D)
         v = torch.cat([kv_cache[1], v], dim=2)
     Tk = k.shape[2]
+    mask = attention_mask(Tq, Tk, context_len, bidirectional, device=q.device)  # (Tq, Tk)
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    if q.dtype == torch.float32 and Tq * Tk > 4096:
+        # the CPU path: torch's fused attention (no (Tq, Tk) fp32 matrices per head in
+        # Python ops); every query sees at least itself or the context, so no row is empty
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=None if bidirectional else mask, scale=scale, enable_gqa=Hq != Hk
+        )
     if Hq != Hk:
         k = k.repeat_interleave(Hq // Hk, dim=1)  # (B, Hq, Tk, D)
         v = v.repeat_interleave(Hq // Hk, dim=1)
-    mask = attention_mask(Tq, Tk, context_len, bidirectional, device=q.device)
-    scale = 1.0 / math.sqrt(D) if scale is None else scale
     # fp32 math so the reference is the spec the kernels are measured against
     scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale  # (B, Hq, Tq, Tk)
     scores = scores.masked_fill(~mask, float("-inf"))
