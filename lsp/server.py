@@ -286,6 +286,13 @@ class DlmServer(LanguageServer):
         self.stats.stage("denoise_ms", pred.denoise_ms)
         self.stats.stage("wait_ms", (t_model - t_ctx) * 1000 - pred.total_ms)
         self.stats.stage("postprocess_ms", (t_post - t_model) * 1000)
+        log.info(
+            "run %s v%d %s: %.1f ms (ctx %.1f, prefill %.1f, denoise %.1f, wait %.1f) steps %d tokens %d "
+            "context %d cached %d region %d chars",
+            doc.uri.rsplit("/", 1)[-1], version, built.mode, (t_post - t0) * 1000, (t_ctx - t0) * 1000,
+            pred.prefill_ms, pred.denoise_ms, (t_model - t_ctx) * 1000 - pred.total_ms, pred.steps,
+            pred.tokens, pred.context_tokens, pred.cached_tokens, len(prompt.region),
+        )  # fmt: skip
         self.maybe_send_status()
         if sugg.empty:
             self.stats.add("empty")
