@@ -192,6 +192,7 @@ class DlmServer(LanguageServer):
         self._ids = itertools.count(1)
         self._last_status_at = 0.0
         self._initialized = False
+        self._fitted = False  # windows fitted to the engine's context window
 
     # ---- status -----------------------------------------------------------------------------------
     def _status_changed(self) -> None:
@@ -250,6 +251,8 @@ class DlmServer(LanguageServer):
         if not self.engine.ready():
             self.stats.add("empty")
             return None
+        if not self._fitted:
+            self._fit_windows()
         built = context.build(doc, row, col, mode, self.options.context, self.path_of(doc.uri))
         t_ctx = time.monotonic()
         if built is None:
@@ -299,6 +302,22 @@ class DlmServer(LanguageServer):
         result = {"version": version, "row": row, "col": col, "built": built, "sugg": sugg}
         self.last[uri] = result
         return result
+
+    def _fit_windows(self) -> None:
+        """Once the engine is ready: keep the windows inside the model's context (if it says)."""
+        self._fitted = True
+        budget = getattr(self.engine.engine, "budget", None)
+        if budget is None:
+            return
+        before = self.options.context
+        self.options.context = context.fit_to_window(
+            before, budget.max_context, budget.max_history, budget.max_suffix
+        )
+        log.info(
+            "model context %d tokens: prefix window %d -> %d, suffix %d -> %d (estimated tokens)",
+            budget.max_context, before.prefix_tokens, self.options.context.prefix_tokens,
+            before.suffix_tokens, self.options.context.suffix_tokens,
+        )  # fmt: skip
 
     def region_pos(self, doc: Document, built: context.Built, offset: int) -> types.Position:
         """LSP position of a code-point offset inside the region."""

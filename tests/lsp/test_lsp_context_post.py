@@ -146,3 +146,10 @@ def test_unbalanced_closer_is_cut():
 def test_minimal_edits_merge_nearby_changes():
     edits = postprocess.minimal_edits("foo(abc)", "foo(xbz)")
     assert [(e.start, e.end, e.text) for e in edits] == [(4, 7, "xbz")]
+
+
+def test_fit_to_window_keeps_typing_prompts_inside_the_model_window():
+    opts = context.fit_to_window(ContextOptions(), max_context=256, max_history=85, max_suffix=64)
+    assert opts.suffix_tokens == 51 and opts.prefix_tokens == int((256 - 85 - 51 - 48 - 16) * 0.8)
+    big = context.fit_to_window(ContextOptions(), max_context=8192, max_history=2730, max_suffix=2048)
+    assert (big.prefix_tokens, big.suffix_tokens) == (1024, 256)  # never grows past the options
