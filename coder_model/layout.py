@@ -20,6 +20,9 @@ from dlm.coder_model.tokenizer import Tokenizer
 from dlm.coder_model.types import Prompt
 
 
+PREFIX_CUT_QUANTUM = 32
+
+
 @dataclass(frozen=True)
 class LayoutBudget:
     """Token budgets for the context; the far ends are cut first."""
@@ -55,12 +58,18 @@ def encode_prompt(tok: Tokenizer, prompt: Prompt, budget: LayoutBudget | None = 
         + [sp["<rewrite>"]]
     )
     suffix = tok.encode(prompt.suffix)[: b.max_suffix]
-    fixed = len(header) + 1 + len(history) + 1 + 1 + len(suffix) + len(region)
-    room = b.max_context - fixed
+    # The prefix's room must not depend on what changes while typing (the region),
+    # or its first token moves every keystroke and the prefix KV cache never hits:
+    # reserve a fixed allowance for the region, and cut the prefix's far end in
+    # steps of PREFIX_CUT_QUANTUM tokens so that a line moving into the prefix
+    # (Enter) shifts the start only once per quantum.
+    region_allowance = max(len(region), b.max_context // 4)
+    room = b.max_context - len(header) - 3 - len(history) - len(suffix) - region_allowance
     prefix = tok.encode(prompt.prefix)
-    if room < len(prefix):
-        # cut from the far (left) end; keep at least the region
-        prefix = prefix[len(prefix) - max(room, 0) :] if room > 0 else []
+    if len(prefix) > room:
+        drop = len(prefix) - max(room, 0)
+        drop = min(len(prefix), -(-drop // PREFIX_CUT_QUANTUM) * PREFIX_CUT_QUANTUM)
+        prefix = prefix[drop:]
     return header + [sp["<history>"]] + history + [sp["<prefix>"]] + prefix + [sp["<suffix>"]] + suffix + region
 
 
