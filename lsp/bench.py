@@ -35,10 +35,18 @@ from pathlib import Path
 from dlm.lsp.stats import percentile
 
 
+LOOPBACK = "loopback"  # `--remote` without an address: the loopback comparison
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="DIR", help="checkpoint directory (default: the embedded model)")
     parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
-    parser.add_argument("--remote", metavar="HOST:PORT", help="bench a remote model (dlm-lsp serve)")
+    parser.add_argument(
+        "--remote", nargs="?", const=LOOPBACK, metavar="HOST:PORT",
+        help="with HOST:PORT: replay through a server started with --remote HOST:PORT; "
+        "alone: compare local and remote (dlm-lsp serve on 127.0.0.1) latency and batched "
+        "throughput with --clients 1,4,16,32 (use --keystrokes 40 for a short run)",
+    )
     parser.add_argument(
         "--files", nargs="*", metavar="FILE", help="source files to type (default: dlm's own)"
     )
@@ -49,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--load-timeout", type=float, default=600.0, help="seconds to wait for the model")
     parser.add_argument("--server-log", metavar="F", help="server log file (default: a temp file)")
     parser.add_argument("--engine-factory", help=argparse.SUPPRESS)  # tests: see lsp/server_cli.py
+    from dlm.coder_model.remote.bench import add_remote_arguments  # no torch at import
+
+    add_remote_arguments(parser)  # --clients, --requests, sampler overrides (skips the ones above)
 
 
 @dataclass
@@ -378,6 +389,10 @@ def render(summary: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.remote == LOOPBACK:
+        from dlm.coder_model.remote.bench import run_remote_bench
+
+        return run_remote_bench(args)
     if args.keystrokes < 1:
         print("dlm-lsp bench: --keystrokes must be at least 1", file=sys.stderr)
         return 2

@@ -154,16 +154,14 @@ def make_engine_factory(args) -> Callable[[], Any]:
         def remote():
             try:
                 from dlm.coder_model.remote.auth import load_token
-                from dlm.coder_model.remote.client import RemoteEngine
+                from dlm.coder_model.remote.client import RemoteEngine, parse_host_port
             except ImportError as exc:
                 raise RuntimeError(
                     f"remote mode is not available in this install ({exc}); run without --remote"
                 ) from exc
-            host, _, port = args.remote.rpartition(":")
+            host, port = parse_host_port(args.remote)  # also [v6]:port
             token = load_token(getattr(args, "token_file", None))  # the file, else $DLM_TOKEN
-            return RemoteEngine(
-                host or "127.0.0.1", int(port), token=token, tls=bool(getattr(args, "tls", False))
-            )
+            return RemoteEngine(host, port, token=token, tls=bool(getattr(args, "tls", False)))
 
         return remote
 
