@@ -73,7 +73,7 @@ class LocalEngine:
             queue_ms = (time.perf_counter() - t_submit) * 1000
             try:
                 fut.set_result(self._run(prompt, params, cancel, queue_ms))
-            except BaseException as exc:  # noqa: BLE001 - hand every failure to the caller
+            except BaseException as exc:
                 log.exception("prediction failed")
                 fut.set_exception(exc)
 
@@ -87,19 +87,7 @@ class LocalEngine:
         ids = encode_prompt(self.tok, prompt, self.budget)
         cache = self._cache_for(prompt.path or "<untitled>")
         dec = generate(self.model, self.tok, ids, params, cache=cache, cancel=cancel)
-        s = dec.stats
-        return Prediction(
-            text="" if s.cancelled else dec.text(),
-            steps=s.steps,
-            tokens=s.committed,
-            queue_ms=queue_ms,
-            prefill_ms=s.prefill_ms,
-            denoise_ms=s.denoise_ms,
-            cancelled=s.cancelled,
-            context_tokens=s.context_tokens,
-            cached_tokens=s.cached_tokens,
-            blocks=s.blocks,
-        )
+        return dec.prediction(queue_ms)
 
 
 def load_engine(model: str | Path | None = None, device: str = "auto", impl: str = "auto"):

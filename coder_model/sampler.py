@@ -20,13 +20,12 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-
 from dlm import kernels
-from dlm.kernels import reference as reference_ops
 from dlm.coder_model.cache import PrefixCache
 from dlm.coder_model.model import DLM
 from dlm.coder_model.tokenizer import SPECIAL_TOKENS, Tokenizer
-from dlm.coder_model.types import CancelToken, SamplerParams
+from dlm.coder_model.types import CancelToken, Prediction, SamplerParams
+from dlm.kernels import reference as reference_ops
 
 UNSET = -1  # a slot not yet committed (its input token is <mask>)
 
@@ -89,11 +88,16 @@ class BlockDecoder:
 
     # -- lifecycle -------------------------------------------------------------
     def prefill(self) -> None:
+        self.stats.cached_tokens = self._prefill_context()
+        self._new_block()
+
+    def _prefill_context(self) -> int:
+        """Bring the cache up to self.context_ids; returns the tokens reused."""
         t0 = time.perf_counter()
         with torch.inference_mode():
-            self.stats.cached_tokens = self.model.prefill(self.context_ids, self.cache)
+            reused = self.model.prefill(self.context_ids, self.cache)
         self.stats.prefill_ms += (time.perf_counter() - t0) * 1000
-        self._new_block()
+        return reused
 
     def _new_block(self) -> None:
         self.slots = [UNSET] * self.params.block_len
@@ -184,15 +188,28 @@ class BlockDecoder:
             self.done = True
             return
         # block diffusion: the finished block becomes context of the next
-        t0 = time.perf_counter()
         self.context_ids.extend(self.slots)
-        with torch.inference_mode():
-            self.model.prefill(self.context_ids, self.cache)
-        self.stats.prefill_ms += (time.perf_counter() - t0) * 1000
+        self._prefill_context()
         self._new_block()
 
     def text(self) -> str:
         return self.tok.decode(self.output)
+
+    def prediction(self, queue_ms: float = 0.0) -> Prediction:
+        """The Engine-level result of this request."""
+        s = self.stats
+        return Prediction(
+            text="" if s.cancelled else self.text(),
+            steps=s.steps,
+            tokens=s.committed,
+            queue_ms=queue_ms,
+            prefill_ms=s.prefill_ms,
+            denoise_ms=s.denoise_ms,
+            cancelled=s.cancelled,
+            context_tokens=s.context_tokens,
+            cached_tokens=s.cached_tokens,
+            blocks=s.blocks,
+        )
 
 
 def generate(

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from dlm.coder_model.types import CancelToken, Prompt, SamplerParams
+from dlm.lsp.syntax import language_name
 
 PREFIX_CHARS = 6000
 SUFFIX_CHARS = 2000
@@ -69,15 +70,11 @@ def prompt_at(text: str, line: int, col: int, path: str = "", language: str = ""
     return prompt, line, line
 
 
-LANG_BY_SUFFIX = {".py": "python", ".js": "javascript", ".ts": "typescript", ".tsx": "tsx", ".rs": "rust",
-                  ".go": "go", ".c": "c", ".h": "c", ".cpp": "cpp", ".cc": "cpp", ".java": "java"}
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         text = read_source(args.file)
         prompt, first, last = prompt_at(text, args.line, args.col, path=args.file.name,
-                                        language=LANG_BY_SUFFIX.get(args.file.suffix, "text"))
+                                        language=language_name("", args.file.name))
         params = SamplerParams(steps=args.steps, threshold=args.threshold, block_len=args.block_len,
                                order=args.order)
     except (InputError, ValueError) as exc:

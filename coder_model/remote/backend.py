@@ -82,16 +82,7 @@ class ModelBackend:
         return job.dec.done
 
     def finish(self, job: _Job) -> Prediction:
-        s = job.dec.stats
-        return Prediction(
-            text="" if s.cancelled else job.dec.text(),
-            steps=s.steps,
-            tokens=s.committed,
-            cancelled=s.cancelled,
-            context_tokens=s.context_tokens,
-            cached_tokens=s.cached_tokens,
-            blocks=s.blocks,
-        )
+        return job.dec.prediction()
 
     def release(self, job: _Job) -> None:
         if not job.shared:
