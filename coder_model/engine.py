@@ -53,6 +53,10 @@ class LocalEngine:
         if not self._closed:
             self._closed = True
             self._jobs.put(None)
+            # join: a process that exits while the inference thread is still
+            # unwinding can abort in torch's C++ teardown ("terminate called ...")
+            if threading.current_thread() is not self._thread:
+                self._thread.join(timeout=10)
 
     # -- inference thread -------------------------------------------------------
     def _cache_for(self, key: str):

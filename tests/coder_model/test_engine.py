@@ -48,3 +48,13 @@ def test_concurrent_callers_are_serialised(tiny_checkpoint):
         assert len(results) == 4 and all(not r.cancelled for r in results)
     finally:
         eng.close()
+
+
+def test_close_joins_the_inference_thread(tiny_checkpoint):
+    """A process that exits right after close() must not race the thread's teardown
+    (seen as 'terminate called without an active exception', exit 134)."""
+    eng = load_engine(tiny_checkpoint, "cpu")
+    eng.predict(Prompt(prefix="", region="x\n", cursor=1, suffix=""), SamplerParams(block_len=4, steps=2),
+                CancelToken())
+    eng.close()
+    assert not eng._thread.is_alive()
