@@ -158,9 +158,15 @@ class DLM(nn.Module):
             q, k, v = layer.attn.qkv(h, rope, positions, self.impl)
             if attn_mask is not None:
                 rep = layer.attn.n_heads // layer.attn.n_kv_heads
-                o = F.scaled_dot_product_attention(
-                    q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), attn_mask=attn_mask
-                )
+                k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+                if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+                    # torch 2.13's CPU SDPA with a boolean mask is 2x slower in bf16
+                    # than in fp32 (backward dominated); the casts are cheap at these sizes
+                    with torch.autocast("cpu", enabled=False):
+                        o = F.scaled_dot_product_attention(
+                            q.float(), k.float(), v.float(), attn_mask=attn_mask).to(q.dtype)
+                else:
+                    o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
             else:
                 kv = cache.kv(i) if cache is not None else None
                 o = kernels.attention(q, k, v, context_len=ctx, kv_cache=kv, impl=self.impl)

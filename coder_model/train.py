@@ -65,6 +65,7 @@ class TrainConfig:
     seed: int = 0
     threads: int = 0
     eps: float = 1e-3
+    ar_weight: float = 0.5  # auxiliary next-token loss on the causal context (0 = off)
     edit_histories: str = "../shared/data/edit-histories"
 
 
@@ -161,8 +162,17 @@ def native_train_mask(valid: torch.Tensor, tc: int) -> torch.Tensor:
     return m[:, None]
 
 
-def diffusion_loss(model: DLM, ids, targets, valid, tc, tok, gen: torch.Generator, eps: float):
-    """Masked-diffusion loss; ids' block slots are replaced by noised targets here."""
+def diffusion_loss(model: DLM, ids, targets, valid, tc, tok, gen: torch.Generator, eps: float,
+                   ar_weight: float = 0.0):
+    """Masked-diffusion loss; ids' block slots are replaced by noised targets here.
+
+    With `ar_weight` > 0 an auxiliary next-token loss on the causal context is
+    added (weight x mean cross-entropy over valid context positions). Why: a
+    step's block has 32 slots but its context ~250 tokens whose hidden states
+    get no direct signal; the native mask makes the context a causal LM, so
+    next-token targets are free there and train the K/V the block reads. The
+    context outputs are never used at inference, so nothing else changes.
+    """
     B, L = targets.shape
     t = eps + (1 - eps) * torch.rand(B, 1, generator=gen)  # (B, 1)
     masked = torch.rand(B, L, generator=gen) < t  # (B, L)
@@ -176,6 +186,12 @@ def diffusion_loss(model: DLM, ids, targets, valid, tc, tok, gen: torch.Generato
     ce = F.cross_entropy(logits.reshape(B * L, -1), targets.reshape(-1), reduction="none").view(B, L)
     loss = ((ce * masked) / t).sum() / (B * L)
     acc = ((logits.argmax(-1) == targets) & masked).sum() / masked.sum()
+    if ar_weight > 0 and tc > 1:
+        pairs = valid[:, : tc - 1] & valid[:, 1:tc]  # (B, tc-1): position q predicts q+1
+        nxt = torch.where(pairs, ids[:, 1:tc], torch.full_like(ids[:, 1:tc], -100))
+        ar_logits = model.logits(hidden[:, : tc - 1]).float()  # (B, tc-1, V)
+        ar = F.cross_entropy(ar_logits.reshape(-1, ar_logits.shape[-1]), nxt.reshape(-1), ignore_index=-100)
+        loss = loss + ar_weight * ar
     return loss, acc
 
 
@@ -327,7 +343,7 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
         for g in opt.param_groups:
             g["lr"] = lr
         with amp:
-            loss, acc = diffusion_loss(model, ids, targets, valid, tc, tok, gen, cfg.eps)
+            loss, acc = diffusion_loss(model, ids, targets, valid, tc, tok, gen, cfg.eps, cfg.ar_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip).item()
