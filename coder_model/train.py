@@ -297,6 +297,9 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
         step, total, rng_state = load_state(last, model, opt)
         version, internal, gauss = rng_state
         rng.setstate((version, tuple(internal), gauss))
+        if cfg.steps > total:  # a longer schedule: the cosine is stretched from here on
+            print(f"[train] schedule extended from {total} to {cfg.steps} steps", file=sys.stderr)
+            total = cfg.steps
         print(f"[train] resumed at step {step}/{total}", file=sys.stderr)
     model.config.context_window = cfg.context  # saved in config.json: the inference window
     n_params = count_parameters(model)
