@@ -9,6 +9,10 @@ t ~ U(eps, 1), every block slot is masked with probability t, and the loss is
 the cross-entropy on the masked slots weighted by 1/t (divided by L): the
 masked-diffusion ELBO. Targets longer than one block train the second block
 with the first in the context, as the sampler's block extension decodes them.
+`--ar-weight` (default 0.5) adds a next-token loss on the causal context
+positions, which the block loss alone leaves without a direct signal
+(BENCHMARKS.md has the A/B that chose it); validation reports the diffusion
+loss alone.
 
 AdamW with linear warm-up and cosine decay, gradient clipping, bf16 autocast
 (CPUs with AMX run it several times faster than fp32), periodic validation,
