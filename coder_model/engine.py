@@ -77,7 +77,7 @@ class LocalEngine:
             queue_ms = (time.perf_counter() - t_submit) * 1000
             try:
                 fut.set_result(self._run(prompt, params, cancel, queue_ms))
-            except BaseException as exc:
+            except BaseException as exc:  # hand every failure to the caller: the thread must live on
                 log.exception("prediction failed")
                 fut.set_exception(exc)
 

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+
 from dlm import kernels
 from dlm.coder_model.cache import PrefixCache
 from dlm.coder_model.model import DLM

@@ -42,11 +42,12 @@ def fit_to_window(
 ) -> ContextOptions:
     """Shrink the windows so that a typing-mode prompt fits the model's context window.
 
-    The engine cuts the prefix from its far end when a prompt is too long, and how much it
-    cuts depends on the region length: every keystroke would then move the first prefix
-    token and invalidate the KV cache. Keeping our (line-snapped, hysteretic) windows inside
-    the model's window means the engine never has to cut while the user types. 0.8 covers
-    the error of the chars-per-token estimate (3.2-3.5 measured on this repo's code).
+    The engine (coder_model.layout) cuts a too-long prefix from its far end in 32-token
+    quanta, which keeps the KV cache valid but drops text we windowed and tokenized for
+    nothing, at a token boundary rather than a line. Keeping our (line-snapped, hysteretic)
+    windows inside the model's window means the engine rarely has to cut while the user
+    types. 0.8 covers the error of the chars-per-token estimate (3.2-3.5 measured on this
+    repo's code).
     """
     margin = 0.8
     suffix = min(opts.suffix_tokens, int(max_suffix * margin))
