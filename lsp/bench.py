@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--load-timeout", type=float, default=600.0, help="seconds to wait for the model")
     parser.add_argument("--server-log", metavar="F", help="server log file (default: a temp file)")
     parser.add_argument("--engine-factory", help=argparse.SUPPRESS)  # tests: see lsp/server_cli.py
-    from dlm.coder_model.remote.bench import add_remote_arguments  # no torch at import
+    from dlm.coder_model.bench.remote import add_remote_arguments  # no torch at import
 
     add_remote_arguments(parser)  # --clients, --requests, sampler overrides (skips the ones above)
 
@@ -390,7 +390,7 @@ def render(summary: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if args.remote == LOOPBACK:
-        from dlm.coder_model.remote.bench import run_remote_bench
+        from dlm.coder_model.bench.remote import run_remote_bench
 
         return run_remote_bench(args)
     if args.keystrokes < 1:

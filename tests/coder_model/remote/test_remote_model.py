@@ -183,7 +183,7 @@ def test_serve_cli_refuses_public_bind_without_token():
 def test_remote_bench_runs(sharp_checkpoint, capsys):
     import argparse
 
-    from dlm.coder_model.remote.bench import add_remote_arguments, run_remote_bench
+    from dlm.coder_model.bench.remote import add_remote_arguments, run_remote_bench
 
     parser = argparse.ArgumentParser()
     add_remote_arguments(parser)

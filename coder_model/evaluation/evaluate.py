@@ -1,6 +1,6 @@
 """Evaluate a checkpoint on held-out data.
 
-    python -m dlm.coder_model.evaluate --model DIR [--limit N] [--kinds completion,fim,...]
+    python -m dlm.coder_model.evaluation.evaluate --model DIR [--limit N] [--kinds completion,fim,...]
         [--safim] [--no-ar] [--json out.json]
 
 What it measures (greedy decoding, the engine's own layout and sampler):
@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dlm.coder_model.examples import KINDS, completion_example, fim_example, window
+from dlm.coder_model.training.examples import KINDS, completion_example, fim_example, window
 from dlm.coder_model.types import CancelToken, Prompt, SamplerParams
 
 AR_PARAMS = {"threshold": 1.0, "order": "left_to_right"}
@@ -115,8 +115,8 @@ def corpus_dir(path: str | None) -> Path | None:
 
 def corpus_cases(corpus: Path, kind: str, limit: int, seed: int = 0) -> list[Case]:
     """One case of `kind` per corpus test file (files in path order), up to `limit`."""
-    from dlm.coder_model import edit_examples as ee
-    from dlm.coder_model.corpus import read_split
+    from dlm.coder_model.training import edit_examples as ee
+    from dlm.coder_model.training.corpus import read_split
 
     builders: dict[str, Callable] = {
         "completion": completion_example,
@@ -143,7 +143,7 @@ def corpus_cases(corpus: Path, kind: str, limit: int, seed: int = 0) -> list[Cas
 
 def real_edit_cases(limit: int, data_dir: str | None = None, seed: int = 0) -> list[Case]:
     """Next-edit cases from the edit-histories test split (last hunk of each commit's file)."""
-    from dlm.coder_model.edit_examples import next_edit_eval_cases
+    from dlm.coder_model.training.edit_examples import next_edit_eval_cases
 
     return [
         Case("real_edit", ne.example.prompt, ne.example.target, ne.example.source)
@@ -291,7 +291,7 @@ HOLE = "{{completion}}"
 
 
 def safim_dir(path: str | None = None) -> Path:
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     cands = [path, os.environ.get("DLM_SAFIM"), root.parent / "shared/eval/safim", root / "shared/eval/safim"]
     for c in cands:
         if c and (Path(c) / SAFIM_TASKS["block"]).is_file():
@@ -458,7 +458,7 @@ def evaluate(opts: EvalOptions, engine=None, log=print) -> dict:
             else:
                 if corpus is None:
                     msg = (f"corpus test split not found at {opts.corpus or 'data/corpus'}; build it with "
-                           "python -m dlm.coder_model.corpus or pass --corpus DIR")
+                           "python -m dlm.coder_model.training.corpus or pass --corpus DIR")
                     report["skipped"][kind] = msg
                     log(f"[eval] skip {kind}: {msg}")
                     continue
@@ -558,7 +558,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dlm.coder_model.evaluate", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m dlm.coder_model.evaluation.evaluate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(ap)
     return run(ap.parse_args(argv))

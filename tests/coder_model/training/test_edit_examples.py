@@ -11,7 +11,7 @@ import random
 import tokenize
 
 import pytest
-from dlm.coder_model import edit_examples as ee
+from dlm.coder_model.training import edit_examples as ee
 
 # A small program whose output must not change under the behaviour-preserving
 # synthetic edits (rename, add/remove parameter, add field): running it before

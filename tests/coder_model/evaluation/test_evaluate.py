@@ -6,7 +6,7 @@ import gzip
 import json
 
 import pytest
-from dlm.coder_model import evaluate as ev
+from dlm.coder_model.evaluation import evaluate as ev
 
 # ---------------------------------------------------------------------------
 # metrics
@@ -144,7 +144,7 @@ def test_evaluate_end_to_end_on_a_tiny_checkpoint(tiny_checkpoint, tmp_path):
 
 
 def test_real_edit_cases_come_from_the_test_split():
-    from dlm.coder_model import edit_examples as ee
+    from dlm.coder_model.training import edit_examples as ee
 
     try:
         cases = ev.real_edit_cases(3)

@@ -44,7 +44,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlm.coder_model.examples import Example, window
+from dlm.coder_model.training.examples import Example, window
 from dlm.coder_model.types import Prompt
 
 # ---------------------------------------------------------------------------
@@ -969,7 +969,7 @@ def edit_histories_dir(data_dir: str | os.PathLike | None = None) -> Path:
     """Where the edit-histories `.jsonl.gz` files are: the argument, $DLM_EDIT_HISTORIES,
     or ../shared/data/edit-histories next to the repository."""
     cands = [data_dir, os.environ.get("DLM_EDIT_HISTORIES")]
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     cands += [root.parent / "shared/data/edit-histories", root / "shared/data/edit-histories"]
     for c in cands:
         if c and Path(c).is_dir() and any(Path(c).glob("*.jsonl.gz")):
@@ -992,7 +992,7 @@ def iter_edit_records(
 ) -> Iterator[dict]:
     """Records of one split, file by file, in the files' order.
 
-    The test split is held out for `dlm.coder_model.evaluate`: reading it
+    The test split is held out for `dlm.coder_model.evaluation.evaluate`: reading it
     needs `allow_test=True`, which no training code passes.
     """
     if split not in SPLITS:
@@ -1055,7 +1055,7 @@ def real_edit_examples(
     `noop_rate` of finished-commit `noop` examples. Refuses the test split."""
     if split == "test":
         raise ValueError("real_edit_examples is for training; evaluate the test split with "
-                         "dlm.coder_model.evaluate (next_edit_eval_cases)")
+                         "dlm.coder_model.evaluation.evaluate (next_edit_eval_cases)")
     d = edit_histories_dir(data_dir)
     buf: list[dict] = []
     while True:

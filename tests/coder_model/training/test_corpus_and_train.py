@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
-from dlm.coder_model import corpus
-from dlm.coder_model.corpus import EXCLUDED_PACKAGES, build_corpus, is_excluded, read_split
+from dlm.coder_model.training import corpus
+from dlm.coder_model.training.corpus import EXCLUDED_PACKAGES, build_corpus, is_excluded, read_split
 
 CODE = "def f{i}(x):\n    y = x + {i}\n    return y * 2\n\n\nclass C{i}:\n    value = {i}\n" * 3
 
@@ -70,7 +70,7 @@ def small_corpus(tmp_path):
 
 
 def _cfg(small_corpus, out, tiny_checkpoint, **kw):
-    from dlm.coder_model.train import TrainConfig
+    from dlm.coder_model.training.train import TrainConfig
 
     base = dict(corpus=str(small_corpus), out=str(out), preset="test-tiny", tokenizer=f"{tiny_checkpoint}/tokenizer.json",
                 batch=4, context=96, block=16, steps=4, minutes=30, eval_every=2, save_every=2, valid_examples=4,
@@ -80,7 +80,7 @@ def _cfg(small_corpus, out, tiny_checkpoint, **kw):
 
 
 def test_diffusion_loss_only_counts_masked_slots(tiny_model):
-    from dlm.coder_model.train import diffusion_loss
+    from dlm.coder_model.training.train import diffusion_loss
 
     model, tok = tiny_model
     ids = torch.randint(20, 300, (2, 24))
@@ -98,7 +98,7 @@ def test_diffusion_loss_only_counts_masked_slots(tiny_model):
 def test_ar_auxiliary_loss_is_next_token_cross_entropy_on_valid_context(tiny_model):
     import torch.nn.functional as F
 
-    from dlm.coder_model.train import diffusion_loss, native_train_mask
+    from dlm.coder_model.training.train import diffusion_loss, native_train_mask
 
     model, tok = tiny_model
     model.eval()
@@ -125,7 +125,7 @@ def test_ar_auxiliary_loss_is_next_token_cross_entropy_on_valid_context(tiny_mod
 def test_resume_continues_from_the_saved_step(small_corpus, tmp_path, tiny_checkpoint):
     from safetensors.torch import load_file
 
-    from dlm.coder_model.train import train
+    from dlm.coder_model.training.train import train
 
     out = tmp_path / "run"
     train(_cfg(small_corpus, out, tiny_checkpoint, steps=2))  # stops after 2 steps, state saved
@@ -144,7 +144,7 @@ def test_resume_continues_from_the_saved_step(small_corpus, tmp_path, tiny_check
 
 def test_warm_start_loads_weights(small_corpus, tmp_path, tiny_checkpoint):
     from dlm.coder_model.checkpoint import load_model
-    from dlm.coder_model.train import train
+    from dlm.coder_model.training.train import train
 
     final = train(_cfg(small_corpus, tmp_path / "warm", tiny_checkpoint, steps=1, init=tiny_checkpoint,
                        tokenizer="", lr=0.0, min_lr_ratio=0.0))

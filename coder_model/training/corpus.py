@@ -1,6 +1,6 @@
 """Training corpus: real source files from the packages installed on this machine.
 
-    python -m dlm.coder_model.corpus --out data/corpus
+    python -m dlm.coder_model.training.corpus --out data/corpus
 
 walks the Python installations' site-packages and standard library (and any
 extra --root), keeps source files by extension, drops the packages the

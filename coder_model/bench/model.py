@@ -1,7 +1,7 @@
 """Model-level figures for BENCHMARKS.md: size, step latency, predict latency,
 held-out line infilling, diffusion vs autoregressive decoding on the same network.
 
-    python -m dlm.coder_model.model_bench --model DIR --corpus data/corpus --lines 100
+    python -m dlm.coder_model.bench.model --model DIR --corpus data/corpus --lines 100
 
 Held-out lines come from the corpus test split (files never trained on): the
 region is one non-blank line emptied down to its indentation, the cursor after
@@ -26,7 +26,7 @@ import torch
 
 from dlm.coder_model.cache import PrefixCache
 from dlm.coder_model.checkpoint import embedded_checkpoint_dir, load_model
-from dlm.coder_model.corpus import read_split
+from dlm.coder_model.training.corpus import read_split
 from dlm.coder_model.layout import LayoutBudget, encode_prompt
 from dlm.coder_model.model import count_parameters
 from dlm.coder_model.sampler import generate

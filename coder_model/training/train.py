@@ -1,6 +1,6 @@
 """Train the native denoiser with the masked-diffusion loss.
 
-    python -m dlm.coder_model.train --corpus data/corpus --out runs/v0 --preset cpu-small --minutes 45
+    python -m dlm.coder_model.training.train --corpus data/corpus --out runs/v0 --preset cpu-small --minutes 45
 
 Each example (coder_model.examples / edit_examples) becomes one sequence:
 left padding, the context tokens of the native layout, then one block of L
@@ -33,10 +33,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from dlm.coder_model import examples as ex_mod
+from dlm.coder_model.training import examples as ex_mod
 from dlm.coder_model.checkpoint import load_model, save_checkpoint
 from dlm.coder_model.config import ModelConfig
-from dlm.coder_model.corpus import read_split
+from dlm.coder_model.training.corpus import read_split
 from dlm.coder_model.layout import LayoutBudget, encode_prompt, encode_target, target_block
 from dlm.coder_model.model import DLM, count_parameters
 from dlm.coder_model.tokenizer import Tokenizer, train_tokenizer
@@ -82,12 +82,12 @@ class ExampleStream:
         self.files = [(r["path"], r["language"], r["text"]) for r in read_split(Path(cfg.corpus), split)]
         if not self.files:
             raise SystemExit(f"corpus split {split!r} in {cfg.corpus} is empty; build it with "
-                             "python -m dlm.coder_model.corpus")
+                             "python -m dlm.coder_model.training.corpus")
         weights = dict(kv.split("=") for kv in cfg.mix.split(","))
         self.builders = {"completion": ex_mod.completion_example, "fim": ex_mod.fim_example}
         self.real_edits = None
         try:  # the edit builders (issue 5) are optional: train without them if absent
-            from dlm.coder_model import edit_examples as ed
+            from dlm.coder_model.training import edit_examples as ed
         except ImportError:
             ed = None
         if ed is not None:

@@ -1,6 +1,6 @@
 """Step latency of a dream-family model: full pass vs dual-cache block pass, and tokens/s.
 
-    python -m dlm.coder_model.families.bench [--shape qwen2.5-0.5b] [--context 1024] [--slots 32]
+    python -m dlm.coder_model.bench.families [--shape qwen2.5-0.5b] [--context 1024] [--slots 32]
 
 Builds a model of the given shape with random weights (no download; the
 weights do not change the cost of a step), lays out `context` tokens around a

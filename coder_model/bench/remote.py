@@ -1,7 +1,7 @@
 """Remote-mode benchmark: what the network hop adds, and batched throughput.
 
     dlm-lsp bench --remote [--model DIR] [--device cpu] [--clients 1,4,16,32]
-    python -m dlm.coder_model.remote.bench [same options]
+    python -m dlm.coder_model.bench.remote [same options]
 
 1. Local: LocalEngine replays typing one keystroke after another -> p50/p99.
 2. Remote: the same keystrokes through RemoteEngine to a `dlm-lsp serve`
@@ -266,7 +266,7 @@ def run_remote_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dlm.coder_model.remote.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m dlm.coder_model.bench.remote", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_remote_arguments(parser)
     return run_remote_bench(parser.parse_args(argv))

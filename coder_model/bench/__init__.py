@@ -1,0 +1,1 @@
+"""Benchmarks of the model, the open-checkpoint families and the remote server."""

@@ -1,0 +1,1 @@
+"""Evaluation: metrics, the SAFIM sandbox and the evaluate driver (never imported by the inference core)."""
