@@ -2,6 +2,9 @@
 // vscode-languageclient's inline-completion feature (LSP 3.18); this file adds
 // what the library does not do: edit predictions away from the cursor
 // (dlm/editPrediction), acceptance notifications, the status bar, commands.
+// Edit predictions are shown as inline edits (InlineCompletionItem.isInlineEdit,
+// proposed API `inlineCompletionsAdditions`) where the running VS Code allows it,
+// and as decorations otherwise.
 // Everything that can be computed without an editor lives in logic.ts.
 import * as vscode from "vscode";
 import {
@@ -14,11 +17,16 @@ import {
 import {
   type DlmSettings,
   type DlmStatus,
+  type EditPredictionDisplay,
   type EditPredictionView,
+  type InlineEditData,
   DEFAULT_SETTINGS,
   SettingsError,
   acceptedLength,
   buildServerCommand,
+  chooseEditPredictionDisplay,
+  inlineEditFor,
+  inlineResultSource,
   itemIdOf,
   needsRestart,
   renderEditPrediction,
@@ -27,6 +35,13 @@ import {
 } from "./logic.js";
 
 const ACCEPT_COMMAND = "dlm.acceptCompletion";
+
+// The server is not on PyPI (the name dlm-lsp there is another project): it is installed
+// from a clone of this repository into a virtualenv, whose bin/ is usually not on PATH.
+const INSTALL_HINT =
+  "Install the server from a clone of the dlm-lsp repository: `python -m venv .venv && " +
+  ".venv/bin/pip install torch==2.13.0 -e .` (in the clone), then set dlm.server.path to the full path " +
+  "of the virtualenv's bin/dlm-lsp (e.g. /path/to/dlm-lsp/.venv/bin/dlm-lsp) and run `dlm: Restart Server`.";
 
 function readSettings(): DlmSettings {
   const c = vscode.workspace.getConfiguration("dlm");
@@ -42,7 +57,33 @@ function readSettings(): DlmSettings {
     remoteTls: c.get<boolean>("remote.tls", d.remoteTls),
     editPredictions: c.get<boolean>("editPredictions", d.editPredictions),
     editPredictionDelayMs: c.get<number>("editPredictionDelayMs", d.editPredictionDelayMs),
+    editPredictionDisplay: c.get<DlmSettings["editPredictionDisplay"]>("editPredictionDisplay", d.editPredictionDisplay),
   };
+}
+
+/** The fields the inlineCompletionsAdditions proposal adds to InlineCompletionItem (not in @types/vscode). */
+type ProposedInlineItem = vscode.InlineCompletionItem & {
+  isInlineEdit?: boolean;
+  showInlineEditMenu?: boolean;
+  displayLocation?: { range: vscode.Range; label: string; kind?: number };
+};
+
+/** Runtime feature detection for inline edits: what the running VS Code offers this extension. */
+function editPredictionDisplay(ctx: vscode.ExtensionContext, settings: DlmSettings): EditPredictionDisplay {
+  const pkg = ctx.extension.packageJSON as { enabledApiProposals?: string[] };
+  return chooseEditPredictionDisplay(settings.editPredictionDisplay, {
+    version: vscode.version,
+    enabledApiProposals: pkg.enabledApiProposals,
+    hasDisplayLocationKind: displayLocationKinds() !== undefined,
+  });
+}
+
+/** vscode.InlineCompletionDisplayLocationKind where it exists ({Code: 1, Label: 2}). */
+function displayLocationKinds(): { Code: number; Label: number } | undefined {
+  const k = (vscode as unknown as Record<string, unknown>).InlineCompletionDisplayLocationKind as
+    | { Code?: number; Label?: number }
+    | undefined;
+  return k && typeof k.Code === "number" && typeof k.Label === "number" ? { Code: k.Code, Label: k.Label } : undefined;
 }
 
 /** The inline completion item VS Code is showing (as far as we know), for partial-accept notifications. */
@@ -57,6 +98,8 @@ interface ShownPrediction {
   uri: string;
   view: EditPredictionView;
   edits: { range: vscode.Range; newText: string }[];
+  /** Set when the prediction is offered to VS Code as an inline edit instead of decorations. */
+  inlineEdit?: InlineEditData;
 }
 
 class DlmExtension implements vscode.Disposable {
@@ -68,6 +111,10 @@ class DlmExtension implements vscode.Disposable {
   private predictionTimer: NodeJS.Timeout | undefined;
   private predictionCancel: vscode.CancellationTokenSource | undefined;
   private ownAcceptCommand: vscode.Disposable | undefined;
+  private display: EditPredictionDisplay = { mode: "decorations", why: "not decided yet" };
+  private ctx: vscode.ExtensionContext | undefined;
+  /** Set while our own editor.action.inlineSuggest.trigger runs: answer with the inline edit only. */
+  private triggeringInlineEdit = false;
   private readonly disposables: vscode.Disposable[] = [];
   private readonly statusItem: vscode.StatusBarItem;
   private readonly replaceDeco: vscode.TextEditorDecorationType;
@@ -89,6 +136,8 @@ class DlmExtension implements vscode.Disposable {
   }
 
   register(ctx: vscode.ExtensionContext): void {
+    this.ctx = ctx;
+    this.decideDisplay();
     const cmd = (name: string, fn: (...a: unknown[]) => unknown) =>
       this.disposables.push(vscode.commands.registerCommand(name, fn));
     cmd("dlm.toggle", () => this.toggle());
@@ -98,7 +147,11 @@ class DlmExtension implements vscode.Disposable {
     cmd("dlm.acceptWord", () => this.partialAccept("editor.action.inlineSuggest.acceptNextWord"));
     cmd("dlm.acceptLine", () => this.partialAccept("editor.action.inlineSuggest.acceptNextLine"));
     cmd("dlm.applyEditPrediction", () => this.applyPrediction());
-    cmd("dlm.dismissEditPrediction", () => this.clearPrediction());
+    cmd("dlm.dismissEditPrediction", () => {
+      const inline = !!this.prediction?.inlineEdit;
+      this.clearPrediction();
+      if (inline) void vscode.commands.executeCommand("editor.action.inlineSuggest.hide");
+    });
     this.disposables.push(
       vscode.workspace.onDidChangeConfiguration((e) => {
         if (e.affectsConfiguration("dlm")) this.onSettingsChanged();
@@ -135,7 +188,17 @@ class DlmExtension implements vscode.Disposable {
       middleware: {
         provideInlineCompletionItems: async (document, position, context, token, next) => {
           if (!this.settings.enable) return null;
-          const result = await next(document, position, context, token);
+          const edit = this.pendingInlineEdit(document);
+          const ours = this.triggeringInlineEdit;
+          this.triggeringInlineEdit = false;
+          let result: vscode.InlineCompletionItem[] | vscode.InlineCompletionList | null | undefined;
+          let count: number | null = null;
+          if (!(edit && ours)) {
+            result = await next(document, position, context, token);
+            count = (Array.isArray(result) ? result : (result?.items ?? [])).length;
+          }
+          const source = inlineResultSource({ editPending: !!edit, ourTrigger: ours, completionCount: count });
+          if (source === "inlineEdit" && edit) return [this.inlineEditItem(edit, document)];
           this.noteShown(document, position, result);
           return result;
         },
@@ -159,7 +222,7 @@ class DlmExtension implements vscode.Disposable {
     } catch (e) {
       const msg =
         `could not start "${cmd.command}": ${e instanceof Error ? e.message : String(e)}. ` +
-        "Install dlm-lsp (pip install dlm-lsp) or set dlm.server.path to its full path, then run `dlm: Restart Server`.";
+        INSTALL_HINT;
       this.log.error(msg);
       this.status = { state: "failed", message: msg };
       this.renderStatus();
@@ -199,9 +262,20 @@ class DlmExtension implements vscode.Disposable {
     await this.start();
   }
 
+  private decideDisplay(): void {
+    if (!this.ctx) return;
+    const d = editPredictionDisplay(this.ctx, this.settings);
+    if (d.mode !== this.display.mode || d.why !== this.display.why) this.log.info(`edit predictions: ${d.why}`);
+    this.display = d;
+  }
+
   private onSettingsChanged(): void {
     const old = this.settings;
     this.settings = readSettings();
+    if (old.editPredictionDisplay !== this.settings.editPredictionDisplay) {
+      this.clearPrediction();
+      this.decideDisplay();
+    }
     if (needsRestart(old, this.settings)) void this.restart();
     if (!this.settings.enable || !this.settings.editPredictions) this.clearPrediction();
     this.renderStatus();
@@ -313,7 +387,19 @@ class DlmExtension implements vscode.Disposable {
     }
     // A prediction for an older version of the text would edit the wrong characters.
     if (!pred || pred.version !== doc.version) return;
-    const view = renderEditPrediction(pred, (n) => (n < doc.lineCount ? doc.lineAt(n).text : ""));
+    const lineText = (n: number) => (n < doc.lineCount ? doc.lineAt(n).text : "");
+    let view: EditPredictionView;
+    let inlineEdit: InlineEditData | null = null;
+    try {
+      view = renderEditPrediction(pred, lineText);
+      if (this.display.mode === "inlineEdit") {
+        const cur = editor.selection.active;
+        inlineEdit = inlineEditFor(pred, { line: cur.line, character: cur.character }, lineText);
+      }
+    } catch (e) {
+      this.log.warn(String(e));
+      return;
+    }
     if (!view.decorations.length) return;
     this.prediction = {
       uri: doc.uri.toString(),
@@ -322,8 +408,42 @@ class DlmExtension implements vscode.Disposable {
         range: new vscode.Range(e.range.start.line, e.range.start.character, e.range.end.line, e.range.end.character),
         newText: e.newText,
       })),
+      inlineEdit: inlineEdit ?? undefined,
     };
-    this.showPrediction(editor, view);
+    if (inlineEdit) {
+      // VS Code asks the inline-completion providers again; our middleware answers with the edit.
+      this.triggeringInlineEdit = true;
+      await vscode.commands.executeCommand("editor.action.inlineSuggest.trigger");
+      this.triggeringInlineEdit = false;
+    } else {
+      this.showPrediction(editor, view); // decorations (no inline edits here, or an edit too large for one)
+    }
+  }
+
+  /** The inline edit waiting for this document's current version, if any. */
+  private pendingInlineEdit(document: vscode.TextDocument): InlineEditData | undefined {
+    const p = this.prediction;
+    if (!p?.inlineEdit || p.uri !== document.uri.toString() || p.view.version !== document.version) return undefined;
+    return p.inlineEdit;
+  }
+
+  private inlineEditItem(e: InlineEditData, document: vscode.TextDocument): vscode.InlineCompletionItem {
+    const toRange = (r: InlineEditData["range"]) =>
+      document.validateRange(new vscode.Range(r.start.line, r.start.character, r.end.line, r.end.character));
+    // Accepting runs dlm.acceptCompletion with the prediction id, like the decorations' Tab does.
+    const item = new vscode.InlineCompletionItem(e.insertText, toRange(e.range), {
+      title: "accept dlm edit prediction",
+      command: ACCEPT_COMMAND,
+      arguments: [e.id],
+    }) as ProposedInlineItem;
+    item.isInlineEdit = true;
+    item.showInlineEditMenu = true;
+    if (e.displayLocation) {
+      const kinds = displayLocationKinds();
+      item.displayLocation = { range: toRange(e.displayLocation.range), label: e.displayLocation.label };
+      if (kinds) item.displayLocation.kind = e.displayLocation.kind === "label" ? kinds.Label : kinds.Code;
+    }
+    return item;
   }
 
   private showPrediction(editor: vscode.TextEditor, view: EditPredictionView): void {
@@ -353,7 +473,12 @@ class DlmExtension implements vscode.Disposable {
 
   clearPrediction(): void {
     if (!this.prediction) return;
+    const wasInline = !!this.prediction.inlineEdit;
     this.prediction = undefined;
+    if (wasInline) {
+      // VS Code owns the inline edit's display; it drops it when the text changes, Esc hides it.
+      return;
+    }
     for (const e of vscode.window.visibleTextEditors) {
       e.setDecorations(this.replaceDeco, []);
       e.setDecorations(this.newTextDeco, []);

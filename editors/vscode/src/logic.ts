@@ -15,6 +15,7 @@ export interface DlmSettings {
   remoteTls: boolean;
   editPredictions: boolean;
   editPredictionDelayMs: number;
+  editPredictionDisplay: EditPredictionDisplaySetting;
 }
 
 export const DEFAULT_SETTINGS: DlmSettings = {
@@ -28,6 +29,7 @@ export const DEFAULT_SETTINGS: DlmSettings = {
   remoteTls: false,
   editPredictions: true,
   editPredictionDelayMs: 300,
+  editPredictionDisplay: "auto",
 };
 
 export interface ServerCommand {
@@ -278,4 +280,155 @@ export function itemIdOf(command: { command?: string; arguments?: unknown[] } | 
   if (!command || command.command !== "dlm.acceptCompletion" || !command.arguments?.length) return null;
   const id = command.arguments[0];
   return typeof id === "string" || typeof id === "number" ? String(id) : null;
+}
+
+// ---------------------------------------------------------------------------
+// edit predictions as inline edits (proposed API) or decorations
+
+/** The proposal that adds `isInlineEdit` / `displayLocation` to InlineCompletionItem. */
+export const INLINE_EDIT_PROPOSAL = "inlineCompletionsAdditions";
+
+/**
+ * The oldest VS Code whose `inlineCompletionsAdditions` proposal has `isInlineEdit`
+ * (older builds ignore the field and would drop an edit away from the cursor).
+ */
+export const MIN_INLINE_EDIT_VERSION = "1.99.0";
+
+/**
+ * `dlm.editPredictionDisplay`: `auto` uses inline edits where VS Code has them,
+ * `inlineEdit` uses them without checking, `decorations` never does.
+ */
+export type EditPredictionDisplaySetting = "auto" | "inlineEdit" | "decorations";
+
+export interface EditorCapabilities {
+  /** vscode.version, e.g. "1.101.2" or "1.102.0-insider". */
+  version: string;
+  /**
+   * The extension's effective package.json `enabledApiProposals`: VS Code empties the
+   * list when it does not allow proposals for the extension (stable build without
+   * `--enable-proposed-api`), so a declared proposal is not enough.
+   */
+  enabledApiProposals: readonly string[] | undefined;
+  /** Whether `vscode.InlineCompletionDisplayLocationKind` exists (displayLocation takes a kind). */
+  hasDisplayLocationKind: boolean;
+}
+
+export interface EditPredictionDisplay {
+  mode: "inlineEdit" | "decorations";
+  why: string;
+}
+
+/** [major, minor, patch] of "1.99.3-insider"; null when it is not a version. */
+export function parseVersion(v: string): [number, number, number] | null {
+  const m = /^(\d+)\.(\d+)(?:\.(\d+))?/.exec(v.trim());
+  return m ? [Number(m[1]), Number(m[2]), Number(m[3] ?? 0)] : null;
+}
+
+/** a >= b for dotted versions; an unparsable `a` counts as older. */
+export function versionAtLeast(a: string, b: string): boolean {
+  const x = parseVersion(a);
+  const y = parseVersion(b);
+  if (!x || !y) return false;
+  for (let i = 0; i < 3; i++) if (x[i] !== y[i]) return x[i] > y[i];
+  return true;
+}
+
+/** How to show edit predictions in the running VS Code (decided once, at start). */
+export function chooseEditPredictionDisplay(
+  setting: EditPredictionDisplaySetting,
+  caps: EditorCapabilities,
+): EditPredictionDisplay {
+  if (setting === "decorations") return { mode: "decorations", why: "dlm.editPredictionDisplay is decorations" };
+  if (setting === "inlineEdit") {
+    // no checks: for builds the detection gets wrong (VS Code ignores the fields where it lacks them)
+    return { mode: "inlineEdit", why: "dlm.editPredictionDisplay is inlineEdit" };
+  }
+  const missing: string[] = [];
+  if (!versionAtLeast(caps.version, MIN_INLINE_EDIT_VERSION)) {
+    missing.push(`VS Code ${caps.version} is older than ${MIN_INLINE_EDIT_VERSION}`);
+  }
+  if (!(caps.enabledApiProposals ?? []).includes(INLINE_EDIT_PROPOSAL)) {
+    missing.push(
+      `the ${INLINE_EDIT_PROPOSAL} API proposal is not enabled for this extension ` +
+        "(start VS Code with --enable-proposed-api dlm-lsp.dlm-lsp, or list the extension under " +
+        '"enable-proposed-api" in argv.json)',
+    );
+  }
+  if (missing.length) return { mode: "decorations", why: `inline edits unavailable: ${missing.join("; ")}` };
+  return { mode: "inlineEdit", why: "inline edits (proposed inlineCompletionsAdditions API)" };
+}
+
+/** An edit prediction as one InlineCompletionItem (plain data; extension.ts makes the vscode objects). */
+export interface InlineEditData {
+  id: string;
+  version: number;
+  range: Range; // the text replaced: from the first edit's start to the last edit's end
+  insertText: string;
+  /** Set when the edit is away from the cursor: where VS Code draws it, with a label. */
+  displayLocation?: { range: Range; kind: "code" | "label"; label: string };
+}
+
+/** Edits spanning more lines than this are drawn as decorations (one inline edit would be a huge diff). */
+export const MAX_INLINE_EDIT_LINES = 40;
+
+function cmpPos(a: Pos, b: Pos): number {
+  return a.line !== b.line ? a.line - b.line : a.character - b.character;
+}
+
+/**
+ * The edits of a prediction merged into one replacement (an inline completion item has one
+ * range): the covered text with every edit applied. `lineText(n)` returns line n of the
+ * document. null when there is nothing to show, when edits overlap, or when the span is
+ * longer than MAX_INLINE_EDIT_LINES (the caller then draws decorations).
+ */
+export function inlineEditFor(p: EditPrediction, cursor: Pos, lineText: (line: number) => string): InlineEditData | null {
+  const view = renderEditPrediction(p, lineText); // validates ranges and drops no-op edits
+  if (!view.decorations.length) return null;
+  const edits = view.decorations
+    .map((d) => ({ range: d.range, newText: d.hover }))
+    .sort((a, b) => cmpPos(a.range.start, b.range.start));
+  for (let i = 1; i < edits.length; i++) {
+    if (cmpPos(edits[i].range.start, edits[i - 1].range.end) < 0) return null; // overlapping edits
+  }
+  const start = edits[0].range.start;
+  const end = edits.reduce((e, x) => (cmpPos(x.range.end, e) > 0 ? x.range.end : e), edits[0].range.end);
+  if (end.line - start.line + 1 > MAX_INLINE_EDIT_LINES) return null;
+  // The covered text, as the document has it: lines start..end joined with "\n".
+  const textBetween = (a: Pos, b: Pos): string => {
+    if (a.line === b.line) return lineText(a.line).slice(a.character, b.character);
+    const parts = [lineText(a.line).slice(a.character)];
+    for (let l = a.line + 1; l < b.line; l++) parts.push(lineText(l));
+    parts.push(lineText(b.line).slice(0, b.character));
+    return parts.join("\n");
+  };
+  let out = "";
+  let at = start;
+  for (const e of edits) {
+    out += textBetween(at, e.range.start) + e.newText;
+    at = e.range.end;
+  }
+  out += textBetween(at, end);
+  const range = { start, end };
+  const data: InlineEditData = { id: p.id, version: p.version, range, insertText: out };
+  // Near the cursor VS Code draws the edit in place; away from it, point at the edit's lines.
+  if (cursor.line < start.line - 1 || cursor.line > end.line + 1) {
+    data.displayLocation = { range, kind: "code", label: `dlm: edit at line ${start.line + 1}` };
+  }
+  return data;
+}
+
+/**
+ * What the inline-completion provider returns when an edit prediction is pending:
+ * a completion at the cursor wins (it is what the user is typing); the inline edit
+ * is shown when the server has no completion, or when the request is our own
+ * trigger for the edit (then the server is not asked again).
+ */
+export function inlineResultSource(opts: {
+  editPending: boolean;
+  ourTrigger: boolean;
+  completionCount: number | null; // null: the server was not asked
+}): "completions" | "inlineEdit" | "none" {
+  if (opts.editPending && opts.ourTrigger) return "inlineEdit";
+  if (opts.completionCount) return "completions";
+  return opts.editPending ? "inlineEdit" : "none";
 }

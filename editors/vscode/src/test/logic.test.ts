@@ -4,13 +4,19 @@ import assert from "node:assert/strict";
 import {
   DEFAULT_SETTINGS,
   SettingsError,
+  INLINE_EDIT_PROPOSAL,
+  MAX_INLINE_EDIT_LINES,
   acceptedLength,
   buildServerCommand,
+  chooseEditPredictionDisplay,
+  inlineEditFor,
+  inlineResultSource,
   itemIdOf,
   needsRestart,
   renderEditPrediction,
   statusBarData,
   validateEditPrediction,
+  versionAtLeast,
   type DlmSettings,
 } from "../logic.js";
 
@@ -124,4 +130,85 @@ test("partial accept length and item ids", () => {
   assert.equal(itemIdOf({ command: "dlm.acceptCompletion", arguments: ["c-12"] }), "c-12");
   assert.equal(itemIdOf({ command: "other", arguments: ["c-12"] }), null);
   assert.equal(itemIdOf(undefined), null);
+});
+
+test("inline edits are used only where VS Code has them and allows the proposal", () => {
+  const caps = { version: "1.101.2", enabledApiProposals: [INLINE_EDIT_PROPOSAL], hasDisplayLocationKind: true };
+  assert.equal(chooseEditPredictionDisplay("auto", caps).mode, "inlineEdit");
+  // stable VS Code without --enable-proposed-api empties the declared list
+  const notAllowed = chooseEditPredictionDisplay("auto", { ...caps, enabledApiProposals: [] });
+  assert.equal(notAllowed.mode, "decorations");
+  assert.match(notAllowed.why, /--enable-proposed-api dlm-lsp\.dlm-lsp/);
+  assert.equal(chooseEditPredictionDisplay("auto", { ...caps, enabledApiProposals: undefined }).mode, "decorations");
+  const old = chooseEditPredictionDisplay("auto", { ...caps, version: "1.91.0" });
+  assert.equal(old.mode, "decorations");
+  assert.match(old.why, /older than/);
+  assert.equal(chooseEditPredictionDisplay("auto", { ...caps, version: "1.102.0-insider" }).mode, "inlineEdit");
+  assert.equal(chooseEditPredictionDisplay("decorations", caps).mode, "decorations");
+  assert.equal(chooseEditPredictionDisplay("inlineEdit", { ...caps, version: "1.91.0", enabledApiProposals: [] }).mode, "inlineEdit");
+  assert.equal(DEFAULT_SETTINGS.editPredictionDisplay, "auto");
+});
+
+test("version comparison", () => {
+  assert.equal(versionAtLeast("1.99.0", "1.99.0"), true);
+  assert.equal(versionAtLeast("1.100.1", "1.99.0"), true);
+  assert.equal(versionAtLeast("1.98.9", "1.99.0"), false);
+  assert.equal(versionAtLeast("2.0", "1.99.0"), true);
+  assert.equal(versionAtLeast("nightly", "1.99.0"), false);
+});
+
+test("inline edit: the edits merged into one replacement of the covered text", () => {
+  const e = inlineEditFor(
+    {
+      id: "p1",
+      version: 7,
+      edits: [
+        { range: r(3, 0, 3, 11), newText: "" },
+        { range: r(1, 11, 1, 14), newText: "x + 1" },
+      ],
+    },
+    { line: 1, character: 0 },
+    line,
+  );
+  assert.ok(e);
+  assert.equal(e.id, "p1");
+  assert.equal(e.version, 7);
+  assert.deepEqual(e.range, r(1, 11, 3, 11));
+  assert.equal(e.insertText, "x + 1\n\n"); // "x+1\n\nprint(f(2))" with both edits applied
+  assert.equal(e.displayLocation, undefined); // at the cursor: VS Code draws it in place
+  // applying the merged edit gives the same document as applying the edits one by one
+  const apply = (lines: string[], rg: ReturnType<typeof r>, text: string) => {
+    const full = lines.join("\n");
+    const off = (p: { line: number; character: number }) =>
+      lines.slice(0, p.line).reduce((n, l) => n + l.length + 1, 0) + p.character;
+    return full.slice(0, off(rg.start)) + text + full.slice(off(rg.end));
+  };
+  assert.equal(apply(doc, e.range, e.insertText), "def f(x):\n    return x + 1\n\n");
+});
+
+test("inline edit: far from the cursor it gets a display location; no-op, overlapping, huge: none", () => {
+  const far = inlineEditFor({ id: "p", version: 1, edits: [{ range: r(3, 0, 3, 5), newText: "pprint" }] }, { line: 0, character: 0 }, line);
+  assert.ok(far?.displayLocation);
+  assert.deepEqual(far.displayLocation.range, r(3, 0, 3, 5));
+  assert.equal(far.displayLocation.kind, "code");
+  assert.match(far.displayLocation.label, /line 4/);
+  assert.equal(inlineEditFor({ id: "p", version: 1, edits: [{ range: r(1, 4, 1, 10), newText: "return" }] }, { line: 1, character: 0 }, line), null);
+  const overlap = [
+    { range: r(1, 0, 1, 8), newText: "a" },
+    { range: r(1, 4, 1, 10), newText: "b" },
+  ];
+  assert.equal(inlineEditFor({ id: "p", version: 1, edits: overlap }, { line: 1, character: 0 }, line), null);
+  const big = [
+    { range: r(0, 0, 0, 1), newText: "D" },
+    { range: r(MAX_INLINE_EDIT_LINES + 5, 0, MAX_INLINE_EDIT_LINES + 5, 0), newText: "x" },
+  ];
+  assert.equal(inlineEditFor({ id: "p", version: 1, edits: big }, { line: 0, character: 0 }, line), null);
+});
+
+test("inline result: a completion at the cursor wins unless the request is our trigger for the edit", () => {
+  assert.equal(inlineResultSource({ editPending: true, ourTrigger: true, completionCount: null }), "inlineEdit");
+  assert.equal(inlineResultSource({ editPending: true, ourTrigger: false, completionCount: 1 }), "completions");
+  assert.equal(inlineResultSource({ editPending: true, ourTrigger: false, completionCount: 0 }), "inlineEdit");
+  assert.equal(inlineResultSource({ editPending: false, ourTrigger: false, completionCount: 2 }), "completions");
+  assert.equal(inlineResultSource({ editPending: false, ourTrigger: true, completionCount: 0 }), "none");
 });
