@@ -9,10 +9,9 @@ bytes and flops (counted from the shapes, before timing), kernel and reference
 time (CUDA events around each call, median of many, L2 flushed between calls
 so bandwidth figures are HBM figures), achieved GB/s and the fraction of the
 GPU's HBM bandwidth, and torch.nn.functional.scaled_dot_product_attention
-where it applies. Then one denoising step (forward over the masked block
-against a cached context + unmask scores) of the embedded model and of a
-random model with Qwen2.5-0.5B dimensions, kernels on vs off, eager and as a
-CUDA graph.
+where it applies. The cost of a whole denoising step of real model shapes
+(kernels on vs off, CUDA graphs) is `python -m dlm.coder_model.bench.step`:
+this package imports only torch and triton (DESIGN §1).
 
 Without a GPU it runs the correctness pre-check in the Triton interpreter on
 small CPU shapes and exits, saying that timings need a GPU.
@@ -47,7 +46,7 @@ HBM_SPEC = [
     ("RTX 3090", 0.936e12),
 ]
 
-# Qwen2.5-0.5B dimensions (config.json of the HF release)
+# Qwen2.5-0.5B dimensions (config.json of the HF release): the op shapes below
 QWEN05B = {
     "vocab_size": 151936, "dim": 896, "n_layers": 24, "n_heads": 14, "n_kv_heads": 2, "ffn_dim": 4864,
     "rope_theta": 1000000.0, "max_seq_len": 8192, "tie_embeddings": True,
@@ -310,90 +309,6 @@ def run_op_table(cases: list[Case], timer: Timer, peak: float | None) -> None:
         sys.stdout.flush()
 
 
-# ----------------------------------------------------------------------------- model step
-
-
-def _random_model(cfg_kwargs: dict, dtype, torch):
-    from dlm.coder_model.config import ModelConfig
-    from dlm.coder_model.model import DLM
-
-    cfg = ModelConfig(**cfg_kwargs)
-    with torch.device("cuda"):
-        model = DLM(cfg, impl="reference")
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, 0.02)
-    return model.to(dtype).eval()
-
-
-def _step_fn(model, cache, block, pos, rule: str, impl: str):
-    """One denoising step: forward over the block against the cached context, then scores."""
-    from dlm import kernels
-
-    def step():
-        model.impl = impl
-        hidden = model.forward(block, start_pos=len(cache), context_len=len(cache), cache=cache)[0]  # (L, dim)
-        return kernels.unmask_scores(hidden, model.lm_head_weight, pos, rule, impl=impl)
-
-    return step
-
-
-def _graphed(torch, fn: Callable[[], object]) -> Callable[[], object]:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):  # compile the Triton kernels and warm the allocator outside capture
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay
-
-
-def run_model_steps(torch, timer: Timer, dtype, quick: bool) -> None:
-    from dlm.coder_model.cache import PrefixCache
-
-    models = []
-    try:
-        from dlm.coder_model.checkpoint import embedded_checkpoint_dir, load_model
-
-        m, _tok = load_model(embedded_checkpoint_dir(), device="cuda", impl="reference", dtype=dtype)
-        models.append(("embedded", m))
-    except Exception as exc:  # noqa: BLE001 - the table goes on without it, saying why
-        print(f"embedded model: skipped ({exc})")
-    models.append(("qwen2.5-0.5b-shape random", _random_model(QWEN05B, dtype, torch)))
-
-    L, Tc = 32, (1024 if quick else 2048)
-    hdr = f"{'model':<28} {'Tc':>5} {'L':>3} {'kernels':<8} {'eager ms':>9} {'graph ms':>9}"
-    print(hdr)
-    print("-" * len(hdr))
-    for name, model in models:
-        cfg = model.config
-        g = torch.Generator(device="cuda").manual_seed(0)
-        ctx = torch.randint(0, cfg.vocab_size, (min(Tc, cfg.max_seq_len - L),), device="cuda", generator=g)
-        cache = PrefixCache()
-        with torch.inference_mode():
-            model.impl = "reference"
-            model.prefill(ctx.tolist(), cache)
-        block = torch.randint(0, cfg.vocab_size, (1, L), device="cuda", generator=g)
-        pos = torch.arange(L, device="cuda")
-        for impl, label in (("reference", "off"), ("triton", "on")):
-            with torch.inference_mode():
-                fn = _step_fn(model, cache, block, pos, "max_prob", impl)
-                eager = timer(fn)
-                try:
-                    graph = f"{timer(_graphed(torch, fn)):9.3f}"
-                except Exception as exc:  # noqa: BLE001 - report, keep benchmarking
-                    graph = "failed"
-                    print(f"  (CUDA graph capture failed for {name} kernels {label}: {exc})")
-            print(f"{name:<28} {len(cache):>5} {L:>3} {label:<8} {eager:9.3f} {graph:>9}")
-            sys.stdout.flush()
-
-
 # ----------------------------------------------------------------------------- main
 
 
@@ -403,7 +318,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=None, help="timed calls per measurement (default 200, quick 50)")
     ap.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
     ap.add_argument("--hbm-gbps", type=float, default=None, help="HBM bandwidth of this GPU in GB/s")
-    ap.add_argument("--no-model", action="store_true", help="skip the model denoising-step table")
     ap.add_argument("--no-flush", action="store_true", help="do not flush L2 between timed calls")
     args = ap.parse_args(argv)
 
@@ -444,11 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     timer = Timer(torch, reps=reps, warmup=10, flush_l2=not args.no_flush)
     print()
     run_op_table(cases, timer, peak)
-    if not args.no_model:
-        print()
-        print("one denoising step (forward over L masked slots against Tc cached tokens + unmask scores):")
-        run_model_steps(torch, Timer(torch, reps=max(20, reps // 4), warmup=5, flush_l2=False), dtype,
-                        args.quick)
+    print("\nwhole denoising steps of model shapes: python -m dlm.coder_model.bench.step --device cuda")
     return 0
 
 

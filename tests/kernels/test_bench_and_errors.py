@@ -1,10 +1,13 @@
-"""kernels/bench.py on a machine without a GPU, and the launchers' error messages."""
+"""kernels/bench.py on a machine without a GPU, the kernels package's import boundary,
+the model step benchmark (coder_model/bench/step.py) on the CPU, and the launchers' error messages."""
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +23,38 @@ def test_bench_runs_precheck_and_explains_on_cpu():
     assert "pre-check passed" in p.stdout
     assert "check attention step" in p.stdout and "ok" in p.stdout
     assert "Timings need an NVIDIA GPU" in p.stdout
+
+
+def test_kernels_package_imports_only_torch_and_triton():
+    """DESIGN §1: kernels/ never imports coder_model or lsp (the model step bench lives in coder_model/bench)."""
+    kernels_dir = Path(__file__).resolve().parents[2] / "kernels"
+    offenders = []
+    for path in sorted(kernels_dir.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[:2] in (["dlm", "coder_model"],
+                                                                                 ["dlm", "lsp"])]
+    assert not offenders, offenders
+    assert list(kernels_dir.glob("*.py")), "kernels/ not found next to tests/"
+
+
+def test_step_bench_on_cpu_prints_reference_rows_and_refuses_bad_models():
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "dlm.coder_model.bench.step", "--device", "cpu", "--context", "64",
+           "--slots", "8", "--reps", "1", "--models", "embedded,dream-tiny"]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = [line.split() for line in p.stdout.splitlines() if line.startswith(("embedded ", "dream tiny "))]
+    # one reference ("off") row per model, Tc = 64 context tokens, L = 8, no graph on the CPU
+    assert [(r[-4], r[-3], r[-2] != "", r[-1]) for r in rows] == [("8", "off", True, "n/a")] * 2, p.stdout
+    assert "skipped on the CPU" in p.stdout
+    bad = subprocess.run(cmd[:3] + ["--models", "embedded,gpt-5"], capture_output=True, text=True, env=env,
+                         check=False, timeout=120)
+    assert bad.returncode == 2 and "unknown gpt-5" in bad.stderr and "dream-tiny" in bad.stderr
 
 
 def test_cpu_tensors_without_interpreter_get_a_clear_error(tops, monkeypatch):
