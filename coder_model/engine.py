@@ -16,19 +16,18 @@ from collections import OrderedDict
 from concurrent.futures import Future
 from pathlib import Path
 
-from dlm.coder_model.types import CancelToken, EngineStatus, Prediction, Prompt, SamplerParams
+from dlm.coder_model.types import CancelToken, EngineStatus, LayoutBudget, Prediction, Prompt, SamplerParams
 
 log = logging.getLogger("dlm.engine")
 
 
 class LocalEngine:
     def __init__(self, model, tok, *, device: str = "cpu", name: str = "", max_caches: int = 8,
-                 budget=None) -> None:
-        from dlm.coder_model.layout import LayoutBudget
-
+                 budget: LayoutBudget | None = None) -> None:
         self.model, self.tok = model, tok
         self.device = device
         self.name = name
+        # The context the checkpoint was trained on (DESIGN §3): the LSP fits its windows to it.
         self.budget = budget or LayoutBudget.for_window(model.config.context_window)
         self.max_caches = max_caches
         self._caches: OrderedDict[str, object] = OrderedDict()

@@ -14,27 +14,12 @@ the first (block diffusion).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from dlm.coder_model.tokenizer import Tokenizer
-from dlm.coder_model.types import Prompt
+from dlm.coder_model.types import LayoutBudget, Prompt
 
+__all__ = ["PREFIX_CUT_QUANTUM", "LayoutBudget", "decode_context", "encode_prompt", "encode_target", "target_block"]
 
 PREFIX_CUT_QUANTUM = 32
-
-
-@dataclass(frozen=True)
-class LayoutBudget:
-    """Token budgets for the context; the far ends are cut first."""
-
-    max_context: int = 2048
-    max_history: int = 384
-    max_suffix: int = 512
-
-    @classmethod
-    def for_window(cls, context_tokens: int) -> LayoutBudget:
-        """The proportions training uses: a third for history, a quarter for the suffix."""
-        return cls(max_context=context_tokens, max_history=context_tokens // 3, max_suffix=context_tokens // 4)
 
 
 def encode_prompt(tok: Tokenizer, prompt: Prompt, budget: LayoutBudget | None = None) -> list[int]:
@@ -82,16 +67,6 @@ def target_block(tok: Tokenizer, target_ids: list[int], block: int, block_len: i
     """Slots of block number `block` (0-based) for a target, padded with <pad>."""
     piece = target_ids[block * block_len : (block + 1) * block_len]
     return piece + [tok.pad_id] * (block_len - len(piece))
-
-
-def decode_block_output(tok: Tokenizer, ids: list[int]) -> tuple[str, bool]:
-    """Text of the committed slots up to the first <eom>/<pad>; and whether it ended."""
-    out: list[int] = []
-    for i in ids:
-        if i in (tok.eom_id, tok.pad_id):
-            return tok.decode(out), True
-        out.append(i)
-    return tok.decode(out), False
 
 
 def decode_context(tok: Tokenizer, ids: list[int]) -> dict[str, str]:

@@ -41,6 +41,33 @@ class Prompt:
 
 
 @dataclass(frozen=True)
+class LayoutBudget:
+    """Token budgets of the model's context (DESIGN §3, §4); the far ends are cut first.
+
+    Part of the Engine contract: the LSP fits its text windows to it, the layout
+    (coder_model.layout) cuts to it, and a remote server announces its model's in
+    `hello`, so local and remote serving give the model the same token layout.
+    """
+
+    max_context: int = 2048
+    max_history: int = 384
+    max_suffix: int = 512
+
+    def __post_init__(self) -> None:
+        for name in ("max_context", "max_history", "max_suffix"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"LayoutBudget.{name}={value!r}: use a non-negative whole number of tokens")
+        if self.max_context < 1:
+            raise ValueError(f"LayoutBudget.max_context={self.max_context}: the context needs at least 1 token")
+
+    @classmethod
+    def for_window(cls, context_tokens: int) -> LayoutBudget:
+        """The proportions training uses: a third for history, a quarter for the suffix."""
+        return cls(max_context=context_tokens, max_history=context_tokens // 3, max_suffix=context_tokens // 4)
+
+
+@dataclass(frozen=True)
 class SamplerParams:
     """Knobs of the iterative unmasking sampler (DESIGN §5).
 
@@ -126,7 +153,12 @@ class EngineStatus:
 
 @runtime_checkable
 class Engine(Protocol):
-    """Local and remote engines implement this; the LSP cannot tell them apart."""
+    """Local and remote engines implement this; the LSP cannot tell them apart.
+
+    `budget` is the context the model takes; the LSP sizes its windows to it.
+    """
+
+    budget: LayoutBudget
 
     def predict(self, prompt: Prompt, params: SamplerParams, cancel: CancelToken) -> Prediction: ...
 

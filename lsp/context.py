@@ -21,10 +21,10 @@ import time
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from dlm.coder_model.languages import language_name
 from dlm.coder_model.types import Prompt
 from dlm.lsp.documents import Document, content
 from dlm.lsp.options import ContextOptions
-from dlm.lsp.syntax import language_name
 
 Mode = Literal["typing", "wide"]
 

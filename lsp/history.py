@@ -1,9 +1,10 @@
-"""Edit history: changes coalesced into events, rendered as unified diffs.
+"""Edit history: changes coalesced into events, rendered as git -U0 hunks.
 
 An event is a run of changes to one area: a change joins the open event
 when it touches lines within `gap_lines` of it and comes less than `idle_s`
 after the previous change; otherwise (a pause, or a jump elsewhere) the open
-event is closed and rendered as a unified diff of its lines, and a new one
+event is closed and rendered by coder_model.edit_history.render_event (the
+renderer training uses, so the model sees the same bytes), and a new one
 starts. Only closed events are rendered (DESIGN §4): the open event is
 visible in the editable region, and keeping it out means that typing does
 not change the tokens before the region, so the model's prefix KV cache
@@ -16,9 +17,10 @@ read from the document at that moment.
 
 from __future__ import annotations
 
-import difflib
 from collections import deque
 from dataclasses import dataclass, field
+
+from dlm.coder_model.edit_history import render_event
 
 
 @dataclass
@@ -110,37 +112,8 @@ class History:
         if ev is None:
             return
         new = lines[ev.start : ev.end + 1]
-        diff = render_diff(self.path, ev.start, ev.old_lines, new)
+        diff = render_event(self.path, ev.start, ev.old_lines, new)
         if diff:
             self._closed.append(diff)
             self.generation += 1
 
-
-def render_diff(path: str, start: int, old: list[str], new: list[str]) -> str:
-    """A unified diff of one event ('' when the event changed nothing)."""
-    from dlm.lsp.documents import content
-
-    a = [content(x) for x in old]
-    b = [content(x) for x in new]
-    if a == b:
-        return ""
-    body = list(difflib.unified_diff(a, b, lineterm="", n=1))[2:]  # drop the ---/+++ of difflib
-    # Hunk headers count from line 1 of the event; shift them to document lines.
-    shifted = []
-    for line in body:
-        if line.startswith("@@"):
-            line = _shift_hunk(line, start)
-        shifted.append(line)
-    name = path or "untitled"
-    return "\n".join([f"--- a/{name}", f"+++ b/{name}", *shifted]) + "\n"
-
-
-def _shift_hunk(header: str, start: int) -> str:
-    # "@@ -1,3 +1,4 @@" -> line numbers + start
-    parts = header.split(" ")
-    for k in (1, 2):
-        sign, rest = parts[k][0], parts[k][1:]
-        num, _, count = rest.partition(",")
-        n = int(num) + start
-        parts[k] = f"{sign}{n}" + (f",{count}" if count else "")
-    return " ".join(parts)

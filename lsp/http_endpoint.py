@@ -1,24 +1,12 @@
 """`dlm-lsp http`: an OpenAI-compatible `POST /v1/completions` endpoint for Zed.
 
-Zed shows edit predictions only from its own providers, one of which,
-`open_ai_compatible_api`, posts `{model, prompt, max_tokens, stop}` to a URL
-and reads `choices[0].text`. The prompt is a string Zed formats itself, in
-one of two families (Zed's crates/edit_prediction, fim.rs and zeta1):
-
-- fill-in-the-middle (`prompt_format` code_llama, star_coder, deepseek_coder,
-  qwen, codegemma, codestral, glm): the text before and after the cursor of a
-  ~512-token window; Zed inserts the answer at the cursor;
-- zeta (`prompt_format: "zeta"`): an instruction, the user's recent edits as
-  diffs, and an excerpt with `<|editable_region_start|>`, the cursor marker
-  `<|user_cursor_is_here|>` and `<|editable_region_end|>`; Zed replaces the
-  editable region with the answer (text after `<|editable_region_start|>\\n`)
-  and shows the difference as edits anywhere in the region.
-
-Each request is parsed back into a `Prompt` (region = the cursor line, plus a
-line either side for zeta, so the masked block stays short), the engine
-predicts the new region, and the answer is rendered in the request's format.
-Zed sends a request per keystroke: a newer request for the same file cancels
-the one still running (latest wins).
+Zed's `open_ai_compatible_api` edit-prediction provider posts
+`{model, prompt, max_tokens, stop}` and reads `choices[0].text`. This module is
+the HTTP side: it validates the request, reads the prompt with
+lsp.zed_prompts (Zed's fill-in-the-middle and zeta formats), has the engine
+predict the new region, and answers in the request's format. Zed sends a
+request per keystroke: a newer request for the same file cancels the one
+still running (latest wins).
 """
 
 from __future__ import annotations
@@ -30,151 +18,17 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from dlm.coder_model.types import CancelToken, Prompt, SamplerParams
+from dlm.coder_model.remote.auth import is_loopback_host
+from dlm.coder_model.remote.client import parse_host_port
+from dlm.coder_model.types import CancelToken, SamplerParams
+from dlm.lsp.engine_holder import EngineHolder, make_engine_factory
+from dlm.lsp.zed_prompts import PromptFormatError, build_prompt, parse_prompt, render_answer
 
 log = logging.getLogger("dlm.http")
-
-# -- Zed's prompt formats ------------------------------------------------------
-
-CURSOR = "<|user_cursor_is_here|>"
-START_OF_FILE = "<|start_of_file|>"
-REGION_START = "<|editable_region_start|>"
-REGION_END = "<|editable_region_end|>"
-ZETA_EXCERPT_HEADER = "\n\n### User Excerpt:\n\n"
-ZETA_EDITS_HEADER = "### User Edits:\n\n"
-ZETA_RESPONSE_HEADER = "\n\n### Response:\n"
-
-# name -> (opening, middle, closing) markers; the text between opening and
-# middle is the prefix, between middle and closing the suffix (codestral: reversed).
-FIM_FORMATS: dict[str, tuple[str, str, str]] = {
-    "code_llama": ("<PRE> ", " <SUF>", " <MID>"),
-    "star_coder": ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
-    "deepseek_coder": ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),
-    "qwen": ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # also codegemma
-    "glm": ("<|code_prefix|>", "<|code_suffix|>", "<|code_middle|>"),
-}
-CODESTRAL = ("[SUFFIX]", "[PREFIX]")  # "[SUFFIX]{suffix}[PREFIX]{prefix}"
-
-SUPPORTED = "code_llama, star_coder, deepseek_coder, qwen, codegemma, codestral, glm, zeta"
-
-
-class PromptFormatError(ValueError):
-    """The prompt is in no format we can read; the message says what to set in Zed."""
-
-
-@dataclass(frozen=True)
-class ZedPrompt:
-    """What a Zed prompt says: an excerpt of the file and where the cursor is in it.
-
-    `text` is the excerpt without markers, `cursor` an offset in it, and
-    `editable` the (start, end) offsets Zed lets the answer rewrite (zeta), or
-    the whole excerpt (fill-in-the-middle, where the answer is an insertion).
-    """
-
-    format: str
-    text: str
-    cursor: int
-    editable: tuple[int, int]
-    history: tuple[str, ...] = ()
-    path: str = ""
-    start_of_file: bool = False
-
-
-def parse_prompt(prompt: str) -> ZedPrompt:
-    """A Zed edit-prediction prompt -> ZedPrompt; PromptFormatError if it is in no known format."""
-    if not isinstance(prompt, str):
-        raise PromptFormatError(f"'prompt' must be a string, got {type(prompt).__name__}")
-    if REGION_START in prompt and CURSOR in prompt:
-        return _parse_zeta(prompt)
-    for name, (a, b, c) in FIM_FORMATS.items():
-        if prompt.startswith(a) and prompt.endswith(c) and b in prompt[len(a) : len(prompt) - len(c)]:
-            body = prompt[len(a) : len(prompt) - len(c)]
-            prefix, _, suffix = body.partition(b)
-            return _fim(name, prefix, suffix)
-    s, p = CODESTRAL
-    if prompt.startswith(s) and p in prompt[len(s) :]:
-        suffix, _, prefix = prompt[len(s) :].partition(p)
-        return _fim("codestral", prefix, suffix)
-    raise PromptFormatError(
-        "the prompt is in none of the formats dlm-lsp reads (" + SUPPORTED + "); in Zed's settings set "
-        '"edit_predictions": {"open_ai_compatible_api": {"prompt_format": "qwen"}} (or "zeta")'
-    )
-
-
-def _fim(name: str, prefix: str, suffix: str) -> ZedPrompt:
-    text = prefix + suffix
-    return ZedPrompt(format=name, text=text, cursor=len(prefix), editable=(0, len(text)))
-
-
-def _parse_zeta(prompt: str) -> ZedPrompt:
-    """Zeta (v1) prompt: instruction, '### User Edits:' diffs, '### User Excerpt:' block, '### Response:'."""
-    rs = prompt.find(REGION_START)
-    hdr = prompt.rfind(ZETA_EXCERPT_HEADER, 0, rs)
-    if hdr < 0:
-        raise PromptFormatError(
-            "zeta prompt without '### User Excerpt:' before <|editable_region_start|>; "
-            'this is not the zeta format Zed sends, set "prompt_format": "zeta" or "qwen"'
-        )
-    end = prompt.rfind(ZETA_RESPONSE_HEADER)
-    if end < rs:
-        end = len(prompt)
-    excerpt = prompt[hdr + len(ZETA_EXCERPT_HEADER) : end]
-    excerpt = excerpt.removesuffix("\n```")
-    path = ""
-    if excerpt.startswith("```"):
-        first, _, excerpt = excerpt.partition("\n")
-        path = first[3:].strip()
-    sof = excerpt.startswith(START_OF_FILE + "\n")
-    if sof:
-        excerpt = excerpt[len(START_OF_FILE) + 1 :]
-    before, _, rest = excerpt.partition(REGION_START)
-    rest = rest.removeprefix("\n")
-    editable, found_end, after = rest.partition(REGION_END)
-    if not found_end:
-        raise PromptFormatError("zeta prompt has <|editable_region_start|> but no <|editable_region_end|>")
-    editable = editable.removesuffix("\n")
-    if editable.count(CURSOR) != 1:
-        raise PromptFormatError(
-            f"zeta prompt has {editable.count(CURSOR)} cursor markers in the editable region; expected 1"
-        )
-    ed_before, _, ed_after = editable.partition(CURSOR)
-    edits_at = prompt.find(ZETA_EDITS_HEADER)
-    events = prompt[edits_at + len(ZETA_EDITS_HEADER) : hdr] if 0 <= edits_at < hdr else ""
-    text = before + ed_before + ed_after + after
-    start = len(before)
-    return ZedPrompt(
-        format="zeta",
-        text=text,
-        cursor=start + len(ed_before),
-        editable=(start, start + len(ed_before) + len(ed_after)),
-        history=parse_zeta_events(events),
-        path=path,
-        start_of_file=sof,
-    )
-
-
-def parse_zeta_events(events: str) -> tuple[str, ...]:
-    """'User edited PATH:\\n```diff\\nHUNKS\\n```' blocks (oldest first) -> unified diffs as lsp.history renders them."""
-    out: list[str] = []
-    for block in events.split("User edited ")[1:]:
-        head, sep, rest = block.partition(":\n```diff\n")
-        if not sep:
-            continue
-        body, _, _ = rest.rpartition("\n```")
-        body = body.strip("\n")
-        if body:
-            name = head.strip().strip('"') or "untitled"
-            out.append(f"--- a/{name}\n+++ b/{name}\n{body}\n")
-    return tuple(out)
-
-
-# -- ZedPrompt <-> Prompt ----------------------------------------------------------
-
 
 @dataclass
 class EndpointOptions:
@@ -182,91 +36,7 @@ class EndpointOptions:
     zeta_lines_after: int = 1  # ...and after it, inside Zed's editable region
     sampler: dict[str, Any] = field(default_factory=dict)  # SamplerParams overrides
     max_prompt_chars: int = 1_000_000  # larger bodies are refused (Zed sends ~a few KB)
-
-
-@dataclass(frozen=True)
-class Built:
-    prompt: Prompt
-    region_start: int  # offsets of the region in ZedPrompt.text
-    region_end: int
-
-
-def _line_start(text: str, pos: int, lo: int) -> int:
-    i = text.rfind("\n", lo, pos)
-    return lo if i < 0 else i + 1
-
-
-def _line_end(text: str, pos: int, hi: int) -> int:
-    i = text.find("\n", pos, hi)
-    return hi if i < 0 else i
-
-
-def build_prompt(zp: ZedPrompt, opts: EndpointOptions | None = None) -> Built:
-    """The engine's Prompt for a parsed Zed prompt: the region is the cursor line (fim) or
-    the cursor line with a line either side (zeta), clipped to Zed's editable range."""
-    opts = opts or EndpointOptions()
-    lo, hi = zp.editable
-    t = zp.text
-    s = _line_start(t, zp.cursor, lo)
-    e = _line_end(t, zp.cursor, hi)
-    if zp.format == "zeta":
-        for _ in range(opts.zeta_lines_before):
-            if s > lo:
-                s = _line_start(t, s - 1, lo)
-        for _ in range(opts.zeta_lines_after):
-            if e < hi:
-                e = _line_end(t, e + 1, hi)
-    prompt = Prompt(
-        prefix=t[:s],
-        region=t[s:e],
-        cursor=zp.cursor - s,
-        suffix=t[e:],
-        history=zp.history,
-        language=_language(zp.path),
-        path=zp.path,
-    )
-    return Built(prompt, s, e)
-
-
-_EXT_LANG = {
-    "py": "python", "js": "javascript", "jsx": "javascript", "ts": "typescript", "tsx": "typescript",
-    "rs": "rust", "go": "go", "c": "c", "h": "c", "cc": "cpp", "cpp": "cpp", "hpp": "cpp", "java": "java",
-    "lua": "lua", "rb": "ruby", "sh": "shell",
-}  # fmt: skip
-
-
-def _language(path: str) -> str:
-    ext = path.rsplit(".", 1)[-1].lower() if "." in path else ""
-    return _EXT_LANG.get(ext, "")
-
-
-def _cut_at_stop(text: str, stop: list[str]) -> str:
-    cut = len(text)
-    for s in stop:
-        if s:
-            i = text.find(s)
-            if 0 <= i < cut:
-                cut = i
-    return text[:cut]
-
-
-def render_answer(zp: ZedPrompt, built: Built, new_region: str, stop: list[str]) -> str:
-    """The completion text Zed expects for the model's new region."""
-    from dlm.lsp.postprocess import suggest
-
-    p = built.prompt
-    if zp.format == "zeta":
-        lo, hi = zp.editable
-        new_editable = zp.text[lo : built.region_start] + new_region + zp.text[built.region_end : hi]
-        # Zed keeps the text after "<|editable_region_start|>\n" (up to the end marker, which a
-        # server would have stopped at), so nothing follows the new editable text. The stop
-        # strings are not applied: cutting the region short would delete the rest of it.
-        return REGION_START + "\n" + new_editable
-    # Fill-in-the-middle: Zed inserts the answer at the cursor, so only an insertion can be shown.
-    sug = suggest(p.region, p.cursor, new_region, p.suffix)
-    if sug.replace_end is not None:
-        return ""
-    return _cut_at_stop(sug.insert_text, stop)
+    load_timeout_s: float = 600.0  # a request waits this long for the model to load
 
 
 # -- the HTTP server ---------------------------------------------------------------
@@ -307,47 +77,6 @@ def parse_request(body: bytes, max_chars: int) -> dict:
     return {"prompt": prompt, "stop": stop, "max_tokens": max_tokens, "model": model if isinstance(model, str) else ""}
 
 
-class EngineHolder:
-    """Loads the engine once, in the background, and hands it to requests when ready."""
-
-    def __init__(self, factory: Callable[[], Any], load_timeout_s: float = 600.0):
-        self._factory = factory
-        self._ready = threading.Event()
-        self._lock = threading.Lock()
-        self._started = False
-        self.engine: Any = None
-        self.error = ""
-        self.load_timeout_s = load_timeout_s
-
-    def start(self) -> None:
-        with self._lock:
-            if self._started:
-                return
-            self._started = True
-        threading.Thread(target=self._load, name="dlm-http-load", daemon=True).start()
-
-    def _load(self) -> None:
-        try:
-            self.engine = self._factory()
-        except Exception as exc:
-            log.exception("loading the model failed")
-            self.error = f"loading the model failed: {exc}"
-        finally:
-            self._ready.set()
-
-    def get(self):
-        self.start()
-        if not self._ready.wait(self.load_timeout_s):
-            raise RequestError(503, "the model is still loading; retry in a few seconds", "server_error")
-        if self.engine is None:
-            raise RequestError(503, self.error + "; fix the --model/--remote option and restart", "server_error")
-        return self.engine
-
-    def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
-
-
 class Predictor:
     """Parse -> predict -> render, with latest-wins cancellation per file."""
 
@@ -358,13 +87,22 @@ class Predictor:
         self._lock = threading.Lock()
         self._inflight: dict[str, CancelToken] = {}
 
+    def engine(self):
+        """The loaded engine; RequestError 503 (with the reason) while loading or after a failed load."""
+        engine = self.holder.wait_loaded(self.opts.load_timeout_s)
+        if engine is not None:
+            return engine
+        if self.holder.error:
+            raise RequestError(503, self.holder.error, "server_error")
+        raise RequestError(503, "the model is still loading; retry in a few seconds", "server_error")
+
     def complete(self, req: dict) -> dict:
         try:
             zp = parse_prompt(req["prompt"])
         except PromptFormatError as exc:
             raise RequestError(400, str(exc)) from None
-        built = build_prompt(zp, self.opts)
-        engine = self.holder.get()
+        built = build_prompt(zp, self.opts.zeta_lines_before, self.opts.zeta_lines_after)
+        engine = self.engine()
         key = zp.path or "<untitled>"
         cancel = CancelToken()
         with self._lock:
@@ -469,23 +207,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
-def parse_listen(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise SystemExit(f"dlm-lsp http: --listen {text!r} is not HOST:PORT; use e.g. --listen 127.0.0.1:8765")
-    return host.strip("[]"), int(port)
-
-
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
-    host, port = parse_listen(args.listen)
-    from dlm.coder_model.remote.auth import is_loopback_host
-
+    try:
+        host, port = parse_host_port(args.listen, default_port=None)
+    except ValueError as exc:
+        print(f"dlm-lsp http: --listen {exc}; use e.g. --listen 127.0.0.1:8765", file=sys.stderr)
+        return 2
     if not is_loopback_host(host):
         # The endpoint has no authentication: anyone who can reach it reads your code's completions.
         log.warning("listening on %s, which is not a loopback address: the endpoint has no authentication", host)
-    from dlm.lsp.server import make_engine_factory
-
     holder = EngineHolder(make_engine_factory(args))
     predictor = Predictor(holder, EndpointOptions())
     try:

@@ -1,12 +1,16 @@
-"""The language server: pygls handlers, each a thin translation to plain functions.
+"""The language server: pygls wiring and thin handlers, one per LSP method.
 
 Protocol surface (README "Protocol"): textDocument/inlineCompletion,
 textDocument/completion (fallback), dlm/editPrediction, dlm/stats,
 textDocument/didShowCompletion, textDocument/didPartiallyAcceptCompletion,
 workspace/executeCommand dlm.acceptCompletion, and the dlm/status
 notification. The server answers `initialize` at once; the model loads in a
-background thread and, until it is ready (or when it failed to load), every
-request returns an empty result, never an error.
+background thread (lsp.engine_holder) and, until it is ready (or when it
+failed to load), every request returns an empty result, never an error.
+
+Handlers read params, call plain functions (lsp.context builds the prompt,
+the engine predicts, lsp.postprocess makes the suggestion) and translate the
+result with lsp.convert.
 
 Documents are kept by lsp.documents (not by pygls' workspace: ours keeps a
 tree-sitter tree and the edit history, and does not re-split the text on
@@ -16,24 +20,22 @@ each change).
 from __future__ import annotations
 
 import asyncio
-import importlib
 import itertools
 import logging
-import os
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from dlm.coder_model.types import EngineStatus, Prediction, SamplerParams
-from dlm.lsp import context, postprocess
+from dlm.coder_model.types import Engine, LayoutBudget, Prediction, SamplerParams
+from dlm.lsp import context, convert, postprocess
+from dlm.lsp.convert import ACCEPT_COMMAND
 from dlm.lsp.documents import Document, Documents
+from dlm.lsp.engine_holder import EngineHolder
 from dlm.lsp.history import History
-from dlm.lsp.options import Options, parse_options
+from dlm.lsp.options import ContextOptions, Options, parse_options
 from dlm.lsp.scheduler import Scheduler
 from dlm.lsp.stats import Stats
 from lsprotocol import types
@@ -44,21 +46,12 @@ from pygls.protocol.language_server import lsp_method
 
 log = logging.getLogger(__name__)
 
-ACCEPT_COMMAND = "dlm.acceptCompletion"
 EDIT_PREDICTION = "dlm/editPrediction"
 STATS = "dlm/stats"
 STATUS = "dlm/status"
 DID_SHOW = "textDocument/didShowCompletion"
 DID_PARTIALLY_ACCEPT = "textDocument/didPartiallyAcceptCompletion"
-
-
-def _get(obj: Any, *path: str, default: Any = None) -> Any:
-    """Read a field of params given as an lsprotocol object or a plain dict (custom methods)."""
-    for name in path:
-        if obj is None:
-            return default
-        obj = obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
-    return default if obj is None else obj
+MAX_REMEMBERED_ITEMS = 256
 
 
 class DlmProtocol(LanguageServerProtocol):
@@ -93,88 +86,8 @@ class DlmProtocol(LanguageServerProtocol):
             yield handler, (params,), None
 
 
-class EngineHolder:
-    """Loads the engine in a background thread and remembers how that went."""
-
-    def __init__(self, factory: Callable[[], Any], on_change: Callable[[], None]) -> None:
-        self.engine: Any = None
-        self.status = EngineStatus(state="loading")
-        self._factory = factory
-        self._on_change = on_change
-        self._thread = threading.Thread(target=self._load, name="dlm-engine-load", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def _load(self) -> None:
-        t0 = time.monotonic()
-        try:
-            engine = self._factory()
-            st = engine.status() if hasattr(engine, "status") else EngineStatus(state="ready")
-            self.engine = engine
-            self.status = replace(st, state=st.state if st.state != "loading" else "ready")
-            log.info("engine ready in %.1f s: %s", time.monotonic() - t0, self.status)
-        except BaseException as exc:
-            log.exception("model failed to load")
-            self.status = EngineStatus(
-                state="failed",
-                message=f"the model failed to load: {type(exc).__name__}: {exc}. "
-                "Check --model (a checkpoint directory with config.json) or --remote, "
-                "then restart the server; suggestions are off until then.",
-            )
-        self._on_change()
-
-    def ready(self) -> bool:
-        if self.engine is None:
-            return False
-        try:
-            st = self.engine.status()
-        except Exception:  # noqa: BLE001
-            return False
-        if st.state != self.status.state:
-            self.status = st
-            self._on_change()
-        return st.state == "ready"
-
-
-def make_engine_factory(args) -> Callable[[], Any]:
-    """The engine per the command line: DLM_ENGINE_FACTORY (tests), --remote, or local."""
-    spec = os.environ.get("DLM_ENGINE_FACTORY") or getattr(args, "engine_factory", None)
-    model = getattr(args, "model", None)
-    device = getattr(args, "device", "auto") or "auto"
-    if spec:
-        module_name, _, fn = spec.partition(":")
-
-        def from_spec():
-            return getattr(importlib.import_module(module_name), fn)(model, device)
-
-        return from_spec
-    if getattr(args, "remote", None):
-
-        def remote():
-            try:
-                from dlm.coder_model.remote.auth import load_token
-                from dlm.coder_model.remote.client import RemoteEngine, parse_host_port
-            except ImportError as exc:
-                raise RuntimeError(
-                    f"remote mode is not available in this install ({exc}); run without --remote"
-                ) from exc
-            host, port = parse_host_port(args.remote)  # also [v6]:port
-            token = load_token(getattr(args, "token_file", None))  # the file, else $DLM_TOKEN
-            return RemoteEngine(host, port, token=token, tls=bool(getattr(args, "tls", False)))
-
-        return remote
-
-    def local():
-        from dlm.coder_model.engine import load_engine  # torch is imported here, in the loader thread
-
-        return load_engine(model, device)
-
-    return local
-
-
 class DlmServer(LanguageServer):
-    def __init__(self, engine_factory: Callable[[], Any], max_workers: int = 8) -> None:
+    def __init__(self, engine_factory: Callable[[], Engine], max_workers: int = 8) -> None:
         super().__init__("dlm-lsp", "0.1.0", protocol_cls=DlmProtocol, max_workers=max_workers)
         self.options = Options()
         self.documents = Documents()
@@ -182,7 +95,7 @@ class DlmServer(LanguageServer):
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dlm-predict")
         self.scheduler = Scheduler(self.pool, self.stats, self.options.scheduler.throttle_ms)
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.engine = EngineHolder(engine_factory, self._status_changed)
+        self.holder = EngineHolder(engine_factory, self._status_changed)
         self.roots: list[str] = []
         self.items: OrderedDict[str, dict] = OrderedDict()  # shown inline items by id (bounded)
         self.last: dict[str, dict] = {}  # uri -> last suggestion (for editPrediction reuse + prefix cache)
@@ -190,7 +103,10 @@ class DlmServer(LanguageServer):
         self._ids = itertools.count(1)
         self._last_status_at = 0.0
         self._initialized = False
-        self._fitted = False  # windows fitted to the engine's context window
+        # The windows as configured, and the engine budget they were last fitted to: a remote
+        # engine may reconnect to a server whose model takes a different context.
+        self._configured_context: ContextOptions = self.options.context
+        self._fitted_budget: LayoutBudget | None = None
 
     # ---- status -----------------------------------------------------------------------------------
     def _status_changed(self) -> None:
@@ -199,7 +115,7 @@ class DlmServer(LanguageServer):
             loop.call_soon_threadsafe(self.send_status)
 
     def status_payload(self) -> dict:
-        st = self.engine.status
+        st = self.holder.status
         c = self.stats.counts
         return {
             "state": st.state,
@@ -219,12 +135,36 @@ class DlmServer(LanguageServer):
         self._last_status_at = time.monotonic()
         try:
             self.protocol.notify(STATUS, self.status_payload())
-        except Exception:
+        except Exception:  # a client that went away must not take the loader thread down
             log.debug("could not send dlm/status", exc_info=True)
 
     def maybe_send_status(self) -> None:
         if time.monotonic() - self._last_status_at >= self.options.status_interval_s:
             self.send_status()
+
+    # ---- configuration ----------------------------------------------------------------------------
+    def configure(self, options: Options, position_encoding: str, roots: list[str]) -> None:
+        self.options = options
+        self._configured_context = options.context
+        self._fitted_budget = None
+        self.documents = Documents(position_encoding, options.max_syntax_chars)
+        self.scheduler.throttle_s = options.scheduler.throttle_ms / 1000.0
+        self.roots = roots
+
+    def fit_windows(self, budget: LayoutBudget) -> None:
+        """Keep the windows inside the model's context (local and remote engines alike)."""
+        if budget == self._fitted_budget:
+            return
+        self._fitted_budget = budget
+        before = self._configured_context
+        self.options.context = context.fit_to_window(
+            before, budget.max_context, budget.max_history, budget.max_suffix
+        )
+        log.info(
+            "model context %d tokens: prefix window %d -> %d, suffix %d -> %d (estimated tokens)",
+            budget.max_context, before.prefix_tokens, self.options.context.prefix_tokens,
+            before.suffix_tokens, self.options.context.suffix_tokens,
+        )  # fmt: skip
 
     # ---- helpers ----------------------------------------------------------------------------------
     def path_of(self, uri: str) -> str:
@@ -242,21 +182,24 @@ class DlmServer(LanguageServer):
             log.warning("bad sampler options %s (%s); using defaults", self.options.sampler, exc)
             return SamplerParams()
 
+    def next_id(self) -> str:
+        return str(next(self._ids))
+
     async def predict(self, doc: Document, row: int, col: int, mode: str) -> dict | None:
         """Run the model (latest wins) and post-process; None when there is nothing to show."""
         t0 = time.monotonic()
         self.stats.add("requests")
-        if not self.engine.ready():
+        if not self.holder.ready():
             self.stats.add("empty")
             return None
-        if not self._fitted:
-            self._fit_windows()
+        engine = self.holder.engine
+        self.fit_windows(engine.budget)
         built = context.build(doc, row, col, mode, self.options.context, self.path_of(doc.uri))
         t_ctx = time.monotonic()
         if built is None:
             self.stats.add("empty")
             return None
-        version, uri, engine, params = doc.version, doc.uri, self.engine.engine, self.sampler_params()
+        version, uri, params = doc.version, doc.uri, self.sampler_params()
         prompt = built.prompt
 
         def work(cancel) -> Prediction:
@@ -301,47 +244,19 @@ class DlmServer(LanguageServer):
         self.last[uri] = result
         return result
 
-    def _fit_windows(self) -> None:
-        """Once the engine is ready: keep the windows inside the model's context (if it says)."""
-        self._fitted = True
-        budget = getattr(self.engine.engine, "budget", None)
-        if budget is None:
-            return
-        before = self.options.context
-        self.options.context = context.fit_to_window(
-            before, budget.max_context, budget.max_history, budget.max_suffix
-        )
-        log.info(
-            "model context %d tokens: prefix window %d -> %d, suffix %d -> %d (estimated tokens)",
-            budget.max_context, before.prefix_tokens, self.options.context.prefix_tokens,
-            before.suffix_tokens, self.options.context.suffix_tokens,
-        )  # fmt: skip
-
-    def region_pos(self, doc: Document, built: context.Built, offset: int) -> types.Position:
-        """LSP position of a code-point offset inside the region."""
-        row, rem = built.start_line, offset
-        while row < built.end_line and rem >= len(doc.lines[row]):
-            rem -= len(doc.lines[row])
-            row += 1
-        line, ch = doc.to_position(row, rem)
-        return types.Position(line=line, character=ch)
-
-    def new_item(self, doc: Document, row: int, col: int, text: str, end: types.Position | None):
-        item_id = str(next(self._ids))
-        start = types.Position(*doc.to_position(row, col))
+    def remember_item(self, doc: Document, row: int, col: int, text: str, insertion: bool) -> str:
+        """Keep a shown inline item (for the accept command) and, for a pure insertion, what
+        the user may type through without a model call; returns the item's id."""
+        item_id = self.next_id()
         self.items[item_id] = {"uri": doc.uri, "text": text, "row": row, "col": col}
-        while len(self.items) > 256:
+        while len(self.items) > MAX_REMEMBERED_ITEMS:
             self.items.popitem(last=False)
-        line = doc.line(row)
-        if end is None:  # remembered for typing through the suggestion without a model call
+        if insertion:
+            line = doc.line(row)
             self.prefix_cache[doc.uri] = {
                 "row": row, "before": line[:col], "after": line[col:], "text": text,
             }  # fmt: skip
-        return types.InlineCompletionItem(
-            insert_text=text,
-            range=types.Range(start=start, end=end) if end is not None else None,
-            command=types.Command(title="dlm: accept", command=ACCEPT_COMMAND, arguments=[item_id]),
-        )
+        return item_id
 
     def from_prefix_cache(self, doc: Document, row: int, col: int) -> str | None:
         """The rest of a shown suggestion the user is typing through, or None."""
@@ -359,195 +274,172 @@ class DlmServer(LanguageServer):
             return None
         return text[len(typed) :]
 
-
-def _position(params) -> tuple[int, int]:
-    pos = _get(params, "position")
-    line, ch = _get(pos, "line"), _get(pos, "character")
-    if not isinstance(line, int) or not isinstance(ch, int):
-        raise JsonRpcInvalidParams(
-            f"position must be {{line: int, character: int}}, got {pos!r}; send an LSP Position"
-        )
-    return line, ch
+    def inline_item(
+        self, doc: Document, row: int, col: int, text: str, end: types.Position | None
+    ) -> types.InlineCompletionItem:
+        item_id = self.remember_item(doc, row, col, text, insertion=end is None)
+        return convert.inline_item(doc, row, col, text, end, item_id)
 
 
-def create_server(engine_factory: Callable[[], Any]) -> DlmServer:
-    server = DlmServer(engine_factory)
+# ---- handlers: one per LSP method -----------------------------------------------------------------
 
-    @server.feature(types.INITIALIZE)
-    def initialize(ls: DlmServer, params: types.InitializeParams) -> None:
-        ls.loop = asyncio.get_running_loop()
-        ls.options, problems = parse_options(params.initialization_options)
-        for p in problems:
-            log.warning("initializationOptions: %s", p)
-        enc = ls.workspace.position_encoding
-        ls.documents = Documents(str(getattr(enc, "value", enc)), ls.options.max_syntax_chars)
-        ls.scheduler.throttle_s = ls.options.scheduler.throttle_ms / 1000.0
-        roots = [f.uri for f in params.workspace_folders or []]
-        if params.root_uri:
-            roots.append(params.root_uri)
-        ls.roots = [unquote(urlparse(r).path) for r in roots]
 
-    @server.feature(types.INITIALIZED)
-    def initialized(ls: DlmServer, params: types.InitializedParams) -> None:
-        ls._initialized = True
-        ls.send_status()
+def initialize(ls: DlmServer, params: types.InitializeParams) -> None:
+    ls.loop = asyncio.get_running_loop()
+    options, problems = parse_options(params.initialization_options)
+    for p in problems:
+        log.warning("initializationOptions: %s", p)
+    enc = ls.workspace.position_encoding
+    roots = [f.uri for f in params.workspace_folders or []]
+    if params.root_uri:
+        roots.append(params.root_uri)
+    ls.configure(options, str(getattr(enc, "value", enc)), [unquote(urlparse(r).path) for r in roots])
 
-    @server.feature(types.SHUTDOWN)
-    def shutdown(ls: DlmServer, params: Any) -> None:
-        # Stop running predictions so that exit does not wait for a model run to finish.
-        for doc in list(ls.documents):
-            ls.scheduler.forget(doc.uri)
-        engine = ls.engine.engine
-        if engine is not None:
-            try:
-                engine.close()
-            except Exception:
-                log.exception("engine.close() failed")
-        ls.pool.shutdown(wait=False, cancel_futures=True)
 
-    @server.feature(types.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS)
-    def did_change_workspace_folders(ls: DlmServer, params: types.DidChangeWorkspaceFoldersParams) -> None:
-        removed = {unquote(urlparse(f.uri).path) for f in params.event.removed}
-        ls.roots = [r for r in ls.roots if r not in removed]
-        ls.roots += [unquote(urlparse(f.uri).path) for f in params.event.added]
+def initialized(ls: DlmServer, params: types.InitializedParams) -> None:
+    ls._initialized = True
+    ls.send_status()
 
-    @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
-    def did_open(ls: DlmServer, params: types.DidOpenTextDocumentParams) -> None:
-        td = params.text_document
-        if len(td.text) > ls.options.max_document_chars:
-            log.warning("%s has %d characters, over max_document_chars; not tracked", td.uri, len(td.text))
-            return
-        doc = ls.documents.open(td.uri, td.text, td.version, td.language_id)
-        doc.history = History(ls.path_of(td.uri), ls.options.history)
 
-    @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
-    def did_change(ls: DlmServer, params: types.DidChangeTextDocumentParams) -> None:
-        uri, version = params.text_document.uri, params.text_document.version
-        doc = ls.documents.get(uri)
-        if doc is None:
-            log.warning("didChange for %s, which is not open; send didOpen first (ignored)", uri)
-            return
-        for change in params.content_changes:
-            if isinstance(change, types.TextDocumentContentChangePartial):
-                r = change.range
-                doc.apply(
-                    (r.start.line, r.start.character), (r.end.line, r.end.character), change.text, version
-                )
-            else:
-                doc.replace_all(change.text, version)
-        ls.scheduler.invalidate(uri)
-        if doc.size > ls.options.max_document_chars:
-            log.warning("%s grew over max_document_chars; no longer tracked", uri)
-            ls.documents.close(uri)
-            ls.scheduler.forget(uri)
+def shutdown(ls: DlmServer, params: Any) -> None:
+    # Stop running predictions so that exit does not wait for a model run to finish.
+    for doc in list(ls.documents):
+        ls.scheduler.forget(doc.uri)
+    try:
+        ls.holder.close()
+    except Exception:  # the client is waiting for the shutdown reply: log, don't fail it
+        log.exception("engine.close() failed")
+    ls.pool.shutdown(wait=False, cancel_futures=True)
 
-    @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
-    def did_close(ls: DlmServer, params: types.DidCloseTextDocumentParams) -> None:
-        uri = params.text_document.uri
+
+def workspace_did_change_workspace_folders(ls: DlmServer, params: types.DidChangeWorkspaceFoldersParams) -> None:
+    removed = {unquote(urlparse(f.uri).path) for f in params.event.removed}
+    ls.roots = [r for r in ls.roots if r not in removed]
+    ls.roots += [unquote(urlparse(f.uri).path) for f in params.event.added]
+
+
+def text_document_did_open(ls: DlmServer, params: types.DidOpenTextDocumentParams) -> None:
+    td = params.text_document
+    if len(td.text) > ls.options.max_document_chars:
+        log.warning("%s has %d characters, over max_document_chars; not tracked", td.uri, len(td.text))
+        return
+    doc = ls.documents.open(td.uri, td.text, td.version, td.language_id)
+    doc.history = History(ls.path_of(td.uri), ls.options.history)
+
+
+def text_document_did_change(ls: DlmServer, params: types.DidChangeTextDocumentParams) -> None:
+    uri, version = params.text_document.uri, params.text_document.version
+    doc = ls.documents.get(uri)
+    if doc is None:
+        log.warning("didChange for %s, which is not open; send didOpen first (ignored)", uri)
+        return
+    for change in params.content_changes:
+        if isinstance(change, types.TextDocumentContentChangePartial):
+            r = change.range
+            doc.apply((r.start.line, r.start.character), (r.end.line, r.end.character), change.text, version)
+        else:
+            doc.replace_all(change.text, version)
+    ls.scheduler.invalidate(uri)
+    if doc.size > ls.options.max_document_chars:
+        log.warning("%s grew over max_document_chars; no longer tracked", uri)
         ls.documents.close(uri)
         ls.scheduler.forget(uri)
-        ls.last.pop(uri, None)
-        ls.prefix_cache.pop(uri, None)
 
-    @server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())
-    async def inline_completion(ls: DlmServer, params: types.InlineCompletionParams):
-        empty = types.InlineCompletionList(items=[])
-        doc = ls.documents.get(params.text_document.uri)
-        if doc is None:
-            return empty
-        row, col = doc.clamp(params.position.line, params.position.character)
-        rest = ls.from_prefix_cache(doc, row, col)
-        if rest is not None:
-            ls.stats.add("cache_hits")
-            ls.stats.add("requests")
-            return types.InlineCompletionList(items=[ls.new_item(doc, row, col, rest, None)])
-        mode = context.choose_mode(doc, row, ls.options.context)
-        res = await ls.predict(doc, row, col, mode)
-        if res is None or not res["sugg"].insert_text:
-            return empty
-        sugg, built = res["sugg"], res["built"]
-        end = ls.region_pos(doc, built, sugg.replace_end) if sugg.replace_end is not None else None
-        return types.InlineCompletionList(items=[ls.new_item(doc, row, col, sugg.insert_text, end)])
 
-    @server.feature(types.TEXT_DOCUMENT_COMPLETION)
-    async def completion(ls: DlmServer, params: types.CompletionParams):
-        empty = types.CompletionList(is_incomplete=True, items=[])
-        doc = ls.documents.get(params.text_document.uri)
-        if doc is None:
-            return empty
-        row, col = doc.clamp(params.position.line, params.position.character)
-        res = await ls.predict(doc, row, col, "typing")
-        if res is None or not res["sugg"].insert_text:
-            return empty
-        sugg, built = res["sugg"], res["built"]
-        start = types.Position(*doc.to_position(row, col))
-        end = ls.region_pos(doc, built, sugg.replace_end) if sugg.replace_end is not None else start
-        text = sugg.insert_text
-        return types.CompletionList(
-            is_incomplete=True,  # ask again on the next keystroke: the prediction depends on it
-            items=[
-                types.CompletionItem(
-                    label=text.strip().split("\n", 1)[0][:60] or text,
-                    kind=types.CompletionItemKind.Text,
-                    detail="dlm",
-                    text_edit=types.TextEdit(range=types.Range(start=start, end=end), new_text=text),
-                    sort_text="0",
-                    filter_text=doc.line(row)[:col].split()[-1] if doc.line(row)[:col].split() else "",
-                )
-            ],
-        )
+def text_document_did_close(ls: DlmServer, params: types.DidCloseTextDocumentParams) -> None:
+    uri = params.text_document.uri
+    ls.documents.close(uri)
+    ls.scheduler.forget(uri)
+    ls.last.pop(uri, None)
+    ls.prefix_cache.pop(uri, None)
 
-    @server.feature(EDIT_PREDICTION)
-    async def edit_prediction(ls: DlmServer, params: Any):
-        uri = _get(params, "textDocument", "uri") or _get(params, "text_document", "uri")
-        doc = ls.documents.get(uri) if isinstance(uri, str) else None
-        if doc is None:
-            return None
-        row, col = doc.clamp(*_position(params))
-        last = ls.last.get(uri)
-        if last is not None and (last["version"], last["row"], last["col"]) == (doc.version, row, col):
-            res = last  # the inline request at this position already ran the model
-        else:
-            res = await ls.predict(doc, row, col, "wide")
-        if res is None or not res["sugg"].edits:
-            return None
-        built = res["built"]
-        edits = [
-            {
-                "range": {
-                    "start": _pos_dict(ls.region_pos(doc, built, e.start)),
-                    "end": _pos_dict(ls.region_pos(doc, built, e.end)),
-                },
-                "newText": e.text,
-            }
-            for e in res["sugg"].edits
-        ]
-        return {"id": str(next(ls._ids)), "version": res["version"], "edits": edits}
 
-    @server.feature(STATS)
-    def stats(ls: DlmServer, params: Any) -> dict:
-        out = ls.stats.snapshot()
-        out["documents"] = len(ls.documents)
-        out["state"] = ls.engine.status.state
-        return out
+async def text_document_inline_completion(ls: DlmServer, params: types.InlineCompletionParams):
+    empty = types.InlineCompletionList(items=[])
+    doc = ls.documents.get(params.text_document.uri)
+    if doc is None:
+        return empty
+    row, col = doc.clamp(params.position.line, params.position.character)
+    rest = ls.from_prefix_cache(doc, row, col)
+    if rest is not None:
+        ls.stats.add("cache_hits")
+        ls.stats.add("requests")
+        return types.InlineCompletionList(items=[ls.inline_item(doc, row, col, rest, None)])
+    res = await ls.predict(doc, row, col, context.choose_mode(doc, row, ls.options.context))
+    if res is None or not res["sugg"].insert_text:
+        return empty
+    sugg, built = res["sugg"], res["built"]
+    end = convert.replace_end(doc, built, sugg)
+    return types.InlineCompletionList(items=[ls.inline_item(doc, row, col, sugg.insert_text, end)])
 
-    @server.feature(DID_SHOW)
-    def did_show(ls: DlmServer, params: Any) -> None:
-        ls.stats.add("shown")
 
-    @server.feature(DID_PARTIALLY_ACCEPT)
-    def did_partially_accept(ls: DlmServer, params: Any) -> None:
-        ls.stats.add("partially_accepted")
+async def text_document_completion(ls: DlmServer, params: types.CompletionParams):
+    empty = types.CompletionList(is_incomplete=True, items=[])
+    doc = ls.documents.get(params.text_document.uri)
+    if doc is None:
+        return empty
+    row, col = doc.clamp(params.position.line, params.position.character)
+    res = await ls.predict(doc, row, col, "typing")
+    if res is None or not res["sugg"].insert_text:
+        return empty
+    return convert.completion_list(doc, row, col, res["built"], res["sugg"])
 
-    @server.command(ACCEPT_COMMAND)
-    def accept(ls: DlmServer, *args: Any) -> None:
-        ls.stats.add("accepted")
-        for item_id in args:
-            ls.items.pop(str(item_id), None)
-        ls.maybe_send_status()
 
+async def dlm_edit_prediction(ls: DlmServer, params: Any):
+    uri = convert.document_uri(params)
+    doc = ls.documents.get(uri) if uri is not None else None
+    if doc is None:
+        return None
+    row, col = doc.clamp(*convert.position_of(params))
+    last = ls.last.get(uri)
+    if last is not None and (last["version"], last["row"], last["col"]) == (doc.version, row, col):
+        res = last  # the inline request at this position already ran the model
+    else:
+        res = await ls.predict(doc, row, col, "wide")
+    if res is None or not res["sugg"].edits:
+        return None
+    return convert.edit_prediction(doc, res["built"], res["sugg"], res["version"], ls.next_id())
+
+
+def dlm_stats(ls: DlmServer, params: Any) -> dict:
+    out = ls.stats.snapshot()
+    out["documents"] = len(ls.documents)
+    out["state"] = ls.holder.status.state
+    return out
+
+
+def text_document_did_show_completion(ls: DlmServer, params: Any) -> None:
+    ls.stats.add("shown")
+
+
+def text_document_did_partially_accept_completion(ls: DlmServer, params: Any) -> None:
+    ls.stats.add("partially_accepted")
+
+
+def workspace_execute_command_accept(ls: DlmServer, *args: Any) -> None:
+    ls.stats.add("accepted")
+    for item_id in args:
+        ls.items.pop(str(item_id), None)
+    ls.maybe_send_status()
+
+
+def create_server(engine_factory: Callable[[], Engine]) -> DlmServer:
+    server = DlmServer(engine_factory)
+    server.feature(types.INITIALIZE)(initialize)
+    server.feature(types.INITIALIZED)(initialized)
+    server.feature(types.SHUTDOWN)(shutdown)
+    server.feature(types.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS)(workspace_did_change_workspace_folders)
+    server.feature(types.TEXT_DOCUMENT_DID_OPEN)(text_document_did_open)
+    server.feature(types.TEXT_DOCUMENT_DID_CHANGE)(text_document_did_change)
+    server.feature(types.TEXT_DOCUMENT_DID_CLOSE)(text_document_did_close)
+    # InlineCompletionOptions(): without it pygls does not announce the capability (DESIGN §8).
+    server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())(
+        text_document_inline_completion
+    )
+    server.feature(types.TEXT_DOCUMENT_COMPLETION)(text_document_completion)
+    server.feature(EDIT_PREDICTION)(dlm_edit_prediction)
+    server.feature(STATS)(dlm_stats)
+    server.feature(DID_SHOW)(text_document_did_show_completion)
+    server.feature(DID_PARTIALLY_ACCEPT)(text_document_did_partially_accept_completion)
+    server.command(ACCEPT_COMMAND)(workspace_execute_command_accept)
     return server
-
-
-def _pos_dict(p: types.Position) -> dict:
-    return {"line": p.line, "character": p.character}

@@ -1,7 +1,7 @@
 """`dlm-lsp [--stdio | --tcp HOST:PORT]`: run the language server.
 
 Imports nothing heavy: torch and the model load in a background thread after
-the server has started (lsp.server.EngineHolder).
+the server has started (lsp.engine_holder.EngineHolder).
 """
 
 from __future__ import annotations
@@ -10,12 +10,15 @@ import argparse
 import logging
 import sys
 
+from dlm.coder_model.remote.client import parse_host_port
+
 
 def _host_port(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"{value!r} is not HOST:PORT (for example 127.0.0.1:7777)")
-    return host or "127.0.0.1", int(port)
+    """argparse type for HOST:PORT (the port is required)."""
+    try:
+        return parse_host_port(value, default_port=None)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (for example 127.0.0.1:7777)") from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,14 +52,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"dlm-lsp: --remote {exc}", file=sys.stderr)
             return 2
 
-    from dlm.lsp.server import create_server, make_engine_factory
+    from dlm.lsp.engine_holder import make_engine_factory
+    from dlm.lsp.server import create_server
 
     # The model thread re-takes the GIL between small torch ops; with the default 5 ms switch
     # interval the event loop waits up to 5 ms per handoff to read the next keystroke.
     sys.setswitchinterval(0.0005)
 
     server = create_server(make_engine_factory(args))
-    server.engine.start()
+    server.holder.start()
     if args.tcp:
         host, port = args.tcp
         server.start_tcp(host, port)

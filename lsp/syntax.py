@@ -14,10 +14,12 @@ import importlib
 import logging
 from functools import cache
 
+from dlm.coder_model.languages import language_name
+
 log = logging.getLogger(__name__)
 
-# LSP languageId -> (module, function returning the language pointer)
-_GRAMMARS: dict[str, tuple[str, str]] = {
+# language name (coder_model.languages, the one table) -> (module, function returning the language pointer)
+GRAMMARS: dict[str, tuple[str, str]] = {
     "python": ("tree_sitter_python", "language"),
     "javascript": ("tree_sitter_javascript", "language"),
     "javascriptreact": ("tree_sitter_javascript", "language"),
@@ -29,13 +31,6 @@ _GRAMMARS: dict[str, tuple[str, str]] = {
     "cpp": ("tree_sitter_cpp", "language"),
     "java": ("tree_sitter_java", "language"),
 }
-_EXTENSIONS = {
-    ".py": "python", ".pyi": "python", ".js": "javascript", ".mjs": "javascript", ".cjs": "javascript",
-    ".jsx": "javascriptreact", ".ts": "typescript", ".mts": "typescript", ".cts": "typescript",
-    ".tsx": "typescriptreact", ".rs": "rust", ".go": "go", ".c": "c", ".h": "c",
-    ".cc": "cpp", ".cpp": "cpp", ".cxx": "cpp", ".hpp": "cpp", ".hh": "cpp", ".hxx": "cpp",
-    ".java": "java",
-}  # fmt: skip
 
 # Nodes whose children are statements: the parent of a "statement" in every grammar above.
 _BLOCKS = {
@@ -46,20 +41,11 @@ _BLOCKS = {
 }  # fmt: skip
 
 
-def language_name(language_id: str, uri: str = "") -> str:
-    """The language name we know for a languageId or file extension ('' if none)."""
-    if language_id in _GRAMMARS:
-        return language_id
-    path = uri.rsplit("/", 1)[-1]
-    dot = path.rfind(".")
-    return _EXTENSIONS.get(path[dot:].lower(), language_id) if dot >= 0 else language_id
-
-
 @cache
 def _language(name: str):
     from tree_sitter import Language
 
-    module_name, fn = _GRAMMARS[name]
+    module_name, fn = GRAMMARS[name]
     try:
         module = importlib.import_module(module_name)
     except ImportError:
@@ -71,7 +57,7 @@ def _language(name: str):
 def language_for(language_id: str, uri: str = ""):
     """A tree_sitter.Language for the document, or None (plain text)."""
     name = language_name(language_id, uri)
-    return _language(name) if name in _GRAMMARS else None
+    return _language(name) if name in GRAMMARS else None
 
 
 def _is_block(node_type: str) -> bool:

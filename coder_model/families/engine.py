@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from dlm.coder_model.families.arch import FamilyArch, FamilyTokens
 from dlm.coder_model.families.infill import InfillDecoder, InfillOptions
-from dlm.coder_model.types import CancelToken, EngineStatus, Prediction, Prompt, SamplerParams
+from dlm.coder_model.types import CancelToken, EngineStatus, LayoutBudget, Prediction, Prompt, SamplerParams
 
 log = logging.getLogger("dlm.coder_model.families")
 
@@ -77,6 +77,14 @@ class FamilyEngine:
         self.path = path
         self.device = device
         self.decoder = InfillDecoder(model, tokens, self.options.infill)
+        infill = self.options.infill
+        # The infill layout (`prefix [MASK]xL suffix`) has no history segment; the LSP
+        # fits its windows to these token counts, as it does for the native model.
+        self.budget = LayoutBudget(
+            max_context=infill.max_prefix_tokens + infill.max_suffix_tokens,
+            max_history=0,
+            max_suffix=infill.max_suffix_tokens,
+        )
         self._jobs: queue.Queue = queue.Queue()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="dlm-family-inference", daemon=True)

@@ -8,6 +8,10 @@ lockstep after a server restart). `predict` runs in the caller's thread and
 never waits for a connection: while disconnected it returns an empty,
 cancelled Prediction at once so the editor gets "no suggestion" instead of a
 stall, and `status()` says "disconnected" with the reason.
+
+The server announces its model's context budget in `hello` (`budget`:
+max_context, max_history, max_suffix); `RemoteEngine.budget` is that budget,
+so the LSP windows the text for the model it really talks to.
 """
 
 from __future__ import annotations
@@ -24,8 +28,6 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import Any
-
 from dlm.coder_model.remote import auth
 from dlm.coder_model.remote.protocol import (
     PROTOCOL_VERSION,
@@ -37,7 +39,7 @@ from dlm.coder_model.remote.protocol import (
     prediction_from_wire,
     read_frame,
 )
-from dlm.coder_model.types import CancelToken, EngineStatus, Prediction, Prompt, SamplerParams
+from dlm.coder_model.types import CancelToken, EngineStatus, LayoutBudget, Prediction, Prompt, SamplerParams
 
 log = logging.getLogger("dlm.remote.client")
 
@@ -56,6 +58,7 @@ class _Session:
     device: str
     max_frame_bytes: int
     max_inflight: int
+    budget: LayoutBudget
 
 
 def _empty() -> Prediction:
@@ -107,6 +110,8 @@ class RemoteEngine:
         self._lock = threading.Lock()
         self._pending: dict[int, concurrent.futures.Future[Prediction]] = {}
         self._session: _Session | None = None
+        # Until the first hello, the layout's default; from then on the last server's.
+        self._budget = LayoutBudget()
         self._ever_tried = False
         self._last_error = ""
         self._connected_event = threading.Event()
@@ -207,6 +212,11 @@ class RemoteEngine:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
 
+    @property
+    def budget(self) -> LayoutBudget:
+        """The context budget of the server's model (from its hello)."""
+        return self._budget
+
     # --------------------------------------------------------- extra helpers
 
     @property
@@ -269,6 +279,7 @@ class RemoteEngine:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
                 session = await asyncio.wait_for(self._handshake(reader, writer), self.connect_timeout)
+                self._budget = session.budget
                 self._session = session
                 self._last_error = ""
                 self.connects += 1
@@ -355,6 +366,7 @@ class RemoteEngine:
             device=str(msg.get("device", "")),
             max_frame_bytes=int(limits.get("max_frame_bytes", 4 << 20)),
             max_inflight=int(limits.get("max_inflight", 64)),
+            budget=budget_from_hello(msg, where),
         )
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> bool:
@@ -393,8 +405,31 @@ class RemoteEngine:
             fut.set_result(pred)
 
 
-def parse_host_port(text: str, default_port: int = 7341) -> tuple[str, int]:
-    """'host:port', '[::1]:port', 'host' -> (host, port); ValueError with a hint otherwise."""
+def budget_from_hello(msg: dict, where: str) -> LayoutBudget:
+    """The model's context budget a welcome hello announces; RemoteRefused if it is malformed."""
+    raw = msg.get("budget")
+    if raw is None:
+        # Servers before the budget was part of hello: their model's real window is unknown.
+        log.warning("%s did not announce its model's context budget; using the default %s. Upgrade dlm-lsp on "
+                    "the server so that the editor sizes its context to the model", where, LayoutBudget())
+        return LayoutBudget()
+    if not isinstance(raw, dict):
+        raise RemoteRefused(f"{where} sent a malformed budget in hello ({raw!r}); install the same dlm-lsp "
+                            "version on both machines")
+    try:
+        return LayoutBudget(max_context=raw["max_context"], max_history=raw["max_history"],
+                            max_suffix=raw["max_suffix"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RemoteRefused(f"{where} sent a malformed budget in hello ({raw!r}: {exc}); install the same "
+                            "dlm-lsp version on both machines") from None
+
+
+def parse_host_port(text: str, default_port: int | None = 7341) -> tuple[str, int]:
+    """'host:port', '[::1]:port', 'host' -> (host, port); ValueError with a hint otherwise.
+
+    The one HOST:PORT parser of the project (serve, --remote, --tcp, http --listen).
+    With default_port=None the port is required.
+    """
     text = text.strip()
     if text.startswith("["):
         host, sep, rest = text[1:].partition("]")
@@ -406,8 +441,10 @@ def parse_host_port(text: str, default_port: int = 7341) -> tuple[str, int]:
     else:
         host, port_text = text, ""
     if not host:
-        raise ValueError(f"{text!r}: no host; write HOST:PORT, e.g. 127.0.0.1:{default_port}")
+        raise ValueError(f"{text!r}: no host; write HOST:PORT, e.g. 127.0.0.1:{default_port or 7341}")
     if not port_text:
+        if default_port is None:
+            raise ValueError(f"{text!r}: no port; write HOST:PORT, e.g. {host}:7341")
         return host, default_port
     try:
         port = int(port_text)
@@ -417,8 +454,3 @@ def parse_host_port(text: str, default_port: int = 7341) -> tuple[str, int]:
         raise ValueError(f"{text!r}: port {port} is out of range 0-65535")
     return host, port
 
-
-def status_details(status: EngineStatus) -> dict[str, Any]:
-    """EngineStatus -> a JSON-able dict (for dlm/status and logs)."""
-    return {"state": status.state, "device": status.device, "model": status.model, "message": status.message,
-            **status.extra}

@@ -20,7 +20,9 @@ import urllib.error
 import urllib.request
 
 import pytest
+from dlm.coder_model.edit_history import render_event
 from dlm.lsp import http_endpoint as he
+from dlm.lsp import zed_prompts as zed
 
 FILE = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    ret\n\nprint(add(1, 2))\n"
 CURSOR = FILE.index("    ret\n") + len("    ret")
@@ -70,9 +72,9 @@ def zed_clean_zeta1(output: str) -> str:
 
 @pytest.mark.parametrize("fmt", ["code_llama", "star_coder", "deepseek_coder", "qwen", "codestral", "glm"])
 def test_fim_formats_parse_to_the_cursor(fmt):
-    zp = he.parse_prompt(zed_fim(fmt, FILE[:CURSOR], FILE[CURSOR:]))
+    zp = zed.parse_prompt(zed_fim(fmt, FILE[:CURSOR], FILE[CURSOR:]))
     assert zp.text == FILE and zp.cursor == CURSOR and zp.editable == (0, len(FILE))
-    built = he.build_prompt(zp)
+    built = zed.build_prompt(zp)
     assert built.prompt.region == "    ret"  # the cursor line
     assert built.prompt.cursor == 7
     assert built.prompt.prefix + built.prompt.region + built.prompt.suffix == FILE
@@ -82,11 +84,13 @@ def test_zeta1_prompt_parses_excerpt_region_cursor_and_edits():
     s = FILE.index("def mul")
     e = FILE.index("\n\nprint")
     diff = "@@ -4,3 +4,4 @@\n \n+def mul(a, b):\n+    ret"
-    zp = he.parse_prompt(zed_zeta1("proj/m.py", FILE, (s, e), CURSOR, [("proj/m.py", diff)]))
+    zp = zed.parse_prompt(zed_zeta1("proj/m.py", FILE, (s, e), CURSOR, [("proj/m.py", diff)]))
     assert zp.format == "zeta" and zp.path == "proj/m.py" and zp.start_of_file
     assert zp.text == FILE and zp.cursor == CURSOR and zp.editable == (s, e)
-    assert zp.history == (f"--- a/proj/m.py\n+++ b/proj/m.py\n{diff}\n",)
-    built = he.build_prompt(zp)
+    # Zed's hunk (with a context line) becomes the -U0 event training renders
+    assert zp.history == (render_event("proj/m.py", 4, [], ["def mul(a, b):", "    ret"]),)
+    assert zp.history == ("--- a/proj/m.py\n+++ b/proj/m.py\n@@ -4,0 +5,2 @@\n+def mul(a, b):\n+    ret\n",)
+    built = zed.build_prompt(zp)
     # the cursor line and one line either side, inside the editable range
     assert built.prompt.region == "def mul(a, b):\n    ret"  # the editable range ends after ret
     assert built.prompt.language == "python"
@@ -94,26 +98,26 @@ def test_zeta1_prompt_parses_excerpt_region_cursor_and_edits():
 
 def test_zeta_answer_keeps_the_editable_text_outside_the_region():
     s, e = FILE.index("def add"), FILE.index("\n\nprint")
-    zp = he.parse_prompt(zed_zeta1("m.py", FILE, (s, e), CURSOR, []))
-    built = he.build_prompt(zp, he.EndpointOptions(zeta_lines_before=0, zeta_lines_after=0))
-    out = he.render_answer(zp, built, "    return a * b", ["<|editable_region_end|>"])
+    zp = zed.parse_prompt(zed_zeta1("m.py", FILE, (s, e), CURSOR, []))
+    built = zed.build_prompt(zp, zeta_lines_before=0, zeta_lines_after=0)
+    out = zed.render_answer(zp, built, "    return a * b", ["<|editable_region_end|>"])
     assert FILE[s:e].endswith("    ret")  # the editable range ends at the cursor line
     assert zed_clean_zeta1(out) == FILE[s : e - len("    ret")] + "    return a * b"
 
 
 def test_fim_answer_is_the_insertion_at_the_cursor():
-    zp = he.parse_prompt(zed_fim("qwen", FILE[:CURSOR], FILE[CURSOR:]))
-    built = he.build_prompt(zp)
-    assert he.render_answer(zp, built, "    return a * b", []) == "urn a * b"
-    assert he.render_answer(zp, built, "    return a * b", ["*"]) == "urn a "  # stop strings cut it
-    assert he.render_answer(zp, built, "    ret", []) == ""  # no change, nothing to insert
+    zp = zed.parse_prompt(zed_fim("qwen", FILE[:CURSOR], FILE[CURSOR:]))
+    built = zed.build_prompt(zp)
+    assert zed.render_answer(zp, built, "    return a * b", []) == "urn a * b"
+    assert zed.render_answer(zp, built, "    return a * b", ["*"]) == "urn a "  # stop strings cut it
+    assert zed.render_answer(zp, built, "    ret", []) == ""  # no change, nothing to insert
 
 
 def test_unknown_format_is_refused_with_what_to_set():
-    with pytest.raises(he.PromptFormatError, match='"prompt_format": "qwen"'):
-        he.parse_prompt("def f(x):\n    return")
-    with pytest.raises(he.PromptFormatError, match="no <\\|editable_region_end"):
-        he.parse_prompt(ZETA_INSTRUCTION + "\n\n### User Excerpt:\n\n```a\n<|editable_region_start|>\nx<|user_cursor_is_here|>")
+    with pytest.raises(zed.PromptFormatError, match='"prompt_format": "qwen"'):
+        zed.parse_prompt("def f(x):\n    return")
+    with pytest.raises(zed.PromptFormatError, match="no <\\|editable_region_end"):
+        zed.parse_prompt(ZETA_INSTRUCTION + "\n\n### User Excerpt:\n\n```a\n<|editable_region_start|>\nx<|user_cursor_is_here|>")
 
 
 # -- the running endpoint ---------------------------------------------------------------
@@ -149,10 +153,10 @@ def expected_text(predictor, prompt: str, stop: list[str]) -> str:
     """The engine's own prediction for the same Prompt, rendered (greedy decoding is deterministic)."""
     from dlm.coder_model.types import CancelToken
 
-    zp = he.parse_prompt(prompt)
-    built = he.build_prompt(zp, predictor.opts)
-    pred = predictor.holder.get().predict(built.prompt, predictor.params, CancelToken())
-    return he.render_answer(zp, built, pred.text, stop)
+    zp = zed.parse_prompt(prompt)
+    built = zed.build_prompt(zp, predictor.opts.zeta_lines_before, predictor.opts.zeta_lines_after)
+    pred = predictor.engine().predict(built.prompt, predictor.params, CancelToken())
+    return zed.render_answer(zp, built, pred.text, stop)
 
 
 def test_fim_request_gets_an_openai_completion(endpoint):

@@ -9,7 +9,7 @@ import os
 import threading
 import time
 
-from dlm.coder_model.types import CancelToken, EngineStatus, Prediction, Prompt, SamplerParams
+from dlm.coder_model.types import CancelToken, EngineStatus, LayoutBudget, Prediction, Prompt, SamplerParams
 
 MARK = "FAKE"
 
@@ -21,6 +21,7 @@ class SlowFakeEngine:
 
     def __init__(self, step_s: float = 0.02, steps: int = 10) -> None:
         self.step_s, self.steps = step_s, steps
+        self.budget = LayoutBudget()  # the Engine contract; the server fits its windows to it
         self._lock = threading.Lock()
 
     def predict(self, prompt: Prompt, params: SamplerParams, cancel: CancelToken) -> Prediction:

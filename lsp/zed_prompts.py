@@ -1,0 +1,273 @@
+"""Zed's edit-prediction prompts, read back into our Prompt (pure functions, no I/O).
+
+Zed shows edit predictions only from its own providers, one of which,
+`open_ai_compatible_api`, posts a prompt string Zed formats itself in one of
+two families (Zed's crates/edit_prediction, fim.rs and zeta1):
+
+- fill-in-the-middle (`prompt_format` code_llama, star_coder, deepseek_coder,
+  qwen, codegemma, codestral, glm): the text before and after the cursor of a
+  ~512-token window; Zed inserts the answer at the cursor;
+- zeta (`prompt_format: "zeta"`): an instruction, the user's recent edits as
+  diffs, and an excerpt with `<|editable_region_start|>`, the cursor marker
+  `<|user_cursor_is_here|>` and `<|editable_region_end|>`; Zed replaces the
+  editable region with the answer (text after `<|editable_region_start|>\\n`)
+  and shows the difference as edits anywhere in the region.
+
+`parse_prompt` reads the request text into a `ZedPrompt`; `build_prompt` makes
+the engine's Prompt of it (region = the cursor line, plus a line either side
+for zeta, so the masked block stays short; language names from
+coder_model.languages; Zed's edit diffs re-rendered as the -U0 hunks the model
+was trained on); `render_answer` writes the model's new region in the format
+Zed reads. lsp.http_endpoint does the HTTP around them.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+
+from dlm.coder_model.edit_history import render_event
+from dlm.coder_model.languages import language_for_path
+from dlm.coder_model.types import Prompt
+from dlm.lsp.postprocess import suggest
+
+log = logging.getLogger(__name__)
+
+CURSOR = "<|user_cursor_is_here|>"
+START_OF_FILE = "<|start_of_file|>"
+REGION_START = "<|editable_region_start|>"
+REGION_END = "<|editable_region_end|>"
+ZETA_EXCERPT_HEADER = "\n\n### User Excerpt:\n\n"
+ZETA_EDITS_HEADER = "### User Edits:\n\n"
+ZETA_RESPONSE_HEADER = "\n\n### Response:\n"
+
+# name -> (opening, middle, closing) markers; the text between opening and
+# middle is the prefix, between middle and closing the suffix (codestral: reversed).
+FIM_FORMATS: dict[str, tuple[str, str, str]] = {
+    "code_llama": ("<PRE> ", " <SUF>", " <MID>"),
+    "star_coder": ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
+    "deepseek_coder": ("<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"),
+    "qwen": ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),  # also codegemma
+    "glm": ("<|code_prefix|>", "<|code_suffix|>", "<|code_middle|>"),
+}
+CODESTRAL = ("[SUFFIX]", "[PREFIX]")  # "[SUFFIX]{suffix}[PREFIX]{prefix}"
+
+SUPPORTED = "code_llama, star_coder, deepseek_coder, qwen, codegemma, codestral, glm, zeta"
+
+
+class PromptFormatError(ValueError):
+    """The prompt is in no format we can read; the message says what to set in Zed."""
+
+
+@dataclass(frozen=True)
+class ZedPrompt:
+    """What a Zed prompt says: an excerpt of the file and where the cursor is in it.
+
+    `text` is the excerpt without markers, `cursor` an offset in it, and
+    `editable` the (start, end) offsets Zed lets the answer rewrite (zeta), or
+    the whole excerpt (fill-in-the-middle, where the answer is an insertion).
+    """
+
+    format: str
+    text: str
+    cursor: int
+    editable: tuple[int, int]
+    history: tuple[str, ...] = ()
+    path: str = ""
+    start_of_file: bool = False
+
+
+def parse_prompt(prompt: str) -> ZedPrompt:
+    """A Zed edit-prediction prompt -> ZedPrompt; PromptFormatError if it is in no known format."""
+    if not isinstance(prompt, str):
+        raise PromptFormatError(f"'prompt' must be a string, got {type(prompt).__name__}")
+    if REGION_START in prompt and CURSOR in prompt:
+        return _parse_zeta(prompt)
+    for name, (a, b, c) in FIM_FORMATS.items():
+        if prompt.startswith(a) and prompt.endswith(c) and b in prompt[len(a) : len(prompt) - len(c)]:
+            body = prompt[len(a) : len(prompt) - len(c)]
+            prefix, _, suffix = body.partition(b)
+            return _fim(name, prefix, suffix)
+    s, p = CODESTRAL
+    if prompt.startswith(s) and p in prompt[len(s) :]:
+        suffix, _, prefix = prompt[len(s) :].partition(p)
+        return _fim("codestral", prefix, suffix)
+    raise PromptFormatError(
+        "the prompt is in none of the formats dlm-lsp reads (" + SUPPORTED + "); in Zed's settings set "
+        '"edit_predictions": {"open_ai_compatible_api": {"prompt_format": "qwen"}} (or "zeta")'
+    )
+
+
+def _fim(name: str, prefix: str, suffix: str) -> ZedPrompt:
+    text = prefix + suffix
+    return ZedPrompt(format=name, text=text, cursor=len(prefix), editable=(0, len(text)))
+
+
+def _parse_zeta(prompt: str) -> ZedPrompt:
+    """Zeta (v1) prompt: instruction, '### User Edits:' diffs, '### User Excerpt:' block, '### Response:'."""
+    rs = prompt.find(REGION_START)
+    hdr = prompt.rfind(ZETA_EXCERPT_HEADER, 0, rs)
+    if hdr < 0:
+        raise PromptFormatError(
+            "zeta prompt without '### User Excerpt:' before <|editable_region_start|>; "
+            'this is not the zeta format Zed sends, set "prompt_format": "zeta" or "qwen"'
+        )
+    end = prompt.rfind(ZETA_RESPONSE_HEADER)
+    if end < rs:
+        end = len(prompt)
+    excerpt = prompt[hdr + len(ZETA_EXCERPT_HEADER) : end]
+    excerpt = excerpt.removesuffix("\n```")
+    path = ""
+    if excerpt.startswith("```"):
+        first, _, excerpt = excerpt.partition("\n")
+        path = first[3:].strip()
+    sof = excerpt.startswith(START_OF_FILE + "\n")
+    if sof:
+        excerpt = excerpt[len(START_OF_FILE) + 1 :]
+    before, _, rest = excerpt.partition(REGION_START)
+    rest = rest.removeprefix("\n")
+    editable, found_end, after = rest.partition(REGION_END)
+    if not found_end:
+        raise PromptFormatError("zeta prompt has <|editable_region_start|> but no <|editable_region_end|>")
+    editable = editable.removesuffix("\n")
+    if editable.count(CURSOR) != 1:
+        raise PromptFormatError(
+            f"zeta prompt has {editable.count(CURSOR)} cursor markers in the editable region; expected 1"
+        )
+    ed_before, _, ed_after = editable.partition(CURSOR)
+    edits_at = prompt.find(ZETA_EDITS_HEADER)
+    events = prompt[edits_at + len(ZETA_EDITS_HEADER) : hdr] if 0 <= edits_at < hdr else ""
+    text = before + ed_before + ed_after + after
+    start = len(before)
+    return ZedPrompt(
+        format="zeta",
+        text=text,
+        cursor=start + len(ed_before),
+        editable=(start, start + len(ed_before) + len(ed_after)),
+        history=parse_zeta_events(events),
+        path=path,
+        start_of_file=sof,
+    )
+
+
+def parse_zeta_events(events: str) -> tuple[str, ...]:
+    """'User edited PATH:\\n```diff\\nHUNKS\\n```' blocks (oldest first) -> edit events rendered
+    by coder_model.edit_history, one per hunk, as serving and training render them."""
+    out: list[str] = []
+    for block in events.split("User edited ")[1:]:
+        head, sep, rest = block.partition(":\n```diff\n")
+        if not sep:
+            continue
+        body, _, _ = rest.rpartition("\n```")
+        name = head.strip().strip('"') or "untitled"
+        for start, old, new in parse_hunks(body):
+            event = render_event(name, start, old, new)
+            if event:
+                out.append(event)
+    return tuple(out)
+
+
+_HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@")
+
+
+def parse_hunks(diff: str) -> list[tuple[int, list[str], list[str]]]:
+    """Unified-diff hunks -> (0-based first old line, old lines, new lines), context included.
+
+    Lines outside a hunk (---/+++ headers, "\\ No newline at end of file") are skipped;
+    a hunk whose header cannot be read is skipped with a debug log line, not guessed at.
+    """
+    hunks: list[tuple[int, list[str], list[str]]] = []
+    current: tuple[int, list[str], list[str]] | None = None
+    for line in diff.split("\n"):
+        if line.startswith("@@"):
+            m = _HUNK_HEADER.match(line)
+            if m is None:
+                log.debug("skipping a diff hunk with an unreadable header: %r", line)
+                current = None
+                continue
+            first, count = int(m.group(1)), 1 if m.group(2) is None else int(m.group(2))
+            # git names the line before an empty old side (count 0), the first line otherwise
+            current = (first if count == 0 else first - 1, [], [])
+            hunks.append(current)
+        elif current is None or line.startswith(("--- ", "+++ ", "\\")):
+            continue
+        elif line.startswith("-"):
+            current[1].append(line[1:])
+        elif line.startswith("+"):
+            current[2].append(line[1:])
+        else:  # context (a blank context line may have lost its leading space)
+            current[1].append(line[1:])
+            current[2].append(line[1:])
+    return hunks
+
+
+@dataclass(frozen=True)
+class Built:
+    prompt: Prompt
+    region_start: int  # offsets of the region in ZedPrompt.text
+    region_end: int
+
+
+def _line_start(text: str, pos: int, lo: int) -> int:
+    i = text.rfind("\n", lo, pos)
+    return lo if i < 0 else i + 1
+
+
+def _line_end(text: str, pos: int, hi: int) -> int:
+    i = text.find("\n", pos, hi)
+    return hi if i < 0 else i
+
+
+def build_prompt(zp: ZedPrompt, zeta_lines_before: int = 1, zeta_lines_after: int = 1) -> Built:
+    """The engine's Prompt for a parsed Zed prompt: the region is the cursor line (fim) or
+    the cursor line with `zeta_lines_before`/`after` lines around it (zeta), clipped to
+    Zed's editable range."""
+    lo, hi = zp.editable
+    t = zp.text
+    s = _line_start(t, zp.cursor, lo)
+    e = _line_end(t, zp.cursor, hi)
+    if zp.format == "zeta":
+        for _ in range(zeta_lines_before):
+            if s > lo:
+                s = _line_start(t, s - 1, lo)
+        for _ in range(zeta_lines_after):
+            if e < hi:
+                e = _line_end(t, e + 1, hi)
+    prompt = Prompt(
+        prefix=t[:s],
+        region=t[s:e],
+        cursor=zp.cursor - s,
+        suffix=t[e:],
+        history=zp.history,
+        language=language_for_path(zp.path),
+        path=zp.path,
+    )
+    return Built(prompt, s, e)
+
+
+def _cut_at_stop(text: str, stop: list[str]) -> str:
+    cut = len(text)
+    for s in stop:
+        if s:
+            i = text.find(s)
+            if 0 <= i < cut:
+                cut = i
+    return text[:cut]
+
+
+def render_answer(zp: ZedPrompt, built: Built, new_region: str, stop: list[str]) -> str:
+    """The completion text Zed expects for the model's new region."""
+    p = built.prompt
+    if zp.format == "zeta":
+        lo, hi = zp.editable
+        new_editable = zp.text[lo : built.region_start] + new_region + zp.text[built.region_end : hi]
+        # Zed keeps the text after "<|editable_region_start|>\n" (up to the end marker, which a
+        # server would have stopped at), so nothing follows the new editable text. The stop
+        # strings are not applied: cutting the region short would delete the rest of it.
+        return REGION_START + "\n" + new_editable
+    # Fill-in-the-middle: Zed inserts the answer at the cursor, so only an insertion can be shown.
+    sug = suggest(p.region, p.cursor, new_region, p.suffix)
+    if sug.replace_end is not None:
+        return ""
+    return _cut_at_stop(sug.insert_text, stop)
