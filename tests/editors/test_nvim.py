@@ -8,6 +8,10 @@ that the extmark shows the server's item and that <Tab> inserts exactly it.
 A tiny random model writes arbitrary text, so what the text says is not
 checked; the fake engine (tests/lsp/fake_engine.py) gives a fixed insertion,
 so the same path is also checked with a known item.
+
+Every Neovim here runs with XDG_STATE_HOME/XDG_DATA_HOME/XDG_CONFIG_HOME/XDG_CACHE_HOME
+under the test's tmp dir (`env_with`), so nothing writes the user's own
+~/.local/state/nvim/lsp.log (or shada, swap files, ...).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,7 +35,9 @@ LSP_TESTS = ROOT / "tests" / "lsp"
 def find_nvim_version(nvim: str) -> int:
     """The minor version of a Neovim 0.x command (-1 when it is not one)."""
     try:
-        out = subprocess.run([*nvim.split(), "--version"], check=False, capture_output=True, text=True, timeout=60)
+        with tempfile.TemporaryDirectory() as state:  # even `nvim --version` creates stdpath('log')/log
+            out = subprocess.run([*nvim.split(), "--version"], check=False, capture_output=True, text=True,
+                                 timeout=60, env=dict(os.environ, XDG_STATE_HOME=state))  # fmt: skip
     except OSError:
         return -1
     ver = out.stdout.split()[1] if out.stdout.startswith("NVIM") else ""
@@ -46,13 +53,19 @@ def find_nvim(min_minor: int = 10) -> str | None:
 
 
 class Nvim:
-    def __init__(self, nvim: str, tmp: Path, server_cmd: list[str], env: dict[str, str], extra: str = ""):
-        self.nvim, self.sock = nvim, str(tmp / "nvim.sock")
+    """A headless Neovim with the plugin. `server_cmd`: the plugin's `cmd` (the command line as
+    given); None: the plugin builds it from `server_path` etc. in `extra`. `pre`: Lua run before setup."""
+
+    def __init__(self, nvim: str, tmp: Path, server_cmd: list[str] | None, env: dict[str, str], extra: str = "",
+                 pre: str = ""):  # fmt: skip
+        self.nvim, self.sock, self.env = nvim, str(tmp / "nvim.sock"), env
         init = tmp / "init.lua"
+        cmd = f"cmd = {lua_list(server_cmd)}, " if server_cmd is not None else ""
         init.write_text(
             f"vim.opt.rtp:prepend({json.dumps(str(PLUGIN))})\n"
             "vim.o.swapfile = false\n"
-            f"require('dlm').setup({{ cmd = {lua_list(server_cmd)}, debounce_ms = 10, {extra} }})\n"
+            f"{pre}\n"
+            f"require('dlm').setup({{ {cmd}debounce_ms = 10, {extra} }})\n"
         )
         self.file = tmp / "m.py"
         self.file.write_text("def add(a, b):\n    return a + b\n\n")
@@ -67,14 +80,16 @@ class Nvim:
             time.sleep(0.1)
 
     def send(self, keys: str) -> None:
-        subprocess.run([*self.nvim.split(), "--server", self.sock, "--remote-send", keys], check=True, timeout=30)
+        # (the --server client is a Neovim too: with the test's env its own log stays under tmp)
+        subprocess.run([*self.nvim.split(), "--server", self.sock, "--remote-send", keys], check=True, timeout=30,
+                       env=self.env)  # fmt: skip
 
     def lua(self, expr: str):
         """Evaluate a Lua expression in the editor; the value comes back through JSON."""
         vim_expr = f'luaeval("vim.json.encode({{v = ({expr})}})")'.replace("\n", " ")
         out = subprocess.run(
             [*self.nvim.split(), "--server", self.sock, "--remote-expr", vim_expr],
-            capture_output=True, text=True, timeout=30, check=True,
+            capture_output=True, text=True, timeout=30, check=True, env=self.env,
         ).stdout  # fmt: skip
         v = json.loads(out)
         return v.get("v") if isinstance(v, dict) else None  # {v = nil} encodes as []
@@ -101,11 +116,44 @@ def lua_list(items: list[str]) -> str:
     return "{" + ", ".join(json.dumps(x) for x in items) + "}"
 
 
-def env_with(**extra: str) -> dict[str, str]:
+def env_with(tmp: Path, **extra: str) -> dict[str, str]:
+    """The environment of a test Neovim: XDG dirs under `tmp` (stdpath('log'), i.e. where lsp.log
+    goes, is $XDG_STATE_HOME/nvim), the fake engine importable."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join([str(LSP_TESTS), env.get("PYTHONPATH", "")])
+    for var in ("XDG_STATE_HOME", "XDG_DATA_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME"):
+        d = tmp / "xdg" / var.split("_")[1].lower()
+        d.mkdir(parents=True, exist_ok=True)
+        env[var] = str(d)
     env.update(extra)
     return env
+
+
+def fake_env(tmp: Path) -> dict[str, str]:
+    return env_with(tmp, DLM_ENGINE_FACTORY="fake_engine:slow", FAKE_STEP_S="0.001")
+
+
+def server_wrapper(tmp: Path) -> str:
+    """A `dlm-lsp` executable for server_path (the plugin then builds the command line itself)."""
+    exe = tmp / "bin" / "dlm-lsp"
+    exe.parent.mkdir(parents=True, exist_ok=True)
+    exe.write_text(f'#!/bin/sh\nexec {json.dumps(sys.executable)} -m dlm.lsp.cli "$@"\n')
+    exe.chmod(0o755)
+    return str(exe)
+
+
+def real_state_dir() -> Path:
+    """stdpath('state') of the user running the tests: lsp.log, Neovim's log (never to be written here)."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "nvim"
+
+
+def file_state(p: Path):
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_size, st.st_mtime_ns)
 
 
 def type_until_ghost(nv: Nvim, chars: str, timeout_per_key: float):
@@ -162,8 +210,7 @@ def nvim011():
 def test_nvim_ghost_text_from_the_real_server_fake_engine(nvim011, tmp_path):
     """The fixed insertion of the fake engine: ghost text 'FAKE' appears and <Tab> inserts it."""
     cmd = [sys.executable, "-m", "dlm.lsp.cli", "--stdio"]
-    nv = Nvim(nvim011, tmp_path, cmd, env_with(DLM_ENGINE_FACTORY="fake_engine:slow", FAKE_STEP_S="0.001"),
-              extra="edit_predictions = false")  # fmt: skip
+    nv = Nvim(nvim011, tmp_path, cmd, fake_env(tmp_path), extra="edit_predictions = false")
     try:
         nv.wait("require('dlm').status and require('dlm').status.state == 'ready'", 60, "dlm/status ready")
         nv.send("Go")  # a new line in insert mode
@@ -176,50 +223,136 @@ def test_nvim_ghost_text_from_the_real_server_fake_engine(nvim011, tmp_path):
         nv.close()
 
 
-def server_items(nv: Nvim) -> list:
-    """Ask the server directly, through the plugin's client, at the cursor (after the plugin's own
-    request has finished, so that latest-wins cancellation does not touch it)."""
-    nv.wait("not require('dlm.ghost').pending(0)", 30, "the plugin's request to finish")
-    r = nv.lua(
-        "vim.lsp.buf_request_sync(0, 'textDocument/inlineCompletion', vim.tbl_extend('force', "
-        "vim.lsp.util.make_position_params(0, 'utf-16'), {context = {triggerKind = 1}}), 30000)"
+def answer_here(nv: Nvim, timeout: float) -> dict:
+    """The plugin's last inline-completion answer, once it is the answer for the text and cursor
+    as they are now (the plugin asks after each typed key)."""
+    here = (
+        "(function() local r = require('dlm.ghost').last_response(0); local c = vim.api.nvim_win_get_cursor(0); "
+        "return r and r.tick == vim.api.nvim_buf_get_changedtick(0) and r.row == c[1] - 1 and r.col == c[2] "
+        "and not require('dlm.ghost').pending(0) and r end)()"
     )
-    res = (r or [{}])[0].get("result") or {}
-    return res.get("items", []) if isinstance(res, dict) else res
+    return nv.wait(here, timeout, "the plugin's answer for the current text")
 
 
 @pytest.mark.slow
 def test_nvim_ghost_text_from_the_real_server_with_a_model(nvim011, tmp_path, tiny_checkpoint):
-    """`dlm-lsp --stdio --model DIR`: the plugin shows exactly what the model's server answers.
+    """`dlm-lsp --stdio --model DIR`: the plugin shows exactly what the model's server answered.
 
-    With the embedded (trained) checkpoint the server proposes insertions while typing and the
-    first one is drawn and accepted. A tiny random model almost never proposes an insertion
-    (its text does not continue the line, so postprocess drops it); with it the test checks
-    that the plugin shows nothing exactly when the server has nothing."""
+    The ghost text is compared with the answer the plugin itself received (recorded by
+    the plugin: require('dlm.ghost').last_response), not with a second request, which a
+    model need not answer the same way. With the embedded (trained) checkpoint the server
+    proposes insertions while typing and the first one is drawn and accepted. A tiny
+    random model almost never proposes an insertion (its text does not continue the
+    line, so postprocess drops it); with it the test checks that the plugin shows
+    nothing exactly when the server had nothing."""
     from dlm.coder_model.checkpoint import embedded_checkpoint_dir
 
     emb = embedded_checkpoint_dir()
     model = str(emb) if emb is not None and (emb / "config.json").exists() else tiny_checkpoint
     cmd = [sys.executable, "-m", "dlm.lsp.cli", "--stdio", "--model", model, "--device", "cpu"]
-    nv = Nvim(nvim011, tmp_path, cmd, env_with(), extra="edit_predictions = false")
+    nv = Nvim(nvim011, tmp_path, cmd, env_with(tmp_path), extra="edit_predictions = false")
     try:
         nv.wait("require('dlm').status and require('dlm').status.state == 'ready'", 120, "dlm/status ready")
         nv.send("Go")
         for ch in "    return a":
             nv.send(ch)
-            items = server_items(nv)
-            time.sleep(0.3)
+            resp = answer_here(nv, 60)
+            assert resp.get("err") is None, f"the server answered an error: {resp['err']}"
+            items = resp.get("items") or []
             shown = nv.lua("require('dlm.ghost').shown(0)")
             if not items:
-                assert shown is None, f"ghost text {shown!r} although the server has no item here"
+                assert shown is None, f"ghost text {shown!r} although the server had no item here"
                 continue
-            # the server's answer at this position is deterministic (greedy decoding)
-            item = nv.wait("require('dlm.ghost').current_item(0)", 30, "the ghost text")
-            assert item["insertText"] == items[0]["insertText"]
+            item = nv.lua("require('dlm.ghost').current_item(0)")
+            assert item == items[0], "the plugin does not show the first item of the answer it received"
+            if shown is None:  # the item only repeats what is typed: nothing to draw
+                assert nv.lua(
+                    "require('dlm.ghost').display(0, require('dlm').client(0), require('dlm.ghost').current_item(0), "
+                    f"{resp['row']}, {resp['col']})"
+                ) == ""  # fmt: skip
+                continue
             check_ghost_and_accept(nv, item)
             return
         if model != tiny_checkpoint:
             pytest.fail("the embedded model proposed no insertion while typing `    return a`")
+    finally:
+        nv.close()
+
+
+def test_nvim_state_and_logs_stay_in_the_temporary_dirs(nvim011, tmp_path):
+    """lsp.log is written under the test's XDG_STATE_HOME, never to the user's own; the server's
+    logging goes to its own file (--log-file, levels kept) instead of stderr, which lsp.log
+    would record as [ERROR] line by line."""
+    real = [real_state_dir() / name for name in ("lsp.log", "log", "dlm-lsp.log")]
+    before = [file_state(p) for p in real]
+    nv = Nvim(nvim011, tmp_path, None, fake_env(tmp_path), pre="vim.lsp.set_log_level('info')",
+              extra=f"server_path = {json.dumps(server_wrapper(tmp_path))}, edit_predictions = false")  # fmt: skip
+    state = tmp_path / "xdg" / "state" / "nvim"
+    try:
+        assert Path(nv.lua("vim.lsp.get_log_path()")) == state / "lsp.log"
+        assert Path(nv.lua("require('dlm').log_file()")) == state / "dlm-lsp.log"
+        nv.wait("require('dlm').status and require('dlm').status.state == 'ready'", 60, "dlm/status ready")
+        nv.send("Go    re")  # the server runs the model and logs the run at INFO
+        answer_here(nv, 30)
+        deadline = time.monotonic() + 10
+        while " INFO " not in (state / "dlm-lsp.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        nv.close()
+    server_log = (state / "dlm-lsp.log").read_text()
+    assert " INFO dlm.lsp.server: run m.py" in server_log
+    lsp_log = (state / "lsp.log").read_text()
+    assert "Starting RPC client" in lsp_log  # Neovim's own INFO lines land here
+    assert "--log-file" in lsp_log
+    errors = [ln for ln in lsp_log.splitlines() if ln.startswith("[ERROR]")]
+    assert not errors, "the server's stderr reached lsp.log as errors:\n" + "\n".join(errors[:10])
+    assert [file_state(p) for p in real] == before, f"the test wrote to {real_state_dir()}"
+
+
+def test_nvim_statusline_redraws_when_the_status_arrives(nvim011, tmp_path):
+    """dlm/status redraws the statuslines at once (no keypress needed) and fires User DlmStatus."""
+    pre = (
+        "_G.dlm_test = { redraws = 0, events = 0 }\n"
+        "local redrawstatus = vim.cmd.redrawstatus\n"
+        "vim.cmd.redrawstatus = function(...) _G.dlm_test.redraws = _G.dlm_test.redraws + 1; "
+        "return redrawstatus(...) end\n"
+        "vim.api.nvim_create_autocmd('User', { pattern = 'DlmStatus', callback = function() "
+        "_G.dlm_test.events = _G.dlm_test.events + 1 end })\n"
+        "vim.o.laststatus = 2\n"
+        "vim.o.statusline = [[%{v:lua.require'dlm'.statusline()}]]\n"
+    )
+    cmd = [sys.executable, "-m", "dlm.lsp.cli", "--stdio"]
+    nv = Nvim(nvim011, tmp_path, cmd, fake_env(tmp_path), extra="edit_predictions = false", pre=pre)
+    try:
+        nv.wait("require('dlm').status and require('dlm').status.state == 'ready'", 60, "dlm/status ready")
+        t = nv.wait("_G.dlm_test.redraws > 0 and _G.dlm_test.events > 0 and _G.dlm_test", 10, "redraw + DlmStatus")
+        assert t["redraws"] >= 1 and t["events"] >= 1
+        line = nv.lua("vim.api.nvim_eval_statusline(vim.o.statusline, {}).str")
+        assert line.startswith("dlm: ready"), line
+    finally:
+        nv.close()
+
+
+def test_nvim_suggestion_highlights_differ_from_normal_without_truecolor(nvim011, tmp_path):
+    """Ghost text and edit predictions read as suggestions in a 256-colour terminal too
+    (termguicolors off): a ctermfg other than Normal's, and italic; still so after a
+    colorscheme whose Comment looks like Normal."""
+    nv = Nvim(nvim011, tmp_path, ["true"], env_with(tmp_path), pre="vim.o.termguicolors = false",
+              extra="filetypes = {}")  # fmt: skip
+    get = "vim.api.nvim_get_hl(0, {{name = '{}', link = false}})"
+    try:
+        for scheme in ("", "hi clear | hi Comment ctermfg=NONE guifg=NONE | hi DiagnosticHint ctermfg=NONE guifg=NONE | doautocmd ColorScheme"):
+            if scheme:
+                nv.lua(f"vim.cmd([[{scheme}]]) or true")
+            normal = nv.lua(get.format("Normal"))
+            for group in ("DlmGhostText", "DlmEditPrediction"):
+                hl = nv.lua(get.format(group))
+                assert hl.get("ctermfg") is not None and hl.get("ctermfg") != normal.get("ctermfg"), (group, hl)
+                assert hl.get("fg") is not None and hl.get("fg") != normal.get("fg"), (group, hl)
+                assert hl.get("italic") and (hl.get("cterm") or {}).get("italic"), (group, hl)
+            delete = nv.lua(get.format("DlmEditPredictionDelete"))
+            assert (delete.get("cterm") or {}).get("strikethrough"), delete
+        assert nv.lua(get.format("DlmGhostText"))["ctermfg"] == 242  # the fallback grey
     finally:
         nv.close()
 
@@ -233,8 +366,7 @@ def test_nvim012_native_inline_completion_fake_engine(tmp_path):
     if not nvim or find_nvim_version(nvim) < 12:
         pytest.skip("no Neovim >= 0.12: set DLM_NVIM12 to its command (see editors/README.md)")
     cmd = [sys.executable, "-m", "dlm.lsp.cli", "--stdio"]
-    nv = Nvim(nvim, tmp_path, cmd, env_with(DLM_ENGINE_FACTORY="fake_engine:slow", FAKE_STEP_S="0.001"),
-              extra="edit_predictions = false")  # fmt: skip
+    nv = Nvim(nvim, tmp_path, cmd, fake_env(tmp_path), extra="edit_predictions = false")
     ns = "vim.api.nvim_get_namespaces()['nvim.lsp.inline_completion']"
     try:
         nv.wait("require('dlm').status and require('dlm').status.state == 'ready'", 60, "dlm/status ready")

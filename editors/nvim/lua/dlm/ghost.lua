@@ -103,6 +103,12 @@ function M.request(bufnr, trigger_kind)
     if s.req_id == id then
       s.req_id = nil
     end
+    -- What the server answered, for whom (tests compare the ghost text with it).
+    s.last_response = {
+      items = result and (result.items or result) or nil,
+      err = err and tostring(err.message or err) or nil,
+      row = row, col = col, tick = tick,
+    }
     if err or not result or not vim.api.nvim_buf_is_valid(bufnr) then
       return
     end
@@ -168,6 +174,13 @@ end
 function M.pending(bufnr)
   local s = state[bufnr == 0 and vim.api.nvim_get_current_buf() or bufnr]
   return s ~= nil and (s.req_id ~= nil or (s.timer ~= nil and s.timer:get_due_in() > 0))
+end
+
+--- Test helper: the last inline-completion answer the plugin received, with the
+--- position and changedtick it was asked for: { items, err, row, col, tick } (nil when none).
+function M.last_response(bufnr)
+  local s = state[bufnr == 0 and vim.api.nvim_get_current_buf() or bufnr]
+  return s and s.last_response or nil
 end
 
 function M.current_item(bufnr)

@@ -19,7 +19,18 @@ function M.check()
   if vim.fn.executable(cmd[1]) == 1 then
     h.ok("server: " .. table.concat(cmd, " "))
   else
-    h.error(cmd[1] .. " is not executable", { "pip install dlm-lsp", "or set server_path in require('dlm').setup{}" })
+    h.error(cmd[1] .. " is not executable", {
+      "install the server from a clone of the dlm-lsp repository (it is not on PyPI): "
+        .. "python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 -e .",
+      "then set server_path to the full path of the venv's bin/dlm-lsp: "
+        .. "require('dlm').setup({ server_path = '/path/to/dlm-lsp/.venv/bin/dlm-lsp' })",
+    })
+  end
+  local log_file = dlm.log_file()
+  if log_file then
+    h.ok("server log: " .. log_file .. " (:DlmLog)")
+  else
+    h.info("server log: on stderr, in :LspLog (every line there reads [ERROR])")
   end
   local client = dlm.client()
   if not client then
@@ -32,7 +43,7 @@ function M.check()
   elseif st.state == "ready" then
     h.ok(dlm.statusline())
   else
-    h.error(dlm.statusline(), { "see :LspLog; check --model / --remote" })
+    h.error(dlm.statusline(), { "see :DlmLog; check --model / --remote" })
   end
 end
 

@@ -3,14 +3,28 @@
 -- 0.10/0.11) and edit predictions (dlm/editPrediction) as virtual text.
 local M = {}
 
+-- The server is not on PyPI (the name dlm-lsp there is another project): it is
+-- installed from a clone of the repository into a virtualenv, whose bin/ is
+-- usually not on Neovim's PATH, so server_path should be the full path.
+M.install_hint = "install the server from a clone of the dlm-lsp repository "
+  .. "(python3 -m venv .venv && .venv/bin/pip install torch==2.13.0 -e .) and set server_path "
+  .. "to the full path of the venv's bin/dlm-lsp, e.g. require('dlm').setup({ server_path = "
+  .. "'/path/to/dlm-lsp/.venv/bin/dlm-lsp' })"
+
 M.defaults = {
   cmd = nil, -- full command line; nil: built from the fields below
-  server_path = "dlm-lsp",
+  server_path = "dlm-lsp", -- better: the full path, e.g. "/path/to/dlm-lsp/.venv/bin/dlm-lsp"
   model = nil, -- checkpoint directory (--model)
   device = nil, -- "cpu" | "cuda" | "auto"
   remote = nil, -- "HOST:PORT" of `dlm-lsp serve` (--remote)
   token_file = nil,
   tls = false,
+  -- The server's own log (--log-file), with its levels. Its stderr would land in
+  -- Neovim's lsp.log, which records every stderr line as [ERROR] whatever its level;
+  -- with a log file only real failures (tracebacks) reach stderr. nil: stdpath("log")
+  -- .. "/dlm-lsp.log"; false: leave the logs on stderr. Not used with `cmd`.
+  log_file = nil,
+  log_level = nil, -- "DEBUG" | "INFO" | "WARNING" | "ERROR" (--log-level); nil: the server's default
   filetypes = nil, -- nil: every normal file buffer
   native = nil, -- nil: use vim.lsp.inline_completion when it exists (0.12+)
   debounce_ms = 30, -- own ghost text: wait this long after a keystroke
@@ -22,6 +36,15 @@ M.defaults = {
 M.config = vim.deepcopy(M.defaults)
 M.enabled = true
 M.status = nil -- last dlm/status notification
+
+--- The server's log file (nil when the logs go to stderr, or `cmd` is set by hand).
+function M.log_file(o)
+  o = o or M.config
+  if o.cmd or o.log_file == false then
+    return nil
+  end
+  return o.log_file or (vim.fn.stdpath("log") .. "/dlm-lsp.log")
+end
 
 --- Options -> server command line (the same rules as the VS Code extension).
 function M.build_cmd(o)
@@ -44,6 +67,14 @@ function M.build_cmd(o)
     if o.device and o.device ~= "auto" then
       vim.list_extend(cmd, { "--device", o.device })
     end
+  end
+  local log_file = M.log_file(o)
+  if log_file then
+    vim.fn.mkdir(vim.fs.dirname(log_file), "p")
+    vim.list_extend(cmd, { "--log-file", log_file })
+  end
+  if o.log_level then
+    vim.list_extend(cmd, { "--log-level", o.log_level })
   end
   return cmd
 end
@@ -111,6 +142,39 @@ function M.statusline()
   return status_line(M.status)
 end
 
+--- A dlm/status notification: keep it, redraw the statuslines now (not at the next
+--- keypress) and fire `User DlmStatus` for statusline plugins that cache.
+function M.on_status(result)
+  M.status = result
+  vim.schedule(function()
+    pcall(vim.cmd.redrawstatus, { bang = true })
+    vim.api.nvim_exec_autocmds("User", { pattern = "DlmStatus", modeline = false })
+  end)
+end
+
+--- Ghost text and edit predictions must read as suggestions in every terminal: a
+--- colour that differs from Normal's in both GUI (termguicolors) and cterm (256-colour)
+--- terms, and italic. Taken from `base` where that differs from Normal, else a grey.
+local function suggestion_hl(base, fg, ctermfg)
+  local normal = vim.api.nvim_get_hl(0, { name = "Normal", link = false })
+  local b = vim.api.nvim_get_hl(0, { name = base, link = false })
+  return {
+    fg = (b.fg and b.fg ~= normal.fg) and b.fg or fg,
+    ctermfg = (b.ctermfg and b.ctermfg ~= normal.ctermfg) and b.ctermfg or ctermfg,
+    italic = true,
+    cterm = { italic = true },
+    default = true, -- a user's (or colorscheme's) own DlmGhostText wins
+  }
+end
+
+function M.define_highlights()
+  vim.api.nvim_set_hl(0, "DlmGhostText", suggestion_hl("Comment", "#808080", 242))
+  vim.api.nvim_set_hl(0, "DlmEditPrediction", suggestion_hl("DiagnosticHint", "#6f9fbf", 109))
+  vim.api.nvim_set_hl(0, "DlmEditPredictionDelete", {
+    strikethrough = true, cterm = { strikethrough = true }, default = true,
+  })
+end
+
 local function attach(bufnr)
   if not M.enabled or vim.bo[bufnr].buftype ~= "" or vim.api.nvim_buf_get_name(bufnr) == "" then
     return
@@ -121,7 +185,7 @@ local function attach(bufnr)
   end
   local cmd = M.build_cmd(M.config)
   if vim.fn.executable(cmd[1]) ~= 1 then
-    vim.notify_once("dlm: " .. cmd[1] .. " is not executable; pip install dlm-lsp or set server_path", vim.log.levels.ERROR)
+    vim.notify_once("dlm: " .. cmd[1] .. " is not executable: " .. M.install_hint, vim.log.levels.ERROR)
     return
   end
   vim.lsp.start({
@@ -130,8 +194,7 @@ local function attach(bufnr)
     root_dir = vim.fn.getcwd(),
     handlers = {
       ["dlm/status"] = function(_, result)
-        M.status = result
-        vim.api.nvim_exec_autocmds("User", { pattern = "DlmStatus", modeline = false })
+        M.on_status(result)
       end,
     },
     on_attach = function(client, b)
@@ -214,6 +277,7 @@ function M.toggle()
       end
     end
   end
+  pcall(vim.cmd.redrawstatus, { bang = true })
   vim.notify("dlm: suggestions " .. (M.enabled and "on" or "off"))
 end
 
@@ -242,10 +306,9 @@ function M.setup(opts)
     vim.notify("dlm: needs Neovim 0.10 or newer", vim.log.levels.ERROR)
     return
   end
-  vim.api.nvim_set_hl(0, "DlmGhostText", { link = "Comment", default = true })
-  vim.api.nvim_set_hl(0, "DlmEditPrediction", { link = "DiagnosticHint", default = true })
-  vim.api.nvim_set_hl(0, "DlmEditPredictionDelete", { strikethrough = true, default = true })
+  M.define_highlights()
   local group = vim.api.nvim_create_augroup("dlm", { clear = true })
+  vim.api.nvim_create_autocmd("ColorScheme", { group = group, callback = M.define_highlights })
   vim.api.nvim_create_autocmd({ "FileType", "BufReadPost", "BufNewFile" }, {
     group = group,
     callback = function(ev)
@@ -269,6 +332,14 @@ function M.setup(opts)
   vim.api.nvim_create_user_command("DlmStatus", function()
     print(M.statusline())
   end, { desc = "dlm: model state and latency" })
+  vim.api.nvim_create_user_command("DlmLog", function()
+    local f = M.log_file()
+    if f then
+      vim.cmd.split(vim.fn.fnameescape(f))
+    else
+      vim.cmd("LspLog")
+    end
+  end, { desc = "dlm: open the server's log" })
 end
 
 return M
