@@ -23,8 +23,14 @@ log = logging.getLogger("dlm.engine")
 
 class LocalEngine:
     def __init__(self, model, tok, *, device: str = "cpu", name: str = "", max_caches: int = 8,
-                 budget: LayoutBudget | None = None) -> None:
+                 budget: LayoutBudget | None = None, calibration=None) -> None:
+        from dlm.coder_model.calibration import Calibration
+        from dlm.coder_model.sampler import StepTimer
+
         self.model, self.tok = model, tok
+        # Deadline planning (sampler): this engine's measured step time; confidence: its calibration.
+        self.step_timer = StepTimer()
+        self.calibration = calibration if calibration is not None else Calibration.identity()
         self.device = device
         self.name = name
         # The context the checkpoint was trained on (DESIGN §3): the LSP fits its windows to it.
@@ -38,11 +44,13 @@ class LocalEngine:
         self.runs = 0  # model runs started (not skipped as cancelled while queued)
 
     # -- Engine protocol -------------------------------------------------------
-    def predict(self, prompt: Prompt, params: SamplerParams, cancel: CancelToken) -> Prediction:
+    def predict(
+        self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, deadline: float | None = None
+    ) -> Prediction:
         if self._closed:
             raise RuntimeError("LocalEngine is closed; create a new engine")
         fut: Future = Future()
-        self._jobs.put((time.perf_counter(), prompt, params, cancel, fut))
+        self._jobs.put((time.perf_counter(), prompt, params, cancel, deadline, fut))
         return fut.result()
 
     def status(self) -> EngineStatus:
@@ -72,24 +80,28 @@ class LocalEngine:
             job = self._jobs.get()
             if job is None:
                 return
-            t_submit, prompt, params, cancel, fut = job
+            t_submit, prompt, params, cancel, deadline, fut = job
             queue_ms = (time.perf_counter() - t_submit) * 1000
             try:
-                fut.set_result(self._run(prompt, params, cancel, queue_ms))
+                fut.set_result(self._run(prompt, params, cancel, queue_ms, deadline))
             except BaseException as exc:  # hand every failure to the caller: the thread must live on
                 log.exception("prediction failed")
                 fut.set_exception(exc)
 
-    def _run(self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, queue_ms: float) -> Prediction:
+    def _run(self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, queue_ms: float,
+             deadline: float | None = None) -> Prediction:
         from dlm.coder_model.layout import encode_prompt
         from dlm.coder_model.sampler import generate
 
         if cancel.cancelled:  # superseded while it waited: don't touch the model
             return Prediction(text="", cancelled=True, queue_ms=queue_ms)
+        if deadline is not None and time.monotonic() >= deadline:  # its time ran out in the queue
+            return Prediction(text=prompt.region, late=True, queue_ms=queue_ms)
         self.runs += 1
         ids = encode_prompt(self.tok, prompt, self.budget)
         cache = self._cache_for(prompt.path or "<untitled>")
-        dec = generate(self.model, self.tok, ids, params, cache=cache, cancel=cancel)
+        dec = generate(self.model, self.tok, ids, params, cache=cache, cancel=cancel, deadline=deadline,
+                       step_timer=self.step_timer, calibration=self.calibration, prompt=prompt)
         return dec.prediction(queue_ms)
 
 
@@ -111,6 +123,10 @@ def load_engine(model: str | Path | None = None, device: str = "auto", impl: str
         from dlm.coder_model.families.engine import FamilyEngineOptions
 
         return load_family_engine(d, str(dev), FamilyEngineOptions(impl=impl))
+    from dlm.coder_model.calibration import Calibration
+
+    calibration = Calibration.load(d)  # identity when the checkpoint has no calibration.json
     m, tok = load_model(d, device=str(dev), impl=impl)
-    log.info("loaded %s on %s", d, dev)
-    return LocalEngine(m, tok, device=str(dev), name=d.name)
+    log.info("loaded %s on %s (confidence: %s)", d, dev,
+             "identity" if calibration.is_identity else f"calibrated {calibration.kind}")
+    return LocalEngine(m, tok, device=str(dev), name=d.name, calibration=calibration)

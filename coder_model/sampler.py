@@ -8,6 +8,23 @@ after k becomes <pad> at once. A block with no <eom> is moved into the context
 and a new block is appended (up to `max_blocks`). The CancelToken is checked
 before every step.
 
+Deadline (DESIGN §5, anytime decoding): a request may carry an absolute
+`time.monotonic()` deadline. The decoder asks the engine's `StepTimer` (an EMA
+of measured step times per block length) how many more steps fit before it
+and commits enough slots per step to finish the block in that many. When not
+even one more step fits, it stops and answers with the confident part: the
+committed left part of the new region whose every slot is above `threshold`,
+turned into an insertion at the cursor cut at a line or word boundary, or
+nothing. A result finished after its deadline is marked `late`; callers never
+show it.
+
+Confidence: every committed slot keeps the probability the model gave its
+token. A suggestion's raw confidence combines the probabilities of its
+content slots and its <eom> (`CONFIDENCE_KINDS`: geometric mean, minimum or
+product; `evaluation.calibrate` measures which ranks correct suggestions best
+and stores the choice with a monotone calibration map in calibration.json);
+`Prediction.confidence` is the calibrated value.
+
 `BlockDecoder` is the per-request state machine, so that a server can run the
 steps of many requests in one forward pass (`DLM.forward_blocks`);
 `generate` is the one-request loop.
@@ -25,10 +42,87 @@ from dlm import kernels
 from dlm.coder_model.cache import PrefixCache
 from dlm.coder_model.model import DLM
 from dlm.coder_model.tokenizer import SPECIAL_TOKENS, Tokenizer
-from dlm.coder_model.types import CancelToken, Prediction, SamplerParams
+from dlm.coder_model.calibration import Calibration
+from dlm.coder_model.types import CancelToken, Prediction, Prompt, SamplerParams
 from dlm.kernels import reference as reference_ops
 
 UNSET = -1  # a slot not yet committed (its input token is <mask>)
+
+# Kept free before the deadline for what follows the sampler: decoding the text,
+# postprocess and the reply (a few ms on CPU; measured by `dlm-lsp bench`'s stages).
+DEADLINE_MARGIN_S = 0.010
+
+CONFIDENCE_KINDS = ("geo_mean", "min", "product")
+
+
+def raw_confidence(probs: list[float], kind: str) -> float:
+    """Combine committed-slot probabilities into one score in [0, 1] (0 when there are none)."""
+    if not probs:
+        return 0.0
+    if kind == "min":
+        return min(probs)
+    logs = [math.log(max(p, 1e-12)) for p in probs]
+    if kind == "geo_mean":
+        return math.exp(sum(logs) / len(logs))
+    if kind == "product":
+        return math.exp(sum(logs))
+    raise ValueError(f"confidence kind {kind!r}: use one of {', '.join(CONFIDENCE_KINDS)}")
+
+
+class StepTimer:
+    """Running estimate of one denoising step's wall time, per block length (an EMA).
+
+    One per engine: step time depends on the machine, the model and its load,
+    which change slowly, so recent steps predict the next one. Until a block
+    length has a measured step, a prefill of at least that many tokens seeds it
+    (a step runs the same layers over block_len tokens). Used by one inference
+    thread at a time (the engine's), so it needs no lock.
+    """
+
+    def __init__(self, alpha: float = 0.3) -> None:
+        if not 0 < alpha <= 1:
+            raise ValueError(f"StepTimer alpha={alpha}: use a weight in (0, 1]")
+        self.alpha = alpha
+        self._ms: dict[int, float] = {}
+
+    def estimate_ms(self, block_len: int) -> float | None:
+        return self._ms.get(block_len)
+
+    def observe(self, block_len: int, ms: float) -> None:
+        old = self._ms.get(block_len)
+        self._ms[block_len] = ms if old is None else old + self.alpha * (ms - old)
+
+    def seed_from_prefill(self, block_len: int, tokens: int, ms: float) -> None:
+        if block_len not in self._ms and tokens >= block_len > 0:
+            self._ms[block_len] = ms * block_len / tokens
+
+
+def partial_region(region: str, cursor: int, left: str) -> str | None:
+    """The new region for a confident left part `left` of the model's region, or None.
+
+    Only an insertion at the cursor can be read off a left part (what follows it
+    is unknown): `left` must repeat the region up to the cursor and go beyond it.
+    The inserted text is cut at a boundary a user can accept: mid-line, the rest
+    of the cursor line; at the end of a line, whole lines if it has any; else the
+    last whole word (a token may be half an identifier).
+    """
+    before = region[:cursor]
+    if not left.startswith(before) or len(left) <= cursor:
+        return None
+    ins = left[cursor:]
+    eol = region.find("\n", cursor)
+    rest_of_line = region[cursor:] if eol < 0 else region[cursor:eol]
+    if rest_of_line.strip() or "\n" not in ins:
+        ins = ins.split("\n", 1)[0]
+        k = len(ins)
+        while k > 0 and (ins[k - 1].isalnum() or ins[k - 1] == "_"):
+            k -= 1
+        ins = ins[:k]
+    else:
+        ins = ins[: ins.rfind("\n")]
+    if not ins.strip():
+        return None
+    return before + ins + region[cursor:]
 
 
 @dataclass
@@ -42,6 +136,9 @@ class DecodeStats:
     context_tokens: int = 0
     cached_tokens: int = 0
     cancelled: bool = False
+    out_of_time: bool = False  # stopped before the block was done: the deadline left no room for a step
+    late: bool = False  # finished after the deadline
+    forced_by_deadline: int = 0  # steps that committed more slots than the step budget asked, to be on time
 
 
 def output_head(model: DLM, tok: Tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,36 +171,83 @@ class BlockDecoder:
         params: SamplerParams,
         cache: PrefixCache | None = None,
         cancel: CancelToken | None = None,
+        *,
+        deadline: float | None = None,
+        step_timer: StepTimer | None = None,
+        calibration: Calibration | None = None,
+        prompt: Prompt | None = None,
+        clock=time.monotonic,
     ) -> None:
+        """`deadline` is absolute (`clock()` time, time.monotonic by default); `step_timer` is the
+        engine's (a private one when None: no estimate before the first step); `prompt` lets a
+        partial answer become a region (without it, running out of time answers nothing)."""
         self.model, self.tok, self.params = model, tok, params
         self.context_ids = list(context_ids)
         self.cache = cache if cache is not None else PrefixCache()
         self.cancel = cancel or CancelToken()
+        self.deadline = deadline
+        self.step_timer = step_timer if step_timer is not None else StepTimer()
+        self.calibration = calibration if calibration is not None else Calibration.identity()
+        self.prompt = prompt
+        self.clock = clock
         self.stats = DecodeStats(context_tokens=len(self.context_ids))
         self.output: list[int] = []  # committed content of finished blocks
+        self.output_probs: list[float] = []  # probability of each token in output
+        self.eom_prob: float | None = None  # probability of the committed <eom> (None: no <eom>)
         self.slots: list[int] = []  # current block: token id or UNSET
+        self.slot_probs: list[float] = []  # current block: probability of each committed slot
         self.block_steps = 0
         self.done = False
         self.ended = False  # an <eom> was produced
+        self._mark: float | None = None  # perf_counter at the end of the prefill / the last step
         self._gen = torch.Generator().manual_seed(params.seed) if params.temperature > 0 else None
 
     # -- lifecycle -------------------------------------------------------------
     def prefill(self) -> None:
         self.stats.cached_tokens = self._prefill_context()
         self._new_block()
+        self._mark = time.perf_counter()
 
     def _prefill_context(self) -> int:
         """Bring the cache up to self.context_ids; returns the tokens reused."""
         t0 = time.perf_counter()
         with torch.inference_mode():
             reused = self.model.prefill(self.context_ids, self.cache)
-        self.stats.prefill_ms += (time.perf_counter() - t0) * 1000
+        ms = (time.perf_counter() - t0) * 1000
+        self.stats.prefill_ms += ms
+        self.step_timer.seed_from_prefill(self.params.block_len, len(self.context_ids) - reused, ms)
         return reused
 
     def _new_block(self) -> None:
         self.slots = [UNSET] * self.params.block_len
+        self.slot_probs = [0.0] * self.params.block_len
         self.block_steps = 0
         self.stats.blocks += 1
+
+    # -- deadline ----------------------------------------------------------------
+    def time_left_s(self) -> float | None:
+        """Seconds before the deadline minus the margin kept for the reply; None without a deadline."""
+        if self.deadline is None:
+            return None
+        return self.deadline - DEADLINE_MARGIN_S - self.clock()
+
+    def steps_affordable(self) -> int | None:
+        """Whole steps that fit before the deadline by the engine's estimate; None when unknown."""
+        left = self.time_left_s()
+        if left is None:
+            return None
+        est = self.step_timer.estimate_ms(self.params.block_len)
+        if est is None:
+            # nothing measured yet: one step is allowed while there is time, and it seeds the estimate
+            return 1 if left > 0 else 0
+        return max(0, math.floor(left * 1000 / max(est, 1e-3)))
+
+    def check_deadline(self) -> bool:
+        """Before a step: stop (out of time) when no step fits before the deadline."""
+        if not self.done and self.deadline is not None and self.steps_affordable() == 0:
+            self.stats.out_of_time = True
+            self.done = True
+        return self.done
 
     def block_input(self) -> torch.Tensor:
         """Block tokens (L,) with <mask> in uncommitted slots."""
@@ -111,9 +255,12 @@ class BlockDecoder:
         return torch.tensor([m if s == UNSET else s for s in self.slots], dtype=torch.long)
 
     def check_cancel(self) -> bool:
+        """Before a step: True when the request is over (cancelled, out of time, or done)."""
         if self.cancel.cancelled and not self.done:
             self.stats.cancelled = True
             self.done = True
+        if not self.done:
+            self.check_deadline()
         return self.done
 
     # -- one step ----------------------------------------------------------------
@@ -127,8 +274,16 @@ class BlockDecoder:
         p = self.params
         self.block_steps += 1
         self.stats.steps += 1
+        if self._mark is not None:  # since the prefill or the last step: this step's forward pass
+            self.step_timer.observe(p.block_len, (time.perf_counter() - self._mark) * 1000)
         steps_left = max(p.steps - self.block_steps + 1, 1)
         need = max(1, math.ceil(len(masked) / steps_left))  # finish within the step budget
+        affordable = self.steps_affordable()  # steps after this one that fit before the deadline
+        if affordable is not None:
+            on_time = math.ceil(len(masked) / (affordable + 1))  # this step and `affordable` more
+            if on_time > need:
+                need = on_time
+                self.stats.forced_by_deadline += 1
         if p.order == "left_to_right":
             # leftmost slot first, then further slots left to right while above threshold
             chosen = [0]
@@ -142,11 +297,13 @@ class BlockDecoder:
             if len(chosen) < need:
                 chosen = ranked[:need]
 
+        probs = conf if self._conf_is_prob() else self._token_probs(hidden, pos, chosen, tokens)
         enders = (self.tok.eom_id, self.tok.pad_id)
         first_end = None
         for j in chosen:
             slot = masked[j]
             self.slots[slot] = tokens[j]
+            self.slot_probs[slot] = probs[j]
             if tokens[j] in enders and (first_end is None or slot < first_end):
                 first_end = slot
         n_committed = len(chosen)
@@ -156,11 +313,37 @@ class BlockDecoder:
             self.slots[first_end] = self.tok.eom_id
             for i in range(first_end + 1, len(self.slots)):
                 self.slots[i] = self.tok.pad_id
+                self.slot_probs[i] = 0.0
         self.stats.committed += n_committed
         self.stats.committed_per_step.append(n_committed)
 
         if UNSET not in self.slots:
             self._finish_block()
+        self._mark = time.perf_counter()
+
+    def _conf_is_prob(self) -> bool:
+        """With the max_prob rule the score of a slot is the probability of the token it commits."""
+        return self.params.rule == "max_prob"
+
+    def _token_probs(self, hidden: torch.Tensor, pos: torch.Tensor, chosen: list[int], tokens: list[int]) -> list[float]:
+        """Probability of each chosen slot's token (margin/entropy rules score slots otherwise).
+
+        Only the chosen slots: one extra (len(chosen), V') product per step. Index j of the
+        result matches index j of `pos`; slots not chosen get 0.
+        """
+        w, token_of_row = output_head(self.model, self.tok)
+        idx = torch.tensor(chosen, dtype=torch.long, device=hidden.device)
+        logits = hidden[pos[idx]].float() @ w.float().t()  # (C, V')
+        if self.params.temperature > 0:
+            logits = logits / self.params.temperature
+        probs = torch.softmax(logits, dim=-1)  # (C, V')
+        row_of_token = {int(t): r for r, t in enumerate(token_of_row.tolist())}
+        rows = torch.tensor([row_of_token.get(tokens[j], 0) for j in chosen], dtype=torch.long, device=hidden.device)
+        picked = probs.gather(1, rows[:, None]).squeeze(1).tolist()  # (C,)
+        out = [0.0] * len(tokens)
+        for j, pj in zip(chosen, picked):
+            out[j] = pj
+        return out
 
     def _score(self, hidden: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         p = self.params
@@ -178,15 +361,21 @@ class BlockDecoder:
 
     def _finish_block(self) -> None:
         enders = (self.tok.eom_id, self.tok.pad_id)
-        content = []
-        for s in self.slots:
+        content, probs = [], []
+        for s, prob in zip(self.slots, self.slot_probs):
             if s in enders:
                 self.ended = True
+                self.eom_prob = prob
                 break
             content.append(s)
+            probs.append(prob)
         self.output.extend(content)
+        self.output_probs.extend(probs)
         if self.ended or self.stats.blocks >= self.params.max_blocks:
             self.done = True
+            return
+        if self.check_deadline():  # no time for a second block: the answer is the first one's left part
+            self.slots, self.slot_probs = [], []
             return
         # block diffusion: the finished block becomes context of the next
         self.context_ids.extend(self.slots)
@@ -196,11 +385,63 @@ class BlockDecoder:
     def text(self) -> str:
         return self.tok.decode(self.output)
 
-    def prediction(self, queue_ms: float = 0.0) -> Prediction:
-        """The Engine-level result of this request."""
+    @property
+    def complete(self) -> bool:
+        """The model finished its answer (<eom>, or the block budget) without running out of time."""
+        return self.done and not self.stats.cancelled and not self.stats.out_of_time
+
+    def left_part(self) -> tuple[list[int], list[float]]:
+        """The committed left part of the answer: finished blocks, then the current block's slots
+        from its start up to the first one not committed or below `threshold` (tokens, probs)."""
+        ids, probs = list(self.output), list(self.output_probs)
+        enders = (self.tok.eom_id, self.tok.pad_id)
+        for s, prob in zip(self.slots, self.slot_probs):
+            if s == UNSET or s in enders or prob < self.params.threshold:
+                break
+            ids.append(s)
+            probs.append(prob)
+        return ids, probs
+
+    def raw_confidences(self) -> dict[str, float]:
+        """Every CONFIDENCE_KINDS score of the answer (content slots and <eom>); 0 unless complete."""
+        if not self.complete:
+            return {k: 0.0 for k in CONFIDENCE_KINDS}
+        probs = self.output_probs + ([self.eom_prob] if self.eom_prob is not None else [])
+        return {k: raw_confidence(probs, k) for k in CONFIDENCE_KINDS}
+
+    def answer(self) -> tuple[str, float]:
+        """(new region text, calibrated confidence) of the request as it stands.
+
+        Complete: the decoded region. Out of time: the confident left part as an insertion
+        (`partial_region`), else no change (the prompt's region, or "" without a prompt), with
+        confidence 0. Cancelled: "".
+        """
         s = self.stats
+        if s.cancelled:
+            return "", 0.0
+        if self.complete:
+            probs = self.output_probs + ([self.eom_prob] if self.eom_prob is not None else [])
+            return self.text(), self.calibration(raw_confidence(probs, self.calibration.kind))
+        nothing = self.prompt.region if self.prompt is not None else ""
+        if self.prompt is None:
+            return nothing, 0.0
+        ids, probs = self.left_part()
+        region = partial_region(self.prompt.region, self.prompt.cursor, self.tok.decode(ids))
+        if region is None:
+            return nothing, 0.0
+        # no <eom> was committed: the score covers the kept slots only, which is what is shown
+        return region, self.calibration(raw_confidence(probs, self.calibration.kind))
+
+    def prediction(self, queue_ms: float = 0.0) -> Prediction:
+        """The Engine-level result of this request (late when finished after its deadline)."""
+        s = self.stats
+        if self.deadline is not None and self.clock() > self.deadline:
+            s.late = True
+        text, confidence = self.answer()
         return Prediction(
-            text="" if s.cancelled else self.text(),
+            text=text,
+            confidence=confidence,
+            late=s.late,
             steps=s.steps,
             tokens=s.committed,
             queue_ms=queue_ms,
@@ -220,10 +461,14 @@ def generate(
     params: SamplerParams,
     cache: PrefixCache | None = None,
     cancel: CancelToken | None = None,
+    **options,
 ) -> BlockDecoder:
-    """Decode one request to the end (or until cancelled); returns its decoder."""
-    dec = BlockDecoder(model, tok, context_ids, params, cache, cancel)
-    if dec.check_cancel():
+    """Decode one request to the end (or until cancelled or out of time); returns its decoder.
+
+    `options` go to BlockDecoder: deadline, step_timer, calibration, prompt, clock.
+    """
+    dec = BlockDecoder(model, tok, context_ids, params, cache, cancel, **options)
+    if dec.check_cancel():  # cancelled, or no time left for a step (it queued too long): no model work
         return dec
     dec.prefill()
     dev = model.tok_emb.weight.device

@@ -116,6 +116,10 @@ class Prediction:
     context_tokens: int = 0  # tokens before the masked block
     cached_tokens: int = 0  # of those, reused from the prefix KV cache
     blocks: int = 0
+    # calibrated P(the suggestion is right) from the committed slots' probabilities; None: the
+    # engine computes none (open families, older remote servers), so no confidence gate applies
+    confidence: float | None = None
+    late: bool = False  # finished after its deadline: never shown
 
     @property
     def total_ms(self) -> float:
@@ -160,7 +164,12 @@ class Engine(Protocol):
 
     budget: LayoutBudget
 
-    def predict(self, prompt: Prompt, params: SamplerParams, cancel: CancelToken) -> Prediction: ...
+    def predict(
+        self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, deadline: float | None = None
+    ) -> Prediction:
+        """`deadline`: absolute time.monotonic() by which to answer (None: no deadline); the
+        engine plans its steps to it and answers the confident part or nothing, never late."""
+        ...
 
     def status(self) -> EngineStatus: ...
 

@@ -91,11 +91,15 @@ class FamilyEngine:
         self._thread.start()
 
     # -- Engine protocol ----------------------------------------------------------------------
-    def predict(self, prompt: Prompt, params: SamplerParams, cancel: CancelToken) -> Prediction:
+    def predict(
+        self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, deadline: float | None = None
+    ) -> Prediction:
+        # The infill decoder does not plan its steps to the deadline (yet): a request whose
+        # time ran out in the queue is skipped, and one that finishes after it is marked late.
         if self._closed:
             raise RuntimeError("engine is closed; load the model again")
         fut: Future = Future()
-        self._jobs.put((prompt, params, cancel, fut, time.perf_counter()))
+        self._jobs.put((prompt, params, cancel, fut, time.perf_counter(), deadline))
         return fut.result()
 
     def status(self) -> EngineStatus:
@@ -122,11 +126,17 @@ class FamilyEngine:
             job = self._jobs.get()
             if job is None:
                 return
-            prompt, params, cancel, fut, submitted = job
+            prompt, params, cancel, fut, submitted, deadline = job
             if not fut.set_running_or_notify_cancel():
                 continue
             try:
-                fut.set_result(self._predict(prompt, params, cancel, (time.perf_counter() - submitted) * 1e3))
+                queue_ms = (time.perf_counter() - submitted) * 1e3
+                if deadline is not None and time.monotonic() >= deadline:
+                    fut.set_result(Prediction(text=prompt.region, late=True, queue_ms=queue_ms))
+                    continue
+                pred = self._predict(prompt, params, cancel, queue_ms)
+                pred.late = deadline is not None and time.monotonic() > deadline
+                fut.set_result(pred)
             except BaseException as e:
                 log.exception("prediction failed")
                 fut.set_exception(e)
