@@ -1,10 +1,16 @@
-"""Model backends for the remote server's batching scheduler.
+"""The native model behind the remote server's batching scheduler (scheduler.py).
 
 `ModelBackend` drives the native `dlm` model through the sampler's
-per-request `BlockDecoder`: `begin` tokenizes and prefills one request
-against its (client, document) prefix cache, `step` runs one denoising step
-of every active request in one `DLM.forward_blocks` pass. Imports torch, so
-`server.py` (which does not) stays light and testable with a fake backend.
+per-request `BlockDecoder`: `prepare` cuts and tokenizes a prompt (on the
+server's worker threads), `begin` prefills it against the owner's prefix
+cache, `step` runs one denoising step of every active request in one
+`DLM.forward_blocks` pass. Imports torch, so the scheduler and the network
+front end (which do not) stay light and testable with a fake backend.
+
+Prompts are encoded with the budget of the checkpoint (`LayoutBudget.for_window`
+of its context window), the same one LocalEngine uses and the one the
+server announces in `hello`: the model sees over the wire what it saw in
+training.
 """
 
 from __future__ import annotations
@@ -17,11 +23,48 @@ from pathlib import Path
 import torch
 from dlm.coder_model.cache import PrefixCache
 from dlm.coder_model.layout import LayoutBudget, encode_prompt
-from dlm.coder_model.remote.server import Request
+from dlm.coder_model.remote.scheduler import Request
 from dlm.coder_model.sampler import BlockDecoder
-from dlm.coder_model.types import Prediction
+from dlm.coder_model.types import Prediction, Prompt, SamplerParams
 
 log = logging.getLogger("dlm.remote.backend")
+
+# Text kept per token of the window before tokenizing. Code averages 3-4
+# characters per token, so a cut at 8 never removes text the layout would
+# keep for an ordinary prompt, while a multi-megabyte prompt is never
+# tokenized whole (that would take seconds and hundreds of MB).
+CLIP_CHARS_PER_TOKEN = 8
+
+
+def clip_prompt(prompt: Prompt, budget: LayoutBudget) -> Prompt:
+    """`prompt` with its far ends cut by characters, generously above what the layout keeps.
+
+    The prefix keeps its tail, the suffix its head, the history its newest
+    events, each at most `budget.max_context * CLIP_CHARS_PER_TOKEN`
+    characters. The region is what the model rewrites and cannot be cut: one
+    longer than that is refused (ValueError).
+    """
+    keep = budget.max_context * CLIP_CHARS_PER_TOKEN
+    if len(prompt.region) > keep:
+        raise ValueError(f"the region has {len(prompt.region)} characters, more than the model's window of "
+                         f"{budget.max_context} tokens can hold; send the lines around the cursor as the region")
+    prefix, suffix, history = prompt.prefix, prompt.suffix, prompt.history
+    if len(prefix) > keep:
+        prefix = prefix[-keep:]
+    if len(suffix) > keep:
+        suffix = suffix[:keep]
+    kept, size = [], 0
+    for event in reversed(history):  # newest first, as the layout keeps them
+        size += len(event)
+        if size > keep:
+            break
+        kept.append(event)
+    if len(kept) < len(history):
+        history = tuple(reversed(kept))
+    if prefix is prompt.prefix and suffix is prompt.suffix and history is prompt.history:
+        return prompt
+    return Prompt(prefix=prefix, region=prompt.region, cursor=prompt.cursor, suffix=suffix, history=history,
+                  language=prompt.language, path=prompt.path)
 
 
 @dataclass
@@ -33,12 +76,13 @@ class _Job:
 
 
 class ModelBackend:
-    """Batched denoising steps of the native model, with per-(client, document) prefix caches.
+    """Batched denoising steps of the native model, with per-(owner, document) prefix caches.
 
-    A cache is used by one request at a time: when two requests of the same
-    client and document overlap (the editor's older request not yet
-    cancelled), the newer one decodes with a fresh cache, which gives the same
-    result, only without reuse.
+    The owner is the server-assigned identity of a connection, so a client
+    reuses only its own context. A cache is used by one request at a time:
+    when two requests of the same owner and document overlap (the editor's
+    older request not yet cancelled), the newer one decodes with a fresh
+    cache, which gives the same result, only without reuse.
     """
 
     def __init__(self, model, tok, *, device: str = "cpu", name: str = "", max_caches: int = 64,
@@ -46,18 +90,32 @@ class ModelBackend:
         self.model, self.tok = model, tok
         self.device = device
         self.name = name
-        self.budget = budget or LayoutBudget()
+        self.budget = budget or LayoutBudget.for_window(model.config.context_window)
         self.max_caches = max_caches
         self.max_cache_bytes = max_cache_bytes
         self._caches: OrderedDict[tuple[str, str], PrefixCache] = OrderedDict()
         self._busy: set[tuple[str, str]] = set()
+        self._drop_on_release: set[tuple[str, str]] = set()  # busy caches of owners that are gone
 
     def describe(self) -> dict[str, str]:
         return {"model": self.name, "device": self.device}
 
+    def prepare(self, prompt: Prompt, params: SamplerParams) -> list[int]:
+        """Context token ids of a prompt (thread-safe: no model, no shared state)."""
+        ids = encode_prompt(self.tok, clip_prompt(prompt, self.budget), self.budget)
+        need = len(ids) + params.block_len * params.max_blocks
+        limit = self.model.config.max_seq_len
+        if need > limit:
+            raise ValueError(f"{len(ids)} context tokens + block_len {params.block_len} x max_blocks "
+                             f"{params.max_blocks} = {need} positions exceed this model's max_seq_len of {limit}; "
+                             "send a smaller block_len or max_blocks")
+        return ids
+
     def begin(self, request: Request) -> _Job:
-        ids = encode_prompt(self.tok, request.prompt, self.budget)
-        key = (request.client_id, request.prompt.path or "<untitled>")
+        if request.prepared is None:
+            raise RuntimeError("request reached the model unprepared; the server must call prepare() first")
+        ids = request.prepared
+        key = (request.owner, request.prompt.path or "<untitled>")
         if key in self._busy:
             cache, shared = PrefixCache(), False
         else:
@@ -71,12 +129,18 @@ class ModelBackend:
             raise
         return job
 
-    def step(self, jobs: list[_Job]) -> None:
+    def step(self, jobs: list[_Job]) -> list[BaseException | None]:
+        errors: list[BaseException | None] = []
         with torch.inference_mode():
             blocks = [j.dec.block_input() for j in jobs]  # each (L_j,)
             hidden = self.model.forward_blocks(blocks, [j.dec.cache for j in jobs])  # each (L_j, dim)
             for job, h in zip(jobs, hidden):
-                job.dec.advance(h)
+                try:  # one request's decode failing must not take the others' results with it
+                    job.dec.advance(h)
+                    errors.append(None)
+                except Exception as exc:
+                    errors.append(exc)
+        return errors
 
     def is_done(self, job: _Job) -> bool:
         return job.dec.done
@@ -88,20 +152,25 @@ class ModelBackend:
         if not job.shared:
             return
         self._busy.discard(job.key)
+        if job.key in self._drop_on_release:
+            self._drop_on_release.discard(job.key)
+            return
         if job.cache.k and job.dec.context_ids[: len(job.cache)] != job.cache.tokens:
             job.cache.clear()  # cannot happen with an exact cache; cheap insurance against stale K/V
         self._caches[job.key] = job.cache
         self._evict()
+
+    def forget(self, owner: str) -> None:
+        """Drop the caches of a connection that is gone (its K/V would never be reused)."""
+        for key in [k for k in self._caches if k[0] == owner]:
+            del self._caches[key]
+        self._drop_on_release.update(k for k in self._busy if k[0] == owner)
 
     def _evict(self) -> None:
         total = sum(c.nbytes() for c in self._caches.values())
         while self._caches and (len(self._caches) > self.max_caches or total > self.max_cache_bytes):
             _, old = self._caches.popitem(last=False)  # least recently used first
             total -= old.nbytes()
-
-    @property
-    def cache_count(self) -> int:
-        return len(self._caches)
 
 
 def load_scheduler(model_dir: str | None, device: str = "auto", *, max_batch: int = 32, max_caches: int = 64):
@@ -111,7 +180,7 @@ def load_scheduler(model_dir: str | None, device: str = "auto", *, max_batch: in
     llada) are served one request at a time through their Engine.
     """
     from dlm.coder_model.checkpoint import embedded_checkpoint_dir, load_model, read_config, resolve_device
-    from dlm.coder_model.remote.server import BatchScheduler, EngineScheduler
+    from dlm.coder_model.remote.scheduler import BatchScheduler, EngineScheduler
 
     d = Path(model_dir) if model_dir is not None else embedded_checkpoint_dir()
     if not d.is_dir():

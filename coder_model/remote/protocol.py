@@ -5,10 +5,17 @@ msgpack map `{"t": type, "id": int, ...}`. Types:
 
 - ``hello``   handshake, three stages (see `auth.py` for the proofs):
   server ``challenge`` {v, nonce, auth} -> client ``response`` {v, nonce, proof, client}
-  -> server ``welcome`` {v, proof, model, device, limits}.
-- ``predict`` {id, prompt: {...Prompt fields}, params: {...SamplerParams fields}}
+  -> server ``welcome`` {v, proof, model, device, limits, budget}. `client` is a label
+  the client chose: informational only, never an identity (the server keys caches by
+  connection). `budget` is the model's context layout budget {max_context,
+  max_history, max_suffix} (tokens), so the client windows its prompts to it.
+- ``predict`` {id, prompt: {...Prompt fields}, params: {...SamplerParams fields},
+  deadline_ms?}: `deadline_ms` (optional, float > 0) is the time the request had left
+  when it was sent.
 - ``cancel``  {id}: stop request `id`; the server answers it with a cancelled result.
-- ``result``  {id, text, steps, tokens, timings, cancelled, ...}: one per predict.
+- ``result``  {id, text, steps, tokens, timings, cancelled, ..., confidence?, late?}:
+  one per predict; `confidence` (optional, float in [0, 1]) and `late` (optional, bool)
+  come from engines that compute them.
 - ``error``   {id, code, message}: id 0 = about the connection (the server closes it
   right after); id > 0 = about that request only (the connection stays up).
 
@@ -20,6 +27,7 @@ sockets, no torch), so the server, the client and the tests share it.
 from __future__ import annotations
 
 import asyncio
+import math
 import struct
 from dataclasses import dataclass, fields
 from typing import Any
@@ -45,6 +53,7 @@ FATAL_CODES = frozenset(
         "auth_failed",
         "protocol",  # a valid message at the wrong time (e.g. predict before hello)
         "shutting_down",
+        "too_many_connections",  # the server holds --max-connections already
     }
 )
 REQUEST_CODES = frozenset({"bad_request", "too_many_requests", "duplicate_id", "server_error"})
@@ -112,6 +121,19 @@ async def read_frame(
     """Read one frame. Waits up to `first_byte_timeout` for a frame to start (idle
     timeout) and then up to `frame_timeout` for the rest of it, so a peer that
     sends half a frame and stops cannot hold the connection open."""
+    message, _ = await read_sized_frame(reader, max_bytes=max_bytes, first_byte_timeout=first_byte_timeout,
+                                        frame_timeout=frame_timeout)
+    return message
+
+
+async def read_sized_frame(
+    reader: asyncio.StreamReader,
+    *,
+    max_bytes: int,
+    first_byte_timeout: float | None,
+    frame_timeout: float | None,
+) -> tuple[dict[str, Any], int]:
+    """`read_frame`, and the body's size in bytes (the server counts the bytes a client has in flight)."""
     try:
         first = await asyncio.wait_for(reader.readexactly(1), first_byte_timeout)
     except asyncio.IncompleteReadError:
@@ -138,7 +160,7 @@ async def read_frame(
         raise ProtocolError(
             "timeout", f"frame not completed within {frame_timeout:g} s of its first byte (half-sent frame)"
         ) from None
-    return decode_body(body)
+    return decode_body(body), length
 
 
 # -------------------------------------------------------------------- messages
@@ -171,8 +193,12 @@ def params_to_wire(params: SamplerParams) -> dict[str, Any]:
     return {f.name: getattr(params, f.name) for f in fields(SamplerParams)}
 
 
-def predict_message(request_id: int, prompt: Prompt, params: SamplerParams) -> dict[str, Any]:
-    return {"t": "predict", "id": request_id, "prompt": prompt_to_wire(prompt), "params": params_to_wire(params)}
+def predict_message(request_id: int, prompt: Prompt, params: SamplerParams,
+                    deadline_ms: float | None = None) -> dict[str, Any]:
+    msg = {"t": "predict", "id": request_id, "prompt": prompt_to_wire(prompt), "params": params_to_wire(params)}
+    if deadline_ms is not None:
+        msg["deadline_ms"] = float(deadline_ms)
+    return msg
 
 
 def _bad(request_id: int, message: str) -> ProtocolError:
@@ -209,6 +235,12 @@ def prompt_from_wire(obj: Any, request_id: int) -> Prompt:
 
 _PARAM_TYPES = {f.name: f.type for f in fields(SamplerParams)}
 
+# Upper bounds on the sampler knobs a client may ask for, whatever the model: one
+# request's knobs bound its cost for everyone sharing the batch. A request above a
+# cap gets bad_request (the model may set tighter ones, e.g. blocks that fit its
+# max_seq_len). The defaults (SamplerParams) are far below them.
+PARAM_CAPS = {"steps": 4096, "block_len": 1024, "max_blocks": 64, "seed": 2**63 - 1}
+
 
 def params_from_wire(obj: Any, request_id: int) -> SamplerParams:
     if obj is None:
@@ -232,6 +264,12 @@ def params_from_wire(obj: Any, request_id: int) -> SamplerParams:
             ok = isinstance(value, str)
         if not ok:
             raise _bad(request_id, f"params.{name} has the wrong type {type(value).__name__}")
+        if kind == "float" and not math.isfinite(value):
+            raise _bad(request_id, f"params.{name} is {value}; send a finite number")
+        cap = PARAM_CAPS.get(name)
+        if cap is not None and not 0 <= value <= cap:
+            raise _bad(request_id, f"params.{name}={value} is outside [0, {cap}]; this server takes "
+                       f"{name} up to {cap} (the default is {getattr(SamplerParams(), name)})")
         kwargs[name] = value
     try:
         return SamplerParams(**kwargs)
@@ -239,21 +277,57 @@ def params_from_wire(obj: Any, request_id: int) -> SamplerParams:
         raise _bad(request_id, f"invalid sampler params: {exc}") from None
 
 
+def deadline_from_wire(msg: dict[str, Any], request_id: int) -> float | None:
+    """The optional `deadline_ms` of a predict message: None, or a finite float > 0."""
+    value = msg.get("deadline_ms")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _bad(request_id, f"deadline_ms must be a number of milliseconds, got {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise _bad(request_id, f"deadline_ms={value}: send the milliseconds left for this request, a finite "
+                   "number > 0 (or leave it out)")
+    return float(value)
+
+
 _PREDICTION_FIELDS = [f.name for f in fields(Prediction)]
+# Optional result fields, sent when the engine's Prediction carries them (getattr with
+# these defaults: engines that do not compute them leave them out of the result).
+_OPTIONAL_RESULT_FIELDS = {"confidence": None, "late": None}
+
+
+def _valid_confidence(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and 0.0 <= value <= 1.0)
 
 
 def result_message(request_id: int, prediction: Prediction) -> dict[str, Any]:
     msg: dict[str, Any] = {"t": "result", "id": request_id}
     for name in _PREDICTION_FIELDS:
-        msg[name] = getattr(prediction, name)
+        if name not in _OPTIONAL_RESULT_FIELDS:
+            msg[name] = getattr(prediction, name)
+    confidence = getattr(prediction, "confidence", None)
+    if confidence is not None and _valid_confidence(confidence):  # a NaN from a broken model is not sent
+        msg["confidence"] = float(confidence)
+    late = getattr(prediction, "late", None)
+    if isinstance(late, bool):
+        msg["late"] = late
     return msg
 
 
 def prediction_from_wire(msg: dict[str, Any]) -> Prediction:
     """A result message -> Prediction; raises ProtocolError on a malformed result."""
     kwargs: dict[str, Any] = {}
+    if "confidence" in msg and not _valid_confidence(msg["confidence"]):
+        raise ProtocolError("bad_frame", f"result.confidence must be a number in [0, 1], got "
+                            f"{msg['confidence']!r:.40}")
+    if "late" in msg and not isinstance(msg["late"], bool):
+        raise ProtocolError("bad_frame", f"result.late must be a boolean, got {type(msg['late']).__name__}")
     for f in fields(Prediction):
         if f.name not in msg:
+            continue
+        if f.name in _OPTIONAL_RESULT_FIELDS:  # validated above; a Prediction with these fields takes them
+            kwargs[f.name] = float(msg[f.name]) if f.name == "confidence" else msg[f.name]
             continue
         value = msg[f.name]
         if f.type == "str":
@@ -279,6 +353,7 @@ class Limits:
 
     max_frame_bytes: int = 4 * 1024 * 1024  # a prompt is windowed text: 4 MiB is far above need
     max_inflight: int = 64  # requests in flight per connection
+    max_inflight_bytes: int = 16 * 1024 * 1024  # frame bytes of the requests in flight per connection
     handshake_timeout_s: float = 5.0  # connect -> authenticated
     frame_timeout_s: float = 10.0  # first byte of a frame -> its last byte
     idle_timeout_s: float = 600.0  # no frame and nothing in flight -> close
@@ -288,6 +363,9 @@ class Limits:
             raise ValueError(f"max_frame_bytes={self.max_frame_bytes}: use at least 1024")
         if self.max_inflight < 1:
             raise ValueError(f"max_inflight={self.max_inflight}: use at least 1")
+        if self.max_inflight_bytes < self.max_frame_bytes:
+            raise ValueError(f"max_inflight_bytes={self.max_inflight_bytes} is below max_frame_bytes="
+                             f"{self.max_frame_bytes}: a largest frame could never be accepted; raise --max-inflight-bytes")
         for name in ("handshake_timeout_s", "frame_timeout_s", "idle_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)}: use a positive number of seconds")

@@ -32,8 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests whose denoising steps share one forward pass (default 32)")
     parser.add_argument("--max-inflight", type=int, default=64, help="requests in flight per connection")
     parser.add_argument("--max-frame-bytes", type=int, default=4 << 20, help="largest accepted frame")
+    parser.add_argument("--max-inflight-bytes", type=int, default=16 << 20,
+                        help="frame bytes of the requests in flight per connection (default 16 MiB)")
+    parser.add_argument("--max-connections", type=int, default=256,
+                        help="connections held at once; more are refused with an error (default 256)")
     parser.add_argument("--max-caches", type=int, default=64,
-                        help="prefix KV caches kept, one per (client, document), least recently used evicted")
+                        help="prefix KV caches kept, one per (connection, document), least recently used evicted")
     parser.add_argument("--handshake-timeout", type=float, default=5.0, help="seconds to authenticate")
     parser.add_argument("--idle-timeout", type=float, default=600.0,
                         help="seconds without a frame before an idle connection is closed")
@@ -70,7 +74,10 @@ def run(args: argparse.Namespace) -> int:
         auth.check_bind_allowed(host, token)
         ssl_context = build_ssl_context(args.tls_cert, args.tls_key)
         limits = Limits(max_frame_bytes=args.max_frame_bytes, max_inflight=args.max_inflight,
+                        max_inflight_bytes=args.max_inflight_bytes,
                         handshake_timeout_s=args.handshake_timeout, idle_timeout_s=args.idle_timeout)
+        if args.max_connections < 1:
+            raise ValueError(f"--max-connections {args.max_connections}: use at least 1")
     except ValueError as exc:  # AuthConfigError is a ValueError
         print(f"dlm-lsp serve: {exc}", file=sys.stderr)
         return 2
@@ -84,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"dlm-lsp serve: cannot load the model: {exc}", file=sys.stderr)
         return 1
     options = ServerOptions(host=host, port=port, token=token, ssl_context=ssl_context, limits=limits,
-                            model_name=name, device=device)
+                            model_name=name, device=device, max_connections=args.max_connections)
     server = RemoteServer(scheduler, options)
 
     async def main() -> None:

@@ -1,30 +1,34 @@
-"""The remote-mode model server: asyncio TCP front end + a batching scheduler.
+"""The remote-mode network front end: asyncio TCP, handshake, frames, per-connection limits.
 
-Threads: the asyncio loop (sockets, handshakes, framing) runs in one thread;
-the model runs in one scheduler thread, so a slow forward pass never stalls
-reading frames, answering cancels or refusing bad clients. They meet in two
-places: `BatchScheduler.submit` (loop -> scheduler, under a condition
-variable) and `loop.call_soon_threadsafe` (scheduler -> loop, to send a
-result).
+Kept apart from the model (scheduler.py) so that a slow forward pass never
+stalls reading frames, answering cancels or refusing bad clients. The asyncio
+loop runs in one thread and owns every socket; the model runs in the
+scheduler's thread; prompt preparation (cutting, tokenizing) runs on a small
+worker pool so that neither of the other two waits on a client's large
+prompt. They meet in `Scheduler.submit` (loop -> scheduler) and
+`loop.call_soon_threadsafe` (scheduler -> loop, to send a result).
 
-Scheduling (continuous batching): the scheduler keeps a set of active
-requests. Between two denoising steps it admits new requests (tokenize +
-prefill), drops cancelled ones (so a cancel frame stops a request within one
-step) and finished ones, then runs one step of every active request in one
-forward pass through the backend. The backend owns the per-(client,
-document) prefix KV caches.
+Identity: each connection gets an owner id from the server (`conn<N>`), which
+keys its prefix caches and its log lines. The `client` label a client sends in
+`hello` is its own choice, so it is never used as an identity: a second token
+holder presenting someone else's label gets nothing of theirs.
+
+Limits (a client can hurt only itself): frame size, requests and frame bytes in
+flight per connection, handshake/frame/idle timeouts (`Limits`), and a cap on
+connections held (`ServerOptions.max_connections`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
+import itertools
 import logging
 import ssl
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from dlm.coder_model.remote import auth
@@ -34,301 +38,38 @@ from dlm.coder_model.remote.protocol import (
     IdleTimeout,
     Limits,
     ProtocolError,
+    deadline_from_wire,
     encode_frame,
     error_message,
     params_from_wire,
     prompt_from_wire,
     read_frame,
+    read_sized_frame,
     result_message,
 )
-from dlm.coder_model.types import CancelToken, Engine, Prediction, Prompt, SamplerParams
+from dlm.coder_model.remote.scheduler import Request, SchedulerStats
+from dlm.coder_model.types import Prediction, Prompt, SamplerParams
 
 log = logging.getLogger("dlm.remote.server")
 
 
-# ------------------------------------------------------------------ scheduling
+class Scheduler(Protocol):
+    """What the front end needs from the model side (BatchScheduler, EngineScheduler)."""
 
+    stats: SchedulerStats
 
-@dataclass
-class Request:
-    """One predict request inside the server."""
+    @property
+    def budget(self) -> Any: ...
 
-    client_id: str
-    request_id: int
-    prompt: Prompt
-    params: SamplerParams
-    on_done: Callable[[Prediction | None, ProtocolError | None], None]
-    cancel: CancelToken = field(default_factory=CancelToken)
-    submitted: float = field(default_factory=time.perf_counter)
-    started: float = 0.0  # prefill start
-    prefilled: float = 0.0  # prefill end
-    steps_run: int = 0
+    def prepare(self, prompt: Prompt, params: SamplerParams) -> Any: ...
 
+    def start(self) -> None: ...
 
-class BatchBackend(Protocol):
-    """What the scheduler needs from a model: per-request jobs stepped together.
+    def submit(self, req: Request) -> None: ...
 
-    `begin` tokenizes and prefills one request (raising ValueError for a
-    prompt it cannot take); `step` runs one denoising step of every job in
-    `jobs` in one forward pass; `release` is called exactly once per begun
-    job, done or not, so the backend can return its prefix cache.
-    """
+    def forget(self, owner: str) -> None: ...
 
-    def describe(self) -> dict[str, str]: ...
-
-    def begin(self, request: Request) -> Any: ...
-
-    def step(self, jobs: list[Any]) -> None: ...
-
-    def is_done(self, job: Any) -> bool: ...
-
-    def finish(self, job: Any) -> Prediction: ...
-
-    def release(self, job: Any) -> None: ...
-
-
-@dataclass
-class SchedulerStats:
-    forward_passes: int = 0  # batched steps run
-    request_steps: int = 0  # sum over requests of the steps run for them
-    admitted: int = 0
-    completed: int = 0
-    cancelled: int = 0
-    failed: int = 0
-    max_batch_seen: int = 0
-
-    def snapshot(self) -> dict[str, int]:
-        return dict(self.__dict__)
-
-
-def _cancelled_prediction(req: Request, now: float) -> Prediction:
-    queue_end = req.started or now
-    return Prediction(
-        text="",
-        cancelled=True,
-        steps=req.steps_run,
-        queue_ms=(queue_end - req.submitted) * 1e3,
-        prefill_ms=((req.prefilled or queue_end) - queue_end) * 1e3 if req.started else 0.0,
-        denoise_ms=(now - req.prefilled) * 1e3 if req.prefilled else 0.0,
-    )
-
-
-class BatchScheduler:
-    """Continuous batching of denoising steps over all clients' requests."""
-
-    def __init__(self, backend: BatchBackend, *, max_batch: int = 32):
-        if max_batch < 1:
-            raise ValueError(f"max_batch={max_batch}: use at least 1")
-        self.backend = backend
-        self.max_batch = max_batch
-        self.stats = SchedulerStats()
-        self._pending: collections.deque[Request] = collections.deque()
-        self._active: list[tuple[Request, Any]] = []
-        self._cond = threading.Condition()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="dlm-remote-scheduler", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def submit(self, req: Request) -> None:
-        with self._cond:
-            if self._stopping:
-                req.on_done(None, ProtocolError("shutting_down", "the server is shutting down; retry later",
-                                                request_id=req.request_id, fatal=False))
-                return
-            self._pending.append(req)
-            self._cond.notify()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    # The loop below runs in the scheduler thread only.
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._stopping and not self._pending and not self._active:
-                    self._cond.wait()
-                if self._stopping:
-                    break
-                admit: list[Request] = []
-                keep: collections.deque[Request] = collections.deque()
-                for req in self._pending:  # cancelled while queued: answer without any work
-                    if req.cancel.cancelled:
-                        self._answer_cancelled(req)
-                    elif len(self._active) + len(admit) < self.max_batch:
-                        admit.append(req)
-                    else:
-                        keep.append(req)
-                self._pending = keep
-            for req in admit:
-                self._begin(req)
-            self._drop_cancelled()
-            if self._active:
-                self._step()
-        self._shutdown()
-
-    def _begin(self, req: Request) -> None:
-        req.started = time.perf_counter()
-        try:
-            job = self.backend.begin(req)
-        except ValueError as exc:  # a prompt this model cannot take: that request only
-            self.stats.failed += 1
-            req.on_done(None, ProtocolError("bad_request", str(exc), request_id=req.request_id, fatal=False))
-            return
-        except Exception as exc:  # a model failure must not kill the scheduler
-            log.exception("prefill failed for request %s of %s", req.request_id, req.client_id)
-            self.stats.failed += 1
-            req.on_done(None, ProtocolError("server_error", f"prefill failed: {type(exc).__name__}: {exc}; "
-                                            "see the server log", request_id=req.request_id, fatal=False))
-            return
-        req.prefilled = time.perf_counter()
-        self.stats.admitted += 1
-        self._active.append((req, job))
-        self._finish_done()  # a job may be complete after prefill (e.g. no slots to fill)
-
-    def _drop_cancelled(self) -> None:
-        still = []
-        for req, job in self._active:
-            if req.cancel.cancelled:
-                self._release(job)
-                self._answer_cancelled(req)
-            else:
-                still.append((req, job))
-        self._active = still
-
-    def _step(self) -> None:
-        jobs = [job for _, job in self._active]
-        self.stats.max_batch_seen = max(self.stats.max_batch_seen, len(jobs))
-        try:
-            self.backend.step(jobs)
-        except Exception as exc:
-            log.exception("denoising step failed for a batch of %d", len(jobs))
-            for req, job in self._active:
-                self._release(job)
-                self.stats.failed += 1
-                req.on_done(None, ProtocolError("server_error", f"denoising step failed: {type(exc).__name__}: "
-                                                f"{exc}; see the server log", request_id=req.request_id,
-                                                fatal=False))
-            self._active = []
-            return
-        self.stats.forward_passes += 1
-        self.stats.request_steps += len(jobs)
-        for req, _ in self._active:
-            req.steps_run += 1
-        self._finish_done()
-
-    def _finish_done(self) -> None:
-        still = []
-        for req, job in self._active:
-            if not self.backend.is_done(job):
-                still.append((req, job))
-                continue
-            try:
-                pred = self.backend.finish(job)
-            except Exception as exc:
-                log.exception("decoding the result of request %s failed", req.request_id)
-                self._release(job)
-                self.stats.failed += 1
-                req.on_done(None, ProtocolError("server_error", f"result failed: {type(exc).__name__}: {exc}",
-                                                request_id=req.request_id, fatal=False))
-                continue
-            self._release(job)
-            now = time.perf_counter()
-            pred = replace(
-                pred,
-                queue_ms=(req.started - req.submitted) * 1e3,
-                prefill_ms=(req.prefilled - req.started) * 1e3,
-                denoise_ms=(now - req.prefilled) * 1e3,
-            )
-            self.stats.completed += 1
-            req.on_done(pred, None)
-        self._active = still
-
-    def _release(self, job: Any) -> None:
-        try:
-            self.backend.release(job)
-        except Exception:
-            log.exception("releasing a job failed")
-
-    def _answer_cancelled(self, req: Request) -> None:
-        self.stats.cancelled += 1
-        req.on_done(_cancelled_prediction(req, time.perf_counter()), None)
-
-    def _shutdown(self) -> None:
-        with self._cond:
-            pending, self._pending = list(self._pending), collections.deque()
-        for req, job in self._active:
-            self._release(job)
-            self._answer_cancelled(req)
-        self._active = []
-        for req in pending:
-            self._answer_cancelled(req)
-
-
-class EngineScheduler:
-    """For model families without a step-level API (dream, llada): one request at a
-    time through `Engine.predict`, with the same submit/stats interface."""
-
-    def __init__(self, engine: Engine):
-        self.engine = engine
-        self.stats = SchedulerStats()
-        self._queue: collections.deque[Request] = collections.deque()
-        self._cond = threading.Condition()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="dlm-remote-engine", daemon=True)
-
-    def describe(self) -> dict[str, str]:
-        st = self.engine.status()
-        return {"model": st.model, "device": st.device}
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def submit(self, req: Request) -> None:
-        with self._cond:
-            self._queue.append(req)
-            self._cond.notify()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        with self._cond:
-            self._stopping = True
-            for req in self._queue:
-                req.cancel.cancel()
-            self._cond.notify()
-        self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._stopping and not self._queue:
-                    self._cond.wait()
-                if self._stopping and not self._queue:
-                    return
-                req = self._queue.popleft()
-            req.started = time.perf_counter()
-            try:
-                pred = self.engine.predict(req.prompt, req.params, req.cancel)
-            except Exception as exc:
-                log.exception("predict failed")
-                self.stats.failed += 1
-                req.on_done(None, ProtocolError("server_error", f"predict failed: {type(exc).__name__}: {exc}",
-                                                request_id=req.request_id, fatal=False))
-                continue
-            self.stats.forward_passes += pred.steps
-            self.stats.request_steps += pred.steps
-            if pred.cancelled:
-                self.stats.cancelled += 1
-            else:
-                self.stats.completed += 1
-            req.on_done(replace(pred, queue_ms=pred.queue_ms + (req.started - req.submitted) * 1e3), None)
-
-
-# ------------------------------------------------------------------ networking
+    def stop(self, timeout: float = 5.0) -> None: ...
 
 
 @dataclass
@@ -340,22 +81,41 @@ class ServerOptions:
     limits: Limits = field(default_factory=Limits)
     model_name: str = ""
     device: str = ""
+    # Connections held at once (authenticated, plus as many still in their handshake);
+    # each costs a socket and buffers, and an idle one is kept for idle_timeout_s.
+    max_connections: int = 256
+    prepare_workers: int = 2  # threads that cut and tokenize prompts
+
+    def __post_init__(self) -> None:
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections={self.max_connections}: use at least 1")
+        if self.prepare_workers < 1:
+            raise ValueError(f"prepare_workers={self.prepare_workers}: use at least 1")
+
+
+@dataclass
+class _InFlight:
+    request: Request
+    nbytes: int  # frame size, counted against Limits.max_inflight_bytes until answered
 
 
 class _Conn:
     """One client connection: handshake, then a reader loop; results are written back from the loop."""
 
-    _next_serial = 0
-
-    def __init__(self, server: RemoteServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    def __init__(self, server: RemoteServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 owner: str):
         self.server = server
         self.reader = reader
         self.writer = writer
         self.limits = server.options.limits
-        self.inflight: dict[int, Request] = {}
+        self.inflight: dict[int, _InFlight] = {}
+        self.inflight_bytes = 0
+        # One prompt of this connection in preparation at a time: a burst of large prompts
+        # from one client occupies one worker, and the others stay free for other clients.
+        self.prepare_lock = asyncio.Lock()
         self.closed = False
-        _Conn._next_serial += 1
-        self.client_id = f"conn{_Conn._next_serial}"
+        self.authenticated = False
+        self.owner = owner  # assigned by the server: the identity of this connection's caches and log lines
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
 
@@ -366,26 +126,33 @@ class _Conn:
     async def run(self) -> None:
         try:
             await self._handshake()
-            log.info("client %s (%s) connected", self.client_id, self.peer)
+            log.info("connection %s from %s authenticated", self.owner, self.peer)
             await self._serve()
         except ConnectionClosed:
             pass
         except ProtocolError as exc:
-            log.warning("closing connection from %s: %s", self.peer, exc)
+            log.warning("closing connection %s from %s: %s", self.owner, self.peer, exc)
             self.server.stats["closed_for_errors"] += 1
-            self.send(error_message(exc.code, exc.message))
-            try:
-                await asyncio.wait_for(self.writer.drain(), 1.0)
-            except (OSError, asyncio.TimeoutError):
-                pass
+            await self.close_with(exc.code, exc.message)
         except (OSError, asyncio.IncompleteReadError, ssl.SSLError) as exc:
-            log.info("connection from %s lost: %s", self.peer, exc)
+            log.info("connection %s from %s lost: %s", self.owner, self.peer, exc)
         finally:
             self.closed = True
-            for req in self.inflight.values():  # nobody will read their results
-                req.cancel.cancel()
+            for entry in self.inflight.values():  # nobody will read their results
+                entry.request.cancel.cancel()
             self.inflight.clear()
+            self.inflight_bytes = 0
             self.writer.close()
+            if self.authenticated:
+                self.server.scheduler.forget(self.owner)
+
+    async def close_with(self, code: str, message: str) -> None:
+        """Send a connection-level error and let it reach the client before the socket closes."""
+        self.send(error_message(code, message))
+        try:
+            await asyncio.wait_for(self.writer.drain(), 1.0)
+        except (OSError, asyncio.TimeoutError):
+            pass
 
     async def _handshake(self) -> None:
         deadline = time.monotonic() + self.limits.handshake_timeout_s
@@ -414,42 +181,45 @@ class _Conn:
                                                        msg.get("proof")):
             raise ProtocolError("auth_failed", "wrong token: the client's proof does not match this "
                                 "server's token; use the same --token-file / DLM_TOKEN on both ends")
-        client = msg.get("client")
-        if isinstance(client, str) and 0 < len(client) <= 128:
-            # A stable client id (kept across reconnects) keys the prefix caches.
-            self.client_id = client
+        # msg["client"] is a label of the client's choosing: not an identity, so neither used nor logged.
+        self.server.admit_authenticated(self)  # ProtocolError when --max-connections are held already
+        self.authenticated = True
+        budget = self.server.scheduler.budget
         self.send({
             "t": "hello", "id": 0, "stage": "welcome", "v": PROTOCOL_VERSION,
             "proof": auth.server_proof(token, nonce, client_nonce) if token is not None else None,
             "model": self.server.options.model_name, "device": self.server.options.device,
-            "limits": {"max_frame_bytes": self.limits.max_frame_bytes, "max_inflight": self.limits.max_inflight},
+            "limits": {"max_frame_bytes": self.limits.max_frame_bytes, "max_inflight": self.limits.max_inflight,
+                       "max_inflight_bytes": self.limits.max_inflight_bytes},
+            "budget": {"max_context": budget.max_context, "max_history": budget.max_history,
+                       "max_suffix": budget.max_suffix},
         })
         await self.writer.drain()
 
     async def _serve(self) -> None:
         while True:
             try:
-                msg = await read_frame(self.reader, max_bytes=self.limits.max_frame_bytes,
-                                       first_byte_timeout=self.limits.idle_timeout_s,
-                                       frame_timeout=self.limits.frame_timeout_s)
+                msg, nbytes = await read_sized_frame(self.reader, max_bytes=self.limits.max_frame_bytes,
+                                                     first_byte_timeout=self.limits.idle_timeout_s,
+                                                     frame_timeout=self.limits.frame_timeout_s)
             except IdleTimeout:
                 if self.inflight:
                     continue  # the client is waiting for results, not idle
                 raise
             try:
-                self._dispatch(msg)
+                self._dispatch(msg, nbytes)
             except ProtocolError as exc:
                 if exc.fatal:
                     raise
                 self.send(error_message(exc.code, exc.message, exc.request_id))
             await self.writer.drain()  # back-pressure: stop reading while the client does not read
 
-    def _dispatch(self, msg: dict[str, Any]) -> None:
+    def _dispatch(self, msg: dict[str, Any], nbytes: int) -> None:
         t, rid = msg["t"], msg["id"]
         if t == "cancel":
-            req = self.inflight.get(rid)
-            if req is not None:  # unknown ids are late cancels of finished requests: nothing to do
-                req.cancel.cancel()
+            entry = self.inflight.get(rid)
+            if entry is not None:  # unknown ids are late cancels of finished requests: nothing to do
+                entry.request.cancel.cancel()
             return
         if t != "predict":
             raise ProtocolError("protocol", f"a client may send only predict and cancel after hello, got {t!r}")
@@ -462,21 +232,49 @@ class _Conn:
             raise ProtocolError("too_many_requests", f"{len(self.inflight)} requests already in flight on this "
                                 f"connection (limit {self.limits.max_inflight}); wait for results or cancel some",
                                 request_id=rid)
+        if self.inflight_bytes + nbytes > self.limits.max_inflight_bytes:
+            raise ProtocolError("too_many_requests", f"this request's {nbytes} bytes would bring the prompts in "
+                                f"flight on this connection to {self.inflight_bytes + nbytes} bytes (limit "
+                                f"{self.limits.max_inflight_bytes}); send windowed prompts, wait for results or "
+                                "cancel some", request_id=rid)
         prompt = prompt_from_wire(msg.get("prompt"), rid)
         params = params_from_wire(msg.get("params"), rid)
+        deadline_ms = deadline_from_wire(msg, rid)
         loop = asyncio.get_running_loop()
 
         def on_done(pred: Prediction | None, err: ProtocolError | None) -> None:  # scheduler thread
             loop.call_soon_threadsafe(self._deliver, rid, req, pred, err)
 
-        req = Request(self.client_id, rid, prompt, params, on_done)
-        self.inflight[rid] = req
+        req = Request(self.owner, rid, prompt, params, on_done, deadline_ms=deadline_ms)
+        self.inflight[rid] = _InFlight(req, nbytes)
+        self.inflight_bytes += nbytes
+        # Cutting and tokenizing run on the worker pool: the reader goes on with the next
+        # frame, and the scheduler thread only ever sees prepared requests.
+        self.server.spawn(self._prepare_and_submit(req))
+
+    async def _prepare_and_submit(self, req: Request) -> None:
+        async with self.prepare_lock:
+            if not req.cancel.cancelled:  # cancelled before its turn: the scheduler answers it without work
+                try:
+                    req.prepared = await self.server.run_prepare(req.prompt, req.params)
+                except ValueError as exc:  # a prompt this model cannot take: that request only
+                    req.on_done(None, ProtocolError("bad_request", str(exc), request_id=req.request_id,
+                                                    fatal=False))
+                    return
+                except Exception as exc:
+                    log.exception("preparing request %s of %s failed", req.request_id, self.owner)
+                    req.on_done(None, ProtocolError("server_error", f"preparing the prompt failed: "
+                                                    f"{type(exc).__name__}: {exc}; see the server log",
+                                                    request_id=req.request_id, fatal=False))
+                    return
         self.server.scheduler.submit(req)
 
     def _deliver(self, rid: int, req: Request, pred: Prediction | None, err: ProtocolError | None) -> None:
-        if self.inflight.get(rid) is not req:
+        entry = self.inflight.get(rid)
+        if entry is None or entry.request is not req:
             return  # connection gone, or the id was reused after a cancel
         del self.inflight[rid]
+        self.inflight_bytes -= entry.nbytes
         self.server.stats["results"] += 1
         if err is not None:
             self.send(error_message(err.code, err.message, rid))
@@ -487,16 +285,22 @@ class _Conn:
 class RemoteServer:
     """The TCP server. `await start()` binds; `await serve_forever()`; `close()`."""
 
-    def __init__(self, scheduler: BatchScheduler | EngineScheduler, options: ServerOptions):
+    def __init__(self, scheduler: Scheduler, options: ServerOptions):
         auth.check_bind_allowed(options.host, options.token)
         self.scheduler = scheduler
         self.options = options
         self.stats: collections.Counter[str] = collections.Counter()
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[_Conn] = set()
+        self._authenticated: set[_Conn] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._owner_ids = itertools.count(1)
+        self._prepare_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self.port = options.port
 
     async def start(self) -> int:
+        self._prepare_pool = concurrent.futures.ThreadPoolExecutor(self.options.prepare_workers,
+                                                                   thread_name_prefix="dlm-remote-prepare")
         self.scheduler.start()
         self._server = await asyncio.start_server(
             self._on_connect, self.options.host, self.options.port,
@@ -507,14 +311,44 @@ class RemoteServer:
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
+    async def run_prepare(self, prompt: Prompt, params: SamplerParams) -> Any:
+        assert self._prepare_pool is not None, "call start() first"
+        return await asyncio.get_running_loop().run_in_executor(self._prepare_pool, self.scheduler.prepare,
+                                                                prompt, params)
+
+    def spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)  # a reference, or the loop may drop the task midway
+        task.add_done_callback(self._tasks.discard)
+
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = _Conn(self, reader, writer)
-        self._conns.add(conn)
+        conn = _Conn(self, reader, writer, owner=f"conn{next(self._owner_ids)}")
         self.stats["connections"] += 1
+        if len(self._conns) - len(self._authenticated) >= self.options.max_connections:
+            # as many handshakes as connections may be pending; beyond that, refuse at once
+            self.stats["refused_connections"] += 1
+            log.warning("refusing %s from %s: %d connections still in their handshake", conn.owner, conn.peer,
+                        len(self._conns) - len(self._authenticated))
+            await conn.close_with("too_many_connections", self._too_many_message())
+            writer.close()
+            return
+        self._conns.add(conn)
         try:
             await conn.run()
         finally:
             self._conns.discard(conn)
+            self._authenticated.discard(conn)
+
+    def _too_many_message(self) -> str:
+        return (f"the server holds its limit of {self.options.max_connections} connections; retry later, or ask "
+                "the server's operator to raise --max-connections")
+
+    def admit_authenticated(self, conn: _Conn) -> None:
+        """Count an authenticated connection, or refuse it when the server holds max_connections."""
+        if len(self._authenticated) >= self.options.max_connections:
+            self.stats["refused_connections"] += 1
+            raise ProtocolError("too_many_connections", self._too_many_message())
+        self._authenticated.add(conn)
 
     @property
     def active_connections(self) -> int:
@@ -532,12 +366,14 @@ class RemoteServer:
             conn.send(error_message("shutting_down", "the server is shutting down; the client will reconnect"))
             conn.writer.close()
         self.scheduler.stop()
+        if self._prepare_pool is not None:
+            self._prepare_pool.shutdown(wait=False, cancel_futures=True)
 
 
 class ServerThread:
     """A RemoteServer on its own event loop in a background thread (tests, bench)."""
 
-    def __init__(self, scheduler: BatchScheduler | EngineScheduler, options: ServerOptions):
+    def __init__(self, scheduler: Scheduler, options: ServerOptions):
         self.server = RemoteServer(scheduler, options)
         self.loop = asyncio.new_event_loop()
         self._ready = threading.Event()

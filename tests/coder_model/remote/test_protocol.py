@@ -11,9 +11,11 @@ from dlm.coder_model.remote import auth
 from dlm.coder_model.remote.client import parse_host_port
 from dlm.coder_model.remote.protocol import (
     HEADER,
+    PARAM_CAPS,
     ConnectionClosed,
     IdleTimeout,
     ProtocolError,
+    deadline_from_wire,
     decode_body,
     encode_frame,
     params_from_wire,
@@ -122,6 +124,74 @@ def test_invalid_request_fields_are_request_errors(prompt, params, fragment):
         params_from_wire(params, 7)
     assert err.value.code == "bad_request" and not err.value.fatal and err.value.request_id == 7
     assert fragment in err.value.message
+
+
+@pytest.mark.parametrize(
+    "params,fragment",
+    [
+        ({"temperature": float("nan")}, "finite"),
+        ({"temperature": float("inf")}, "finite"),
+        ({"threshold": float("-inf")}, "finite"),
+        ({"block_len": 4096}, "block_len=4096 is outside [0, 1024]"),
+        ({"steps": PARAM_CAPS["steps"] + 1}, "steps"),
+        ({"max_blocks": 1000}, "max_blocks"),
+        ({"seed": -1}, "seed"),
+        ({"seed": 2**64 - 1}, "seed"),
+    ],
+)
+def test_params_that_would_break_a_shared_batch_are_refused(params, fragment):
+    """NaN temperature or a 4096-slot block once failed every request batched with it."""
+    body = msgpack.packb({"t": "predict", "id": 3, "params": params})  # NaN and inf survive msgpack
+    with pytest.raises(ProtocolError) as err:
+        params_from_wire(decode_body(body)["params"], 3)
+    assert err.value.code == "bad_request" and not err.value.fatal and err.value.request_id == 3
+    assert fragment in err.value.message
+
+
+def test_params_at_the_caps_are_accepted():
+    caps = {name: PARAM_CAPS[name] for name in ("steps", "block_len", "max_blocks", "seed")}
+    assert params_from_wire(caps, 1) == SamplerParams(**caps)
+
+
+def test_deadline_ms_is_optional_and_validated():
+    prompt, params = Prompt("", "x", 0, ""), SamplerParams()
+    assert deadline_from_wire(_read(encode_frame(predict_message(1, prompt, params))), 1) is None
+    msg = _read(encode_frame(predict_message(1, prompt, params, deadline_ms=180)))
+    assert deadline_from_wire(msg, 1) == 180.0
+    for bad in (0, -5.0, float("nan"), float("inf"), "soon", True):
+        with pytest.raises(ProtocolError) as err:
+            deadline_from_wire({"deadline_ms": bad}, 4)
+        assert err.value.code == "bad_request" and err.value.request_id == 4 and "deadline_ms" in err.value.message
+
+
+class _ScoredPrediction(Prediction):
+    """A Prediction from an engine that computes confidence and lateness (attributes, as getattr finds them)."""
+
+    def __init__(self, text: str, confidence, late):
+        super().__init__(text=text, steps=2)
+        self.confidence = confidence
+        self.late = late
+
+
+def test_result_carries_confidence_and_late_when_the_engine_has_them():
+    msg = _read(encode_frame(result_message(9, _ScoredPrediction("y", 0.75, True))))
+    assert msg["confidence"] == 0.75 and msg["late"] is True
+    back = prediction_from_wire(msg)
+    assert back.text == "y"
+    # a Prediction type with these fields gets them back (one without them still decodes)
+    assert getattr(back, "confidence", 0.75) == 0.75 and getattr(back, "late", True) is True
+    broken = result_message(9, _ScoredPrediction("y", float("nan"), "no"))
+    assert "confidence" not in broken and "late" not in broken  # not sent rather than sent invalid
+
+
+@pytest.mark.parametrize("field,value", [("confidence", 1.5), ("confidence", -0.1), ("confidence", float("nan")),
+                                         ("confidence", "high"), ("late", 1), ("late", "yes")])
+def test_result_with_invalid_confidence_or_late_is_refused(field, value):
+    msg = result_message(9, Prediction(text="y"))
+    msg[field] = value
+    with pytest.raises(ProtocolError) as err:
+        prediction_from_wire(msg)
+    assert err.value.code == "bad_frame" and field in err.value.message
 
 
 def test_hmac_proofs():

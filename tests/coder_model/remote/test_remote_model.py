@@ -195,3 +195,142 @@ def test_remote_bench_runs(sharp_checkpoint, capsys):
     assert "| added by the hop |" in out
     rows = [line for line in out.splitlines() if line.startswith(("| 1 |", "| 2 |"))]
     assert [r.split("|")[2].strip() for r in rows] == ["2", "4"]  # requests completed per client count
+
+
+# ------------------------------------------------------------ budget, isolation, large prompts
+
+
+@pytest.fixture(scope="module")
+def narrow_checkpoint(sharp_checkpoint, tmp_path_factory):
+    """The sharp tiny model declared as trained on 96-token contexts, far below LayoutBudget()'s 2048."""
+    from dlm.coder_model.checkpoint import load_model, save_checkpoint
+
+    model, tok = load_model(sharp_checkpoint, "cpu")
+    model.config.context_window = 96
+    d = tmp_path_factory.mktemp("narrow_ckpt")
+    save_checkpoint(model, tok, d)
+    return str(d)
+
+
+def _long_prompt(path: str = "long.py") -> Prompt:
+    return Prompt(prefix=SOURCE * 6, region="        self.x = x", cursor=10, suffix="\n\nprint(1)\n" * 20,
+                  history=("--- a/long.py\n+++ b/long.py\n@@ -1 +1 @@\n-x\n+y\n",) * 8, language="python",
+                  path=path)
+
+
+def test_server_encodes_with_and_announces_the_checkpoints_budget(narrow_checkpoint):
+    """Through --remote the model once got 2,048-token contexts it never saw in training."""
+    from dlm.coder_model.engine import load_engine
+    from dlm.coder_model.layout import LayoutBudget
+    from dlm.coder_model.remote.backend import load_scheduler
+    from test_server import Raw
+
+    local = load_engine(narrow_checkpoint, "cpu")
+    scheduler, name, device = load_scheduler(narrow_checkpoint, "cpu")
+    srv = ServerThread(scheduler, ServerOptions(port=0, model_name=name, device=device)).start()
+    eng = RemoteEngine("127.0.0.1", srv.port)
+    try:
+        budget = LayoutBudget.for_window(96)
+        assert Raw(srv.port).hello()["budget"] == {"max_context": 96, "max_history": budget.max_history,
+                                                    "max_suffix": budget.max_suffix}
+        assert eng.wait_connected(20)
+        p = _long_prompt()
+        want = local.predict(p, PARAMS, CancelToken())
+        got = eng.predict(p, PARAMS, CancelToken())
+        assert want.context_tokens <= 96 + 16  # the comparison is about a prompt the window cuts
+        assert not got.cancelled and _key(got) == _key(want) and got.context_tokens == want.context_tokens
+    finally:
+        eng.close()
+        srv.stop()
+        local.close()
+
+
+def test_a_client_cannot_probe_another_clients_cache(remote_server):
+    """A second token holder presenting the victim's client id and file path once got the
+    victim's cached_tokens back (45 for the exact secret prefix, 20 for a wrong guess)."""
+    secret = Prompt(prefix="API_KEY = 'hunter2-0123456789'\n" + SOURCE, region="        self.x", cursor=10,
+                    suffix="\n", language="python", path="secret.py")
+    guesses = (secret, Prompt("API_KEY = 'x'\n", secret.region, secret.cursor, "\n", path="secret.py"))
+    victim = RemoteEngine("127.0.0.1", remote_server.port, client_id="victim")
+    probers = [RemoteEngine("127.0.0.1", remote_server.port, client_id="victim") for _ in guesses]
+    try:
+        assert victim.wait_connected(20) and all(p.wait_connected(20) for p in probers)
+        assert not victim.predict(secret, PARAMS, CancelToken()).cancelled
+        again = victim.predict(secret, PARAMS, CancelToken())
+        assert again.cached_tokens > 0  # the victim reuses its own cache ...
+        for prober, guess in zip(probers, guesses):
+            probe = prober.predict(guess, PARAMS, CancelToken())
+            assert not probe.cancelled and probe.cached_tokens == 0  # ... nobody else sees it
+    finally:
+        for e in (victim, *probers):
+            e.close()
+
+
+def test_large_prompts_are_cut_before_tokenizing(sharp_checkpoint):
+    """A 3.9 MB prompt is cut by characters to a few times the window before the tokenizer sees it;
+    an ordinary prompt is encoded exactly as LocalEngine encodes it."""
+    from dlm.coder_model.checkpoint import load_model
+    from dlm.coder_model.layout import encode_prompt
+    from dlm.coder_model.remote.backend import CLIP_CHARS_PER_TOKEN, ModelBackend
+
+    model, tok = load_model(sharp_checkpoint, "cpu")
+    backend = ModelBackend(model, tok)
+    ordinary = typing_prompts(1)[0]
+    assert backend.prepare(ordinary, PARAMS) == encode_prompt(tok, ordinary, backend.budget)
+
+    seen: list[int] = []
+    original_encode = tok.encode
+
+    def counting_encode(text, *args, **kwargs):
+        seen.append(len(text))
+        return original_encode(text, *args, **kwargs)
+
+    tok.encode = counting_encode
+    huge = Prompt(prefix="x = 1\n" * 650_000, region="y = 2", cursor=0, suffix="z = 3\n" * 10_000,
+                  history=("-a\n+b\n" * 100_000,), path="huge.py")
+    ids = backend.prepare(huge, PARAMS)
+    keep = backend.budget.max_context * CLIP_CHARS_PER_TOKEN
+    assert seen and max(seen) <= keep and sum(seen) <= 2 * keep + 100
+    assert len(ids) <= backend.budget.max_context + 64
+    tok.encode = original_encode
+    with pytest.raises(ValueError, match="region"):
+        backend.prepare(Prompt("", "r" * (keep + 1), 0, ""), PARAMS)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        backend.prepare(ordinary, SamplerParams(block_len=1024, max_blocks=64))
+
+
+def test_bad_params_of_one_client_do_not_fail_anothers_batch(remote_server):
+    """NaN temperature or oversized blocks from client B once failed all of client A's requests."""
+    from dlm.coder_model.remote.protocol import predict_message
+    from test_server import Raw
+
+    prompts = [typing_prompts(4, path=f"a{i}.py")[3] for i in range(4)]
+    a = [RemoteEngine("127.0.0.1", remote_server.port) for _ in prompts]
+    b = Raw(remote_server.port)
+    got: dict[int, object] = {}
+
+    def go(i):
+        got[i] = a[i].predict(prompts[i], PARAMS, CancelToken())
+
+    try:
+        assert all(e.wait_connected(20) for e in a)
+        b.hello()
+        nan = predict_message(1, prompts[0], PARAMS)
+        nan["params"]["temperature"] = float("nan")
+        too_long = predict_message(2, prompts[0], SamplerParams(block_len=1024, max_blocks=64))
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        b.send(nan)
+        b.send(too_long)
+        for t in threads:
+            t.join(120)
+        answers = {f["id"]: f for f in (b.recv_frame(), b.recv_frame())}
+        assert answers[1]["code"] == "bad_request" and "temperature" in answers[1]["message"]
+        assert answers[2]["code"] == "bad_request" and "max_seq_len" in answers[2]["message"]
+        assert len(got) == len(prompts)
+        assert all(not p.cancelled and p.text for p in got.values())
+    finally:
+        b.close()
+        for e in a:
+            e.close()
