@@ -21,6 +21,7 @@ import {
   type EditPredictionView,
   type InlineEditData,
   DEFAULT_SETTINGS,
+  INLINE_EDIT_PROPOSAL,
   SettingsError,
   acceptedLength,
   buildServerCommand,
@@ -75,7 +76,27 @@ function editPredictionDisplay(ctx: vscode.ExtensionContext, settings: DlmSettin
     version: vscode.version,
     enabledApiProposals: pkg.enabledApiProposals,
     hasDisplayLocationKind: displayLocationKinds() !== undefined,
+    proposalProbe: pkg.enabledApiProposals?.includes(INLINE_EDIT_PROPOSAL) ? probeProposal() : undefined,
   });
+}
+
+/**
+ * Whether VS Code lets this extension use the proposal: registering an inline completion
+ * provider with metadata is refused (throws) without it. The provider matches no document
+ * and is disposed at once.
+ */
+function probeProposal(): boolean {
+  try {
+    const register = vscode.languages.registerInlineCompletionItemProvider as unknown as (
+      selector: vscode.DocumentSelector,
+      provider: vscode.InlineCompletionItemProvider,
+      metadata: { displayName: string },
+    ) => vscode.Disposable;
+    register({ scheme: "dlm-proposal-probe" }, { provideInlineCompletionItems: () => [] }, { displayName: "dlm" }).dispose();
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 /** vscode.InlineCompletionDisplayLocationKind where it exists ({Code: 1, Label: 2}). */

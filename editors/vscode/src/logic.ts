@@ -311,6 +311,11 @@ export interface EditorCapabilities {
   enabledApiProposals: readonly string[] | undefined;
   /** Whether `vscode.InlineCompletionDisplayLocationKind` exists (displayLocation takes a kind). */
   hasDisplayLocationKind: boolean;
+  /**
+   * Whether a call gated by the proposal succeeded (registering an inline completion
+   * provider with metadata, which VS Code refuses without the proposal); undefined: not probed.
+   */
+  proposalProbe?: boolean;
 }
 
 export interface EditPredictionDisplay {
@@ -354,8 +359,10 @@ export function chooseEditPredictionDisplay(
         '"enable-proposed-api" in argv.json)',
     );
   }
+  if (caps.proposalProbe === false) missing.push(`VS Code refused a call of the ${INLINE_EDIT_PROPOSAL} proposal`);
   if (missing.length) return { mode: "decorations", why: `inline edits unavailable: ${missing.join("; ")}` };
-  return { mode: "inlineEdit", why: "inline edits (proposed inlineCompletionsAdditions API)" };
+  const kind = caps.hasDisplayLocationKind ? "" : " (displayLocation without a kind in this build)";
+  return { mode: "inlineEdit", why: `inline edits (proposed ${INLINE_EDIT_PROPOSAL} API)${kind}` };
 }
 
 /** An edit prediction as one InlineCompletionItem (plain data; extension.ts makes the vscode objects). */

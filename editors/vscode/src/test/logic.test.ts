@@ -144,6 +144,10 @@ test("inline edits are used only where VS Code has them and allows the proposal"
   assert.equal(old.mode, "decorations");
   assert.match(old.why, /older than/);
   assert.equal(chooseEditPredictionDisplay("auto", { ...caps, version: "1.102.0-insider" }).mode, "inlineEdit");
+  const refused = chooseEditPredictionDisplay("auto", { ...caps, proposalProbe: false });
+  assert.equal(refused.mode, "decorations");
+  assert.match(refused.why, /refused/);
+  assert.equal(chooseEditPredictionDisplay("auto", { ...caps, proposalProbe: true }).mode, "inlineEdit");
   assert.equal(chooseEditPredictionDisplay("decorations", caps).mode, "decorations");
   assert.equal(chooseEditPredictionDisplay("inlineEdit", { ...caps, version: "1.91.0", enabledApiProposals: [] }).mode, "inlineEdit");
   assert.equal(DEFAULT_SETTINGS.editPredictionDisplay, "auto");
