@@ -5,13 +5,33 @@ into context tokens and its target into the masked block's answer
 (target tokens, then <eom>, then <pad>). The builders for each kind live in
 their own modules: completion and fill-in-the-middle here, edits in
 `edit_examples`.
+
+Completion and FIM regions are cut the way the server cuts them while the user
+types (dlm.coder_model.regions, the rules of dlm.lsp.context): whole lines,
+the cursor line plus the rest of its statement (tree-sitter where a grammar is
+installed), short enough for one masked block, and sometimes the wider
+few-line region the server sends after a pause. The region ends at the last
+line's text; its line break starts the suffix. So the target is exactly the
+text the model must write before <eom>, as in serving: a model trained on
+regions that end in "\n" or in the middle of the next statement learns to
+keep writing where one short line belongs.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from functools import lru_cache
 
+from dlm.coder_model.regions import (
+    Mode,
+    RegionBudget,
+    Span,
+    content,
+    region_rows,
+    split_lines,
+    statement_spans,
+)
 from dlm.coder_model.types import Prompt
 
 KINDS = ("completion", "fim", "synthetic_edit", "real_edit", "noop")
@@ -23,14 +43,6 @@ class Example:
     prompt: Prompt
     target: str  # the new text of prompt.region
     source: str = ""  # file or record it was made from (for splits and debugging)
-
-
-def _line_starts(text: str) -> list[int]:
-    starts = [0]
-    for i, ch in enumerate(text):
-        if ch == "\n":
-            starts.append(i + 1)
-    return starts
 
 
 def window(text: str, start: int, end: int, max_chars: int, side: str) -> str:
@@ -47,34 +59,73 @@ def window(text: str, start: int, end: int, max_chars: int, side: str) -> str:
     return piece[: nl + 1] if nl >= 0 else piece
 
 
-def region_around(
-    text: str, line: int, rng: random.Random, max_lines: int = 4
-) -> tuple[int, int]:
-    """Character span [a, b) of a region of 1..max_lines whole lines starting at `line`."""
-    starts = _line_starts(text)
-    n_lines = len(starts)
-    first = max(0, min(line, n_lines - 1))
-    last = min(n_lines - 1, first + rng.randint(0, max_lines - 1))
-    a = starts[first]
-    b = starts[last + 1] if last + 1 < n_lines else len(text)
-    return a, b
+MAX_LINE_CHARS = 2000  # the server offers nothing on longer lines (minified code)
+TYPING_BUDGET = RegionBudget()
+
+
+@lru_cache(maxsize=16)
+def _spans(text: str, language: str) -> Span | None:
+    # the trainer draws several examples from a file in a row; parse it once
+    return statement_spans(text, language)
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A server-shaped region of a file and a cursor in it."""
+
+    a: int  # offset of the region's first character (a line start)
+    b: int  # offset just after the region's last line's text (before its line break)
+    cursor: int  # offset of the cursor inside the region
+    mode: Mode
+
+
+def server_region(
+    text: str, rng: random.Random, language: str, mode: Mode, budget: RegionBudget = TYPING_BUDGET
+) -> Cut | None:
+    """A cursor at a random line and column (within the line's text), and the region the server
+    would cut around it in `mode`; None for an empty region or an over-long cursor line."""
+    lines = split_lines(text)
+    row = rng.randrange(len(lines))
+    line = content(lines[row])
+    if len(line) > MAX_LINE_CHARS:
+        return None
+    indent = len(line) - len(line.lstrip())
+    col = rng.randint(indent, len(line))  # users type after the indentation
+    start, end = region_rows(lines, row, col, mode, budget, _spans(text, language))
+    a = sum(len(x) for x in lines[:start])
+    b = a + sum(len(x) for x in lines[start:end]) + len(content(lines[end]))
+    if not text[a:b].strip():
+        return None
+    cursor = sum(len(x) for x in lines[start:row]) + col
+    return Cut(a, b, cursor, mode)
+
+
+def _prompt(text: str, cut: Cut, current: str, cursor: int, path: str, language: str,
+            prefix_chars: int, suffix_chars: int) -> Prompt:
+    return Prompt(
+        prefix=window(text, 0, cut.a, prefix_chars, "before"),
+        region=current,
+        cursor=cursor,
+        suffix=window(text, cut.b, len(text), suffix_chars, "after"),
+        language=language,
+        path=path,
+    )
 
 
 def completion_example(
     text: str, rng: random.Random, path: str = "", language: str = "python",
-    prefix_chars: int = 1500, suffix_chars: int = 600,
+    prefix_chars: int = 1500, suffix_chars: int = 600, wide_share: float = 0.2,
 ) -> Example | None:
-    """Cursor somewhere in a region; the text after the cursor is cut up to a
-    random point (end of token, line or region) and the target restores it."""
+    """Cursor in a server-shaped region (typing, or wide with probability `wide_share`); the
+    text after the cursor is cut up to a random point (end of token, line or region) and
+    the target restores it."""
     if len(text) < 20:
         return None
-    starts = _line_starts(text)
-    line = rng.randrange(len(starts))
-    a, b = region_around(text, line, rng)
-    region = text[a:b]
-    if not region.strip():
+    cut = server_region(text, rng, language, "wide" if rng.random() < wide_share else "typing")
+    if cut is None:
         return None
-    cursor = rng.randint(0, len(region.rstrip("\n")))
+    region = text[cut.a : cut.b]
+    cursor = cut.cursor
     rest = region[cursor:]
     # how much of the text after the cursor the user "has not typed yet"
     cut_kind = rng.random()
@@ -82,47 +133,35 @@ def completion_example(
         j = 0
         while j < len(rest) and (rest[j].isalnum() or rest[j] == "_"):
             j += 1
-        cut = max(j, 1)
+        n_cut = max(j, 1)
     elif cut_kind < 0.75:  # rest of the line
         nl = rest.find("\n")
-        cut = nl if nl >= 0 else len(rest)
-    else:  # rest of the region
-        cut = len(rest.rstrip("\n"))
-    if cut <= 0:
+        n_cut = nl if nl >= 0 else len(rest)
+    else:  # rest of the region (the rest of the statement, while typing)
+        n_cut = len(rest)
+    n_cut = min(n_cut, len(rest))
+    if n_cut <= 0:
         return None
-    current = region[:cursor] + rest[cut:]
-    prompt = Prompt(
-        prefix=window(text, 0, a, prefix_chars, "before"),
-        region=current,
-        cursor=cursor,
-        suffix=window(text, b, len(text), suffix_chars, "after"),
-        language=language,
-        path=path,
-    )
+    current = region[:cursor] + rest[n_cut:]
+    prompt = _prompt(text, cut, current, cursor, path, language, prefix_chars, suffix_chars)
     return Example("completion", prompt, region, path)
 
 
 def fim_example(
     text: str, rng: random.Random, path: str = "", language: str = "python",
-    prefix_chars: int = 1500, suffix_chars: int = 600, max_span: int = 120,
+    prefix_chars: int = 1500, suffix_chars: int = 600, max_span: int = 120, wide_share: float = 0.5,
 ) -> Example | None:
-    """Random character span removed from inside a region; the cursor sits at the hole."""
+    """A random span removed at the cursor of a server-shaped region; the target restores it."""
     if len(text) < 20:
         return None
-    starts = _line_starts(text)
-    a, b = region_around(text, rng.randrange(len(starts)), rng, max_lines=6)
-    region = text[a:b]
-    if len(region.strip()) < 4:
+    cut = server_region(text, rng, language, "wide" if rng.random() < wide_share else "typing")
+    if cut is None:
         return None
-    s = rng.randrange(len(region))
+    region = text[cut.a : cut.b]
+    s = cut.cursor
+    if s >= len(region) or len(region.strip()) < 4:
+        return None
     e = min(len(region), s + rng.randint(1, max_span))
     current = region[:s] + region[e:]
-    prompt = Prompt(
-        prefix=window(text, 0, a, prefix_chars, "before"),
-        region=current,
-        cursor=s,
-        suffix=window(text, b, len(text), suffix_chars, "after"),
-        language=language,
-        path=path,
-    )
+    prompt = _prompt(text, cut, current, s, path, language, prefix_chars, suffix_chars)
     return Example("fim", prompt, region, path)

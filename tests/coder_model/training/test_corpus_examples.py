@@ -1,0 +1,134 @@
+"""Completion / FIM examples: regions cut the way the server cuts them (whole lines, the
+cursor line plus the rest of its statement while typing), and <eom> right after them."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+from dlm.coder_model import regions
+from dlm.coder_model.layout import encode_target, target_block
+from dlm.coder_model.regions import RegionBudget, region_rows, split_lines, statement_spans
+from dlm.coder_model.tokenizer import SPECIAL_TOKENS
+from dlm.coder_model.training.examples import completion_example, fim_example, server_region
+
+REPO = Path(__file__).resolve().parents[3]
+# layout.py names the special tokens in its docstrings; the corpus drops such files (a literal
+# "<eom>" in a file would be encoded as the special token), so the test text renames them
+PYTHON_FILE = (REPO / "coder_model" / "layout.py").read_text()
+for _name in SPECIAL_TOKENS:
+    PYTHON_FILE = PYTHON_FILE.replace(_name, _name.strip("<>").upper())
+JS = """function add(a, b) {
+  const total = a +
+    b;
+  if (total > 10) {
+    return total;
+  }
+  return 0;
+}
+
+const items = [1, 2, 3].map((x) =>
+  add(x, 1));
+"""
+
+
+def _check_boundaries(text: str, ex) -> None:
+    p = ex.prompt
+    # the region is whole lines without the last line's break; the break starts the suffix
+    assert p.prefix == "" or p.prefix.endswith("\n")
+    assert p.suffix == "" or p.suffix.startswith("\n")
+    assert p.prefix + ex.target + p.suffix in text
+    start = text.index(p.prefix + ex.target + p.suffix) + len(p.prefix)
+    assert start == 0 or text[start - 1] == "\n"
+    end = start + len(ex.target)
+    assert end == len(text) or text[end] == "\n"  # (a region may end in a blank line, as the server's may)
+
+
+@pytest.mark.parametrize("builder", [completion_example, fim_example])
+@pytest.mark.parametrize(("text", "language"), [(PYTHON_FILE, "python"), (JS, "javascript"), (PYTHON_FILE, "lua")])
+def test_regions_start_and_end_at_line_boundaries(builder, text, language):
+    made = 0
+    for seed in range(200):
+        ex = builder(text, random.Random(seed), path="f", language=language)
+        if ex is None:
+            continue
+        made += 1
+        _check_boundaries(text, ex)
+        p = ex.prompt
+        assert ex.target[: p.cursor] == p.region[: p.cursor]  # text before the cursor is kept
+        assert ex.target != p.region  # something to restore
+    assert made > 100
+
+
+def test_typing_regions_are_the_short_ones_the_server_sends():
+    budget = RegionBudget()
+    sizes = []
+    for seed in range(300):
+        cut = server_region(PYTHON_FILE, random.Random(seed), "python", "typing")
+        if cut is None:
+            continue
+        region = PYTHON_FILE[cut.a : cut.b]
+        lines = region.split("\n")
+        assert len(lines) <= budget.typing_region_lines
+        # several lines only while they fit the typing budget (one long line is kept whole)
+        assert len(lines) == 1 or len(region) + 1 <= budget.typing_region_tokens * budget.chars_per_token
+        assert "\n" not in region[: cut.cursor]  # the cursor is on the region's first line
+        sizes.append(len(lines))
+    assert sizes.count(1) > len(sizes) // 2 and max(sizes) > 1  # mostly one line; statements span more
+
+
+def test_eom_follows_the_regions_tokens():
+    from dlm.coder_model.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_file(REPO / "coder_model" / "checkpoints" / "default" / "tokenizer.json")
+    for seed in range(40):
+        ex = completion_example(PYTHON_FILE, random.Random(seed), language="python")
+        if ex is None:
+            continue
+        region_ids = tok.encode(ex.target)
+        block = target_block(tok, encode_target(tok, ex.target), 0, 64)
+        if len(region_ids) >= 64:
+            continue
+        assert block.index(tok.eom_id) == len(region_ids)
+        assert tok.decode(block[: len(region_ids)]) == ex.target
+        assert set(block[len(region_ids) + 1 :]) <= {tok.pad_id}
+        # the line break after the region is not part of the answer: it is in the suffix
+        assert ex.prompt.suffix == "" or ex.prompt.suffix.startswith("\n")
+
+
+@pytest.mark.skipif(regions.grammar("python") is None, reason="tree-sitter-python not installed")
+def test_typing_region_is_the_cursor_line_plus_the_rest_of_its_statement():
+    text = "x = 1\nresult = compute(\n    alpha,\n    beta,\n)\nif result:\n    print(result)\n"
+    lines = split_lines(text)
+    spans = statement_spans(text, "python")
+    budget = RegionBudget()
+    assert region_rows(lines, 1, 4, "typing", budget, spans) == (1, 4)  # the whole call
+    assert region_rows(lines, 0, 2, "typing", budget, spans) == (0, 0)  # a one-line statement
+    assert region_rows(lines, 5, 3, "typing", budget, spans) == (5, 5)  # a compound statement's header
+    assert region_rows(lines, 1, 4, "typing", budget, None) == (1, 1)  # no tree: the line
+
+
+def test_the_same_regions_as_the_server():
+    """The builders' rules and the server's (dlm.lsp.context) cut the same rows."""
+    from dlm.lsp.context import region_rows as server_rows
+    from dlm.lsp.documents import Document
+    from dlm.lsp.options import ContextOptions
+
+    opts = ContextOptions()
+    budget = RegionBudget()
+    for name in ("typing_region_tokens", "typing_region_lines", "wide_region_lines_before",
+                 "wide_region_lines_after", "wide_region_tokens", "chars_per_token"):
+        assert getattr(budget, name) == getattr(opts, name), name
+    for text, language, uri in ((PYTHON_FILE, "python", "file:///a.py"), (JS, "javascript", "file:///a.js")):
+        doc = Document(uri, text, language_id=language)
+        lines = split_lines(text)
+        assert lines == doc.lines
+        spans = statement_spans(text, language)
+        rng = random.Random(0)
+        for _ in range(300):
+            row = rng.randrange(len(lines))
+            col = rng.randint(0, len(lines[row].rstrip("\n")))
+            for mode in ("typing", "wide"):
+                assert region_rows(lines, row, col, mode, budget, spans) == server_rows(doc, row, col, mode, opts), (
+                    row, col, mode)
