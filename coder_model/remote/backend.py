@@ -138,7 +138,7 @@ class ModelBackend:
                 try:  # one request's decode failing must not take the others' results with it
                     job.dec.advance(h)
                     errors.append(None)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - handed to the scheduler, which fails this job only
                     errors.append(exc)
         return errors
 

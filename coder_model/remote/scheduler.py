@@ -243,7 +243,7 @@ class BatchScheduler:
         try:
             (err,) = self.backend.step([job])
             return err
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - this job's failure, reported by _step
             return exc
 
     def _step(self) -> None:
@@ -254,7 +254,7 @@ class BatchScheduler:
             errors = self.backend.step(jobs)
             if len(errors) != len(jobs):
                 raise RuntimeError(f"backend.step returned {len(errors)} results for {len(jobs)} jobs")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure of the batched pass: find the culprit
             if len(jobs) == 1:
                 errors = [exc]
             else:
