@@ -182,7 +182,9 @@ def check_ghost_and_accept(nv: Nvim, item: dict) -> None:
     assert text.endswith(shown)  # ...and it is the server's item (minus what is already typed)
     # What <Tab> must produce: the item's range (default: the cursor) replaced by its text.
     if item.get("range"):
-        (sl, sc), (el, ec) = [(item["range"][k]["line"], item["range"][k]["character"]) for k in ("start", "end")]
+        (sl, sc), (el, ec) = [
+            (item["range"][k]["line"], item["range"][k]["character"]) for k in ("start", "end")
+        ]
     else:
         sl = el = cursor[0] - 1
         sc = ec = cursor[1]
@@ -325,7 +327,9 @@ def test_nvim_statusline_redraws_when_the_status_arrives(nvim011, tmp_path):
     nv = Nvim(nvim011, tmp_path, cmd, fake_env(tmp_path), extra="edit_predictions = false", pre=pre)
     try:
         nv.wait("require('dlm').status and require('dlm').status.state == 'ready'", 60, "dlm/status ready")
-        t = nv.wait("_G.dlm_test.redraws > 0 and _G.dlm_test.events > 0 and _G.dlm_test", 10, "redraw + DlmStatus")
+        t = nv.wait(
+            "_G.dlm_test.redraws > 0 and _G.dlm_test.events > 0 and _G.dlm_test", 10, "redraw + DlmStatus"
+        )
         assert t["redraws"] >= 1 and t["events"] >= 1
         line = nv.lua("vim.api.nvim_eval_statusline(vim.o.statusline, {}).str")
         assert line.startswith("dlm: ready"), line
@@ -341,13 +345,19 @@ def test_nvim_suggestion_highlights_differ_from_normal_without_truecolor(nvim011
               extra="filetypes = {}")  # fmt: skip
     get = "vim.api.nvim_get_hl(0, {{name = '{}', link = false}})"
     try:
-        for scheme in ("", "hi clear | hi Comment ctermfg=NONE guifg=NONE | hi DiagnosticHint ctermfg=NONE guifg=NONE | doautocmd ColorScheme"):
+        for scheme in (
+            "",
+            "hi clear | hi Comment ctermfg=NONE guifg=NONE | hi DiagnosticHint ctermfg=NONE guifg=NONE | doautocmd ColorScheme",
+        ):
             if scheme:
                 nv.lua(f"vim.cmd([[{scheme}]]) or true")
             normal = nv.lua(get.format("Normal"))
             for group in ("DlmGhostText", "DlmEditPrediction"):
                 hl = nv.lua(get.format(group))
-                assert hl.get("ctermfg") is not None and hl.get("ctermfg") != normal.get("ctermfg"), (group, hl)
+                assert hl.get("ctermfg") is not None and hl.get("ctermfg") != normal.get("ctermfg"), (
+                    group,
+                    hl,
+                )
                 assert hl.get("fg") is not None and hl.get("fg") != normal.get("fg"), (group, hl)
                 assert hl.get("italic") and (hl.get("cterm") or {}).get("italic"), (group, hl)
             delete = nv.lua(get.format("DlmEditPredictionDelete"))
@@ -377,7 +387,10 @@ def test_nvim012_native_inline_completion_fake_engine(tmp_path):
         assert marks[0][3]["virt_text"][0][0] == "FAKE"
         nv.send("<Tab>")
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and nv.lua("vim.api.nvim_buf_get_lines(0, 3, 4, true)[1]") != "    reFAKE":
+        while (
+            time.monotonic() < deadline
+            and nv.lua("vim.api.nvim_buf_get_lines(0, 3, 4, true)[1]") != "    reFAKE"
+        ):
             time.sleep(0.1)
         assert nv.lua("vim.api.nvim_buf_get_lines(0, 3, 4, true)[1]") == "    reFAKE"
     finally:

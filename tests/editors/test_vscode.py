@@ -70,7 +70,10 @@ def test_network_errors_are_told_apart_from_build_errors():
     assert network_error("npm error code EAI_AGAIN\nnpm error request to https://registry.npmjs.org/x failed")
     assert network_error("npm error errno ECONNREFUSED")
     assert network_error("npm error network This is a problem related to network connectivity.")
-    assert network_error("src/logic.ts(3,1): error TS2322: Type 'string' is not assignable to type 'number'.") is None
+    assert (
+        network_error("src/logic.ts(3,1): error TS2322: Type 'string' is not assignable to type 'number'.")
+        is None
+    )
     assert network_error("npm error code EUSAGE\nnpm error `npm ci` can only install packages when your "
                          "package.json and package-lock.json are in sync.") is None  # fmt: skip
 
