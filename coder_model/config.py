@@ -72,6 +72,9 @@ class ModelConfig:
 PRESETS: dict[str, dict] = {
     # random models built in tests
     "test-tiny": dict(vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128),
+    # the objective A/B on the 2-core CPU (BENCHMARKS.md "Training recipe"): ~1M parameters,
+    # several arms train side by side in minutes
+    "cpu-ab": dict(vocab_size=2048, dim=128, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=352),
     # trained on the 2-core CPU (issue 2): ~6M parameters, 2.1M of them embeddings
     "cpu-small": dict(vocab_size=8192, dim=256, n_layers=6, n_heads=8, n_kv_heads=2, ffn_dim=704),
     # the largest shape that should still meet the CPU latency target (~16M)

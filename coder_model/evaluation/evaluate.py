@@ -1,24 +1,27 @@
 """Evaluate a checkpoint on held-out data.
 
     python -m dlm.coder_model.evaluation.evaluate --model DIR [--limit N] [--kinds completion,fim,...]
-        [--safim] [--no-ar] [--json out.json]
+        [--safim] [--no-ar] [--no-oracle] [--dtype auto|fp32|bf16] [--json out.json]
 
 What it measures (greedy decoding, the engine's own layout and sampler):
 
 - For each example kind (`completion`, `fim`, `synthetic_edit`, `noop` from the
   corpus *test* split; `real_edit` from the edit-histories *test* split): exact
-  match of the new region, edit similarity (1 - Levenshtein / max length), and
-  for `real_edit` the next-edit location: the prediction changes exactly the
-  lines the real next hunk changes (given the file and the earlier hunks).
+  match of the new region, edit similarity (1 - Levenshtein / max length;
+  `evaluation.metrics`), and for `real_edit` the next-edit location: the
+  prediction changes exactly the lines the real next hunk changes.
+- Oracle length (`oracle` row, native checkpoints): the same cases decoded with
+  the true target length given (`evaluation.oracle`: the slots after it are
+  fixed to <eom>/<pad>, the model fills only the content), so length errors
+  and content errors are told apart. `--no-oracle` skips it.
 - `--safim`: execution-based pass@1 on SAFIM's Python block and control
-  completion tasks: the hole's line is the region, the model's region is
-  spliced back into the program, and every stdin/stdout test runs in a
-  sandboxed subprocess (timeout, memory/CPU/file-size limits, temp dir cwd);
-  a task passes when all its tests pass.
+  completion tasks (`evaluation.safim`, programs run in `evaluation.sandbox`).
 - Diffusion vs autoregressive on the same network: every case is decoded with
   the default SamplerParams and with threshold=1.0, order="left_to_right"
   (one slot per forward pass, left to right); both report quality, forward
   passes (Prediction.steps) and time. `--no-ar` skips the second decode.
+- `--dtype auto` (default) runs a native model in bf16 only where a
+  measurement at start finds it faster than fp32 on this machine.
 
 Cases are deterministic given --seed. Nothing here trains or reads the
 training splits.
@@ -28,73 +31,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
-import gzip
 import json
-import math
-import os
 import random
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dlm.coder_model.training.examples import KINDS, completion_example, fim_example, window
+from dlm.coder_model.evaluation.metrics import edit_similarity, location_correct
+from dlm.coder_model.evaluation.safim import iter_safim, score_safim
+from dlm.coder_model.languages import language_name
+from dlm.coder_model.training.examples import KINDS, completion_example, fim_example
 from dlm.coder_model.types import CancelToken, Prompt, SamplerParams
 
 AR_PARAMS = {"threshold": 1.0, "order": "left_to_right"}
-
-# ---------------------------------------------------------------------------
-# metrics
-
-
-def levenshtein(a: str, b: str) -> int:
-    """Character edit distance (insert, delete, substitute), O(len(a) * len(b))."""
-    if len(a) < len(b):
-        a, b = b, a
-    if not b:
-        return len(a)
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        cur = [i]
-        for j, cb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
-        prev = cur
-    return prev[-1]
-
-
-def edit_similarity(pred: str, target: str, max_cells: int = 4_000_000) -> float:
-    """1 - normalized Levenshtein distance, in [0, 1] (1 = identical).
-
-    Above `max_cells` (len * len) the exact DP is too slow in Python and
-    difflib's matching-blocks ratio is used instead (same range, 1 = identical).
-    """
-    if pred == target:
-        return 1.0
-    n = max(len(pred), len(target))
-    if len(pred) * len(target) > max_cells:
-        return difflib.SequenceMatcher(None, pred, target, autojunk=False).ratio()
-    return 1.0 - levenshtein(pred, target) / n
-
-
-def changed_lines(old: str, new: str) -> tuple[int, int] | None:
-    """[first, last) old-line span that a line diff old -> new touches; None if unchanged."""
-    a, b = old.splitlines(keepends=True), new.splitlines(keepends=True)
-    ops = [op for op in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes() if op[0] != "equal"]
-    if not ops:
-        return None
-    return ops[0][1], ops[-1][2]
-
-
-def location_correct(region: str, pred: str, target: str) -> bool:
-    """The prediction edits the same lines of the region as the target does."""
-    want = changed_lines(region, target)
-    return want is not None and changed_lines(region, pred) == want
-
 
 # ---------------------------------------------------------------------------
 # cases
@@ -115,14 +66,14 @@ def corpus_dir(path: str | None) -> Path | None:
 
 def corpus_cases(corpus: Path, kind: str, limit: int, seed: int = 0) -> list[Case]:
     """One case of `kind` per corpus test file (files in path order), up to `limit`."""
-    from dlm.coder_model.training import edit_examples as ee
     from dlm.coder_model.training.corpus import read_split
+    from dlm.coder_model.training.synthetic_edits import noop_example, synthetic_edit_example
 
     builders: dict[str, Callable] = {
         "completion": completion_example,
         "fim": fim_example,
-        "synthetic_edit": ee.synthetic_edit_example,
-        "noop": ee.noop_example,
+        "synthetic_edit": synthetic_edit_example,
+        "noop": noop_example,
     }
     build = builders[kind]
     files = sorted(read_split(corpus, "test"), key=lambda r: r["path"])
@@ -133,7 +84,8 @@ def corpus_cases(corpus: Path, kind: str, limit: int, seed: int = 0) -> list[Cas
         rng = random.Random(f"{seed}:{kind}:{rec['path']}")
         ex = None
         for _ in range(4):  # a few tries: synthetic edits do not fit every spot
-            ex = build(rec["text"], rng, path=Path(rec["path"]).name, language=rec.get("language", "python"))
+            language = language_name(rec.get("language", ""), rec["path"])
+            ex = build(rec["text"], rng, path=Path(rec["path"]).name, language=language)
             if ex is not None:
                 break
         if ex is not None:
@@ -143,7 +95,7 @@ def corpus_cases(corpus: Path, kind: str, limit: int, seed: int = 0) -> list[Cas
 
 def real_edit_cases(limit: int, data_dir: str | None = None, seed: int = 0) -> list[Case]:
     """Next-edit cases from the edit-histories test split (last hunk of each commit's file)."""
-    from dlm.coder_model.training.edit_examples import next_edit_eval_cases
+    from dlm.coder_model.training.commit_edits import next_edit_eval_cases
 
     return [
         Case("real_edit", ne.example.prompt, ne.example.target, ne.example.source)
@@ -186,6 +138,28 @@ class Scores:
         return out
 
 
+def score_oracle(engine, cases: Iterable[Case], params: SamplerParams) -> Scores:
+    """Cases decoded with the true target length given (evaluation.oracle); native engines only.
+
+    `location` counts outputs with exactly the target's token count: 1.0 by
+    construction (a self-check of the oracle, reported as `length_exact`).
+    """
+    from dlm.coder_model.evaluation.oracle import oracle_decode
+
+    s = Scores()
+    t0 = time.perf_counter()
+    for case in cases:
+        r = oracle_decode(engine.model, engine.tok, engine.budget, case.prompt, case.target, params)
+        s.n += 1
+        s.exact += r.text == case.target
+        s.edit_sim += edit_similarity(r.text, case.target)
+        s.location += len(r.tokens) == r.target_tokens
+        s.steps += r.steps
+        s.tokens += len(r.tokens)
+    s.wall_s = time.perf_counter() - t0
+    return s
+
+
 def score_cases(engine, cases: Iterable[Case], params: SamplerParams, keep: int = 0) -> Scores:
     s = Scores()
     t0 = time.perf_counter()
@@ -208,207 +182,6 @@ def score_cases(engine, cases: Iterable[Case], params: SamplerParams, keep: int 
 
 
 # ---------------------------------------------------------------------------
-# sandbox
-
-
-@dataclass
-class SandboxResult:
-    returncode: int | None
-    stdout: str
-    stderr: str
-    timed_out: bool
-    wall_s: float
-
-    @property
-    def ok(self) -> bool:
-        return not self.timed_out and self.returncode == 0
-
-
-# Sets the limits, then becomes the program's interpreter (exec). A launcher
-# process instead of Popen(preexec_fn=...): preexec_fn is unsafe while other
-# threads run (the engine's inference thread, torch's pools) and can deadlock.
-_LAUNCH = (
-    "import os,resource as R,sys;m,c,f=map(int,sys.argv[1:4]);"
-    "R.setrlimit(R.RLIMIT_AS,(m,m));R.setrlimit(R.RLIMIT_CPU,(c,c+1));"
-    "R.setrlimit(R.RLIMIT_FSIZE,(f,f));R.setrlimit(R.RLIMIT_CORE,(0,0));"
-    "os.execv(sys.argv[4],[sys.argv[4],'-I',sys.argv[5]])"
-)
-
-
-def run_sandboxed(
-    code: str, stdin: str = "", timeout_s: float = 5.0, memory_mb: int = 1024, file_mb: int = 16,
-    python: str = sys.executable, max_output: int = 1 << 20,
-) -> SandboxResult:
-    """Run untrusted Python `code` in a subprocess: fresh temp dir as cwd, isolated
-    interpreter (-I), a minimal environment, address-space / CPU-time / file-size
-    limits, its own process group (killed as a whole at `timeout_s` of wall time).
-    stdout/stderr go to files in the temp dir, so a program that prints forever
-    hits the file-size limit instead of filling this process's memory."""
-    with tempfile.TemporaryDirectory(prefix="dlm-sandbox-") as d:
-        prog = Path(d) / "main.py"
-        prog.write_text(code, encoding="utf-8")
-        out_p, err_p = Path(d) / "stdout", Path(d) / "stderr"
-        env = {"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "LANG": "C.UTF-8",
-               "PYTHONIOENCODING": "utf-8"}
-        t0 = time.perf_counter()
-        with open(out_p, "wb") as out_f, open(err_p, "wb") as err_f:
-            limits = [str(memory_mb << 20), str(max(1, math.ceil(timeout_s))), str(file_mb << 20)]
-            proc = subprocess.Popen(
-                [python, "-I", "-S", "-c", _LAUNCH, *limits, python, str(prog)], cwd=d, stdin=subprocess.PIPE,
-                stdout=out_f, stderr=err_f, env=env, start_new_session=True,
-            )
-            timed_out = False
-            try:
-                proc.communicate(stdin.encode("utf-8"), timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                with _suppress_lookup():
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            except BrokenPipeError:  # exited before reading its input
-                proc.wait()
-        wall = time.perf_counter() - t0
-        rc = proc.returncode
-        if rc is not None and rc < 0 and -rc in (signal.SIGXCPU, signal.SIGKILL) and not timed_out:
-            timed_out = -rc == signal.SIGXCPU  # CPU limit reached: a timeout too
-        read = lambda p: p.read_bytes()[:max_output].decode("utf-8", errors="replace")
-        return SandboxResult(rc, read(out_p), read(err_p), timed_out, wall)
-
-
-class _suppress_lookup:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, typ, exc, tb):
-        return typ is not None and issubclass(typ, ProcessLookupError)
-
-
-# ---------------------------------------------------------------------------
-# SAFIM
-
-SAFIM_TASKS = {"block": "block_completion.jsonl.gz", "control": "control_completion.jsonl.gz"}
-HOLE = "{{completion}}"
-
-
-def safim_dir(path: str | None = None) -> Path:
-    root = Path(__file__).resolve().parents[2]
-    cands = [path, os.environ.get("DLM_SAFIM"), root.parent / "shared/eval/safim", root / "shared/eval/safim"]
-    for c in cands:
-        if c and (Path(c) / SAFIM_TASKS["block"]).is_file():
-            return Path(c)
-    raise FileNotFoundError(
-        "SAFIM data not found: pass --safim-dir, set DLM_SAFIM, or put block_completion.jsonl.gz and "
-        f"control_completion.jsonl.gz in {root.parent / 'shared/eval/safim'}"
-    )
-
-
-@dataclass(frozen=True)
-class SafimCase:
-    task_id: str
-    prompt: Prompt
-    target: str  # the hole's line(s) with the ground truth
-    head: str  # program text before the region
-    tail: str  # program text after the region
-    tests: tuple[tuple[str, tuple[str, ...]], ...]  # (stdin, accepted outputs)
-    line_ends_with_newline: bool
-
-    def program(self, region: str) -> str:
-        if self.line_ends_with_newline and not region.endswith("\n"):
-            region += "\n"
-        return self.head + region + self.tail
-
-
-def safim_case(rec: dict, prefix_chars: int = 1500, suffix_chars: int = 600) -> SafimCase | None:
-    """The hole's line is the region (cursor at the hole); None without a hole or tests."""
-    src = rec["eval_prompt"].replace("\r\n", "\n")
-    i = src.find(HOLE)
-    if i < 0 or not rec.get("unit_tests"):
-        return None
-    ls = src.rfind("\n", 0, i) + 1
-    le = src.find("\n", i)
-    le = len(src) if le < 0 else le + 1
-    line = src[ls:le]
-    hole = i - ls
-    region = line[:hole] + line[hole + len(HOLE) :]
-    gt = rec["ground_truth"].replace("\r\n", "\n")
-    tests = tuple(
-        (t["input"].replace("\r\n", "\n"), tuple(o.replace("\r\n", "\n") for o in (
-            t["output"] if isinstance(t["output"], list) else [t["output"]])))
-        for t in rec["unit_tests"]
-    )
-    prompt = Prompt(
-        prefix=window(src, 0, ls, prefix_chars, "before"),
-        region=region,
-        cursor=hole,
-        suffix=window(src, le, len(src), suffix_chars, "after"),
-        language="python",
-        path="solution.py",
-    )
-    return SafimCase(rec["task_id"], prompt, line[:hole] + gt + line[hole + len(HOLE) :], src[:ls], src[le:],
-                     tests, line.endswith("\n"))
-
-
-def iter_safim(task: str, directory: str | None = None) -> Iterator[SafimCase]:
-    if task not in SAFIM_TASKS:
-        raise ValueError(f"SAFIM task {task!r}: use one of {sorted(SAFIM_TASKS)}")
-    with gzip.open(safim_dir(directory) / SAFIM_TASKS[task], "rt", encoding="utf-8") as f:
-        for line in f:
-            rec = json.loads(line)
-            if rec.get("lang") == "python":
-                case = safim_case(rec)
-                if case is not None:
-                    yield case
-
-
-def _token_equal(a: str, b: str) -> bool:
-    if a == b or a.lower() == b.lower():  # Codeforces checkers accept YES/Yes/yes
-        return True
-    if "." in a or "." in b or "e" in a.lower():
-        try:
-            x, y = float(a), float(b)
-        except ValueError:
-            return False
-        return abs(x - y) <= 1e-6 * max(1.0, abs(y))  # real-valued answers: 1e-6 rel/abs error
-    return False
-
-
-def output_matches(got: str, expected: str) -> bool:
-    """Token-wise comparison like Codeforces' standard checkers: whitespace and
-    line breaks are separators only, YES/NO case does not matter, and real
-    numbers may differ by 1e-6 (relative or absolute)."""
-    a, b = got.split(), expected.split()
-    return len(a) == len(b) and all(_token_equal(x, y) for x, y in zip(a, b))
-
-
-def passes_tests(program: str, tests: Iterable[tuple[str, tuple[str, ...]]], timeout_s: float = 5.0,
-                 memory_mb: int = 1024) -> bool:
-    """All tests pass: exit 0 in time and stdout matches an accepted output (output_matches)."""
-    for stdin, outputs in tests:
-        r = run_sandboxed(program, stdin, timeout_s=timeout_s, memory_mb=memory_mb)
-        if not r.ok or not any(output_matches(r.stdout, o) for o in outputs):
-            return False
-    return True
-
-
-def score_safim(engine, cases: list[SafimCase], params: SamplerParams, timeout_s: float, memory_mb: int) -> dict:
-    passed = exact = steps = tokens = 0
-    sim = denoise = 0.0
-    t0 = time.perf_counter()
-    for c in cases:
-        pred = engine.predict(c.prompt, params, CancelToken())
-        exact += pred.text == c.target
-        sim += edit_similarity(pred.text, c.target)
-        steps += pred.steps
-        tokens += pred.tokens
-        denoise += pred.denoise_ms
-        passed += passes_tests(c.program(pred.text), c.tests, timeout_s, memory_mb)
-    n = max(len(cases), 1)
-    return {"n": len(cases), "pass@1": passed / n, "exact_match": exact / n, "edit_similarity": sim / n,
-            "forward_passes_mean": steps / n, "tokens_per_pass": tokens / steps if steps else 0.0,
-            "denoise_ms_mean": denoise / n, "wall_s": time.perf_counter() - t0}
-
-
-# ---------------------------------------------------------------------------
 # CLI
 
 
@@ -428,6 +201,8 @@ class EvalOptions:
     timeout_s: float = 5.0
     memory_mb: int = 1024
     ar: bool = True
+    oracle: bool = True
+    dtype: str = "auto"  # native models: auto (measured), fp32 or bf16
     seed: int = 0
     keep_examples: int = 3
 
@@ -438,6 +213,9 @@ def evaluate(opts: EvalOptions, engine=None, log=print) -> dict:
 
     own = engine is None
     engine = engine or load_engine(opts.model, opts.device)
+    native = hasattr(engine, "model") and hasattr(engine, "budget")
+    if own and native:
+        _set_dtype(engine, opts.dtype, log)
     diff_params = SamplerParams(seed=opts.seed)
     ar_params = dataclasses.replace(diff_params, **AR_PARAMS)
     report: dict = {"model": opts.model or "embedded", "limit": opts.limit, "seed": opts.seed,
@@ -469,6 +247,9 @@ def evaluate(opts: EvalOptions, engine=None, log=print) -> dict:
             entry["examples"] = d.examples
             if opts.ar:
                 entry["ar"] = score_cases(engine, cases, ar_params).summary(kind)
+            if opts.oracle and native:
+                o = score_oracle(engine, cases, diff_params)
+                entry["oracle"] = {**o.summary(""), "length_exact": o.location / max(o.n, 1)}
             report["kinds"][kind] = entry
             log(f"[eval] {kind}: " + _line(entry))
         if opts.safim:
@@ -489,6 +270,19 @@ def evaluate(opts: EvalOptions, engine=None, log=print) -> dict:
     return report
 
 
+def _set_dtype(engine, requested: str, log) -> None:
+    """Run a native engine's model in bf16 where that is measured faster (or requested)."""
+    import torch
+    from dlm.coder_model.training.precision import choose_dtype
+
+    model = engine.model
+    dev = next(model.parameters()).device
+    cfg = model.config
+    dtype = choose_dtype(requested, cfg.dim, cfg.ffn_dim, 256, dev, backward=False, log=log)
+    if dtype == "bf16":
+        model.to(torch.bfloat16)
+
+
 def _take(it: Iterable, n: int) -> Iterator:
     for i, x in enumerate(it):
         if i >= n:
@@ -498,7 +292,7 @@ def _take(it: Iterable, n: int) -> Iterator:
 
 def _line(entry: dict) -> str:
     parts = []
-    for name in ("diffusion", "ar"):
+    for name in ("diffusion", "ar", "oracle"):
         m = entry.get(name)
         if not m:
             continue
@@ -528,6 +322,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--timeout", type=float, default=5.0, help="seconds per SAFIM test run")
     ap.add_argument("--memory-mb", type=int, default=1024, help="address-space limit per SAFIM test run")
     ap.add_argument("--no-ar", action="store_true", help="skip the autoregressive decode of every case")
+    ap.add_argument("--no-oracle", action="store_true", help="skip the oracle-length decode of every case")
+    ap.add_argument("--dtype", default="auto", choices=("auto", "fp32", "bf16"),
+                    help="native model dtype (auto: the faster one, measured at start)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write the report here")
 
@@ -543,7 +340,8 @@ def run(args: argparse.Namespace) -> int:
         edit_histories=args.edit_histories, safim=args.safim, safim_dir=args.safim_dir,
         safim_tasks=tuple(t for t in args.safim_tasks.split(",") if t), timeout_s=args.timeout,
         safim_max_blocks=args.safim_max_blocks, safim_limit=args.safim_limit,
-        memory_mb=args.memory_mb, ar=not args.no_ar, seed=args.seed,
+        memory_mb=args.memory_mb, ar=not args.no_ar, oracle=not args.no_oracle, dtype=args.dtype,
+        seed=args.seed,
     )
     try:
         report = evaluate(opts, log=lambda m: print(m, file=sys.stderr, flush=True))

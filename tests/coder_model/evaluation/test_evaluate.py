@@ -1,4 +1,4 @@
-"""Evaluator: metrics, the SAFIM harness and its sandbox, and an end-to-end run on a tiny model."""
+"""The evaluation driver end to end on a tiny model; oracle-length decoding; real-edit cases."""
 
 from __future__ import annotations
 
@@ -7,102 +7,7 @@ import json
 
 import pytest
 from dlm.coder_model.evaluation import evaluate as ev
-
-# ---------------------------------------------------------------------------
-# metrics
-
-
-def test_levenshtein_and_edit_similarity():
-    assert ev.levenshtein("kitten", "sitting") == 3
-    assert ev.levenshtein("", "abc") == 3 and ev.levenshtein("abc", "") == 3
-    assert ev.edit_similarity("abc", "abc") == 1.0
-    assert ev.edit_similarity("", "abcd") == 0.0
-    assert ev.edit_similarity("kitten", "sitting") == pytest.approx(1 - 3 / 7)
-    # the difflib fallback for long strings stays in range and ranks similar above different
-    long_a, long_b = "x = 1\n" * 500, "x = 1\n" * 499 + "y = 2\n"
-    assert 0.9 < ev.edit_similarity(long_a, long_b, max_cells=10) < 1.0
-    assert ev.edit_similarity(long_a, "z" * 3000, max_cells=10) < 0.1
-
-
-def test_location_correct():
-    region = "a = 1\nb = 2\nc = 3\n"
-    target = "a = 1\nb = 20\nc = 3\n"
-    assert ev.location_correct(region, "a = 1\nb = 21\nc = 3\n", target)  # right line, wrong text
-    assert not ev.location_correct(region, "a = 10\nb = 2\nc = 3\n", target)  # wrong line
-    assert not ev.location_correct(region, region, target)  # no edit at all
-    assert not ev.location_correct(region, region, region)  # nothing to locate
-
-
-def test_output_matches_like_codeforces_checkers():
-    assert ev.output_matches("29 23 35\n", "29\n23\n35")
-    assert ev.output_matches("YES\nno\n", "Yes\nNO")
-    assert ev.output_matches("0.3333333", "0.33333333")
-    assert not ev.output_matches("1 2", "1 2 3")
-    assert not ev.output_matches("0.34", "0.33333333")
-    assert not ev.output_matches("12", "13")
-
-
-# ---------------------------------------------------------------------------
-# sandbox
-
-
-def test_sandbox_kills_an_infinite_loop_and_counts_it_as_a_fail():
-    r = ev.run_sandboxed("while True:\n    pass\n", timeout_s=1.0)
-    assert r.timed_out and not r.ok
-    assert r.wall_s < 10  # killed, not waited for
-    tests = ((("", ("done",)),))
-    assert not ev.passes_tests("while True:\n    pass\nprint('done')\n", tests, timeout_s=1.0)
-    assert ev.passes_tests("print('done')\n", tests, timeout_s=5.0)
-
-
-def test_sandbox_limits_memory_and_isolates_cwd(tmp_path):
-    r = ev.run_sandboxed("x = bytearray(4 << 30)\nprint('allocated')\n", memory_mb=256)
-    assert not r.ok and "allocated" not in r.stdout and "MemoryError" in r.stderr
-    r = ev.run_sandboxed("import os\nprint(os.listdir('.'))\nopen('junk.txt', 'w').write('x')\n")
-    assert r.ok and "'main.py'" in r.stdout  # a fresh temp dir, removed afterwards
-    r = ev.run_sandboxed("import sys\nprint(sys.stdin.read().upper(), end='')\nsys.exit(3)\n", "abc")
-    assert r.stdout == "ABC" and r.returncode == 3 and not r.ok
-
-
-# ---------------------------------------------------------------------------
-# SAFIM cases
-
-RECORD = {
-    "lang": "python",
-    "task_id": "block_completion_test",
-    "eval_prompt": "n = int(input())\r\nfor i in range(n):\r\n    if i % 2 == 0:\r\n        {{completion}}\r\nprint('end')",
-    "ground_truth": "print(i)",
-    "unit_tests": [{"input": "3", "output": ["0\n2\nend"]}, {"input": "1", "output": ["0\nend"]}],
-}
-
-
-def test_safim_case_region_is_the_hole_line():
-    case = ev.safim_case(RECORD)
-    p = case.prompt
-    assert p.region == "        \n" and p.cursor == 8
-    assert p.prefix.endswith("    if i % 2 == 0:\n") and p.suffix == "print('end')"
-    assert case.target == "        print(i)\n"
-    assert ev.passes_tests(case.program(case.target), case.tests)
-    assert ev.passes_tests(case.program("        print(i)"), case.tests)  # missing newline is restored
-    assert not ev.passes_tests(case.program("        print(i + 1)\n"), case.tests)
-    assert not ev.passes_tests(case.program(p.region), case.tests)  # an empty block is a syntax error
-    assert ev.safim_case({**RECORD, "unit_tests": []}) is None
-
-
-def test_safim_ground_truth_passes_on_real_records():
-    try:
-        cases = list(ev._take(ev.iter_safim("control"), 2))
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
-    assert len(cases) == 2
-    for c in cases:
-        assert hole_free(c.program(c.target))
-        assert ev.passes_tests(c.program(c.target), c.tests)
-
-
-def hole_free(program: str) -> bool:
-    return ev.HOLE not in program
-
+from dlm.coder_model.evaluation import safim as sf
 
 # ---------------------------------------------------------------------------
 # end to end on the tiny random checkpoint
@@ -121,7 +26,7 @@ def test_evaluate_end_to_end_on_a_tiny_checkpoint(tiny_checkpoint, tmp_path):
             "--kinds", "completion,noop", "--json", str(out)]
     safim_ok = True
     try:
-        ev.safim_dir()
+        sf.safim_dir()
         argv += ["--safim", "--safim-tasks", "block", "--safim-limit", "1", "--safim-max-blocks", "1",
                  "--timeout", "2"]
     except FileNotFoundError:
@@ -137,6 +42,9 @@ def test_evaluate_end_to_end_on_a_tiny_checkpoint(tiny_checkpoint, tmp_path):
             assert m["forward_passes_mean"] >= 1
         # the autoregressive baseline commits at most one slot per forward pass
         assert ar["tokens_per_pass"] <= 1.0 + 1e-9
+        # the oracle-length row: same cases, every output of the target's token count
+        o = entry["oracle"]
+        assert o["n"] == 1 and o["length_exact"] == 1.0 and 0.0 <= o["edit_similarity"] <= 1.0
         assert entry["examples"] and "prediction" in entry["examples"][0]
     if safim_ok:
         s = report["safim"]["block"]
@@ -144,14 +52,14 @@ def test_evaluate_end_to_end_on_a_tiny_checkpoint(tiny_checkpoint, tmp_path):
 
 
 def test_real_edit_cases_come_from_the_test_split():
-    from dlm.coder_model.training import edit_examples as ee
+    from dlm.coder_model.training import commit_edits as ce
 
     try:
         cases = ev.real_edit_cases(3)
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
     assert len(cases) == 3 and all(c.kind == "real_edit" for c in cases)
-    test_commits = {r["commit"][:12] for r in ee.iter_edit_records("test", allow_test=True,
+    test_commits = {r["commit"][:12] for r in ce.iter_edit_records("test", allow_test=True,
                                                                     repos=["Textualize/rich"])}
     for c in cases:
         assert c.source.split("@")[1].split(":")[0] in test_commits
@@ -162,3 +70,41 @@ def test_real_edit_cases_come_from_the_test_split():
 def test_evaluate_rejects_unknown_kinds(capsys):
     assert ev.main(["--kinds", "completion,bogus"]) == 2
     assert "unknown bogus" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------
+# oracle length
+
+
+@pytest.mark.parametrize("target", [
+    "x = 1\n",  # shorter than one block
+    "total = sum(value * 2 for value in range(40)) + len(str(total_count))\n",  # needs a second block
+    "",  # empty: <eom> in slot 0, nothing to decode
+])
+def test_oracle_decode_fixes_the_length_to_the_target(tiny_model, target):
+    from dlm.coder_model.evaluation.oracle import oracle_decode
+    from dlm.coder_model.types import LayoutBudget, Prompt, SamplerParams
+
+    model, tok = tiny_model
+    prompt = Prompt(prefix="def f(a):\n", region="    return a\n", cursor=4, suffix="\n", language="python",
+                    path="m.py")
+    params = SamplerParams(block_len=16, max_blocks=1)
+    r = oracle_decode(model, tok, LayoutBudget.for_window(256), prompt, target, params)
+    # a random model would stop anywhere; the oracle gives exactly the target's token count,
+    # and none of the content slots is <eom> or <pad>
+    assert r.target_tokens == len(tok.encode(target))
+    assert len(r.tokens) == r.target_tokens
+    assert tok.eom_id not in r.tokens and tok.pad_id not in r.tokens
+    assert r.steps >= (1 if target else 0)
+
+
+def test_oracle_row_is_skipped_with_no_oracle(tiny_checkpoint, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    with gzip.open(corpus / "test.jsonl.gz", "wt", encoding="utf-8") as f:
+        f.write(json.dumps({"path": "/src/m.py", "language": "python", "text": PROGRAM}) + "\n")
+    out = tmp_path / "report.json"
+    assert ev.main(["--model", tiny_checkpoint, "--device", "cpu", "--limit", "1", "--corpus", str(corpus),
+                    "--kinds", "completion", "--no-ar", "--no-oracle", "--dtype", "fp32", "--json", str(out)]) == 0
+    entry = json.loads(out.read_text())["kinds"]["completion"]
+    assert "oracle" not in entry and "ar" not in entry and entry["diffusion"]["n"] == 1

@@ -1,4 +1,4 @@
-"""Edit examples: hunks and diffs, consistent synthetic edits, real next-edit records, no-ops."""
+"""Edit examples (training.hunks, synthetic_edits, commit_edits): hunks and diffs, consistent synthetic edits, real next-edit records, no-ops."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ import random
 import tokenize
 
 import pytest
-from dlm.coder_model.training import edit_examples as ee
+from dlm.coder_model.edit_history import render_event
+from dlm.coder_model.training import commit_edits as ce
+from dlm.coder_model.training import hunks as hk
+from dlm.coder_model.training import synthetic_edits as se
 
 # A small program whose output must not change under the behaviour-preserving
 # synthetic edits (rename, add/remove parameter, add field): running it before
@@ -65,14 +68,14 @@ def run_program(src: str) -> str:
     return out.getvalue()
 
 
-def apply_all(text: str, hunks: list[ee.Hunk]) -> str:
-    return "".join(ee.apply_hunks(ee.split_lines(text), hunks))
+def apply_all(text: str, hunks: list[hk.Hunk]) -> str:
+    return "".join(hk.apply_hunks(hk.split_lines(text), hunks))
 
 
 def plans(text: str, edit: str, n: int = 60):
     seen = []
     for seed in range(n):
-        plan = ee.synthetic_edit_plan(text, random.Random(seed), edit=edit)
+        plan = se.synthetic_edit_plan(text, random.Random(seed), edit=edit)
         if plan is not None:
             seen.append(plan)
     return seen
@@ -83,9 +86,9 @@ def plans(text: str, edit: str, n: int = 60):
 
 
 def test_split_lines_is_git_lines():
-    assert ee.split_lines("a\r\nb\x0cc\nlast") == ["a\r\n", "b\x0cc\n", "last"]
-    assert ee.split_lines("") == []
-    assert ee.split_lines("x\n") == ["x\n"]
+    assert hk.split_lines("a\r\nb\x0cc\nlast") == ["a\r\n", "b\x0cc\n", "last"]
+    assert hk.split_lines("") == []
+    assert hk.split_lines("x\n") == ["x\n"]
 
 
 def test_hunks_from_records_apply_like_the_readme():
@@ -95,24 +98,31 @@ def test_hunks_from_records_apply_like_the_readme():
         {"at": 2, "del": 1, "add": "B\nB2\n"},  # replace line 2
         {"at": 4, "del": 1, "add": ""},  # delete line 4
     ]
-    hunks = [ee.Hunk.from_record(h) for h in rec_hunks]
+    hunks = [hk.Hunk.from_record(h) for h in rec_hunks]
     assert apply_all(before, hunks) == "top\na\nB\nB2\nc\n"
 
 
-def test_render_hunk_uses_git_u0_headers():
-    assert ee.render_hunk("p.py", ["old\n"], ["new\n"], 4, 4) == (
-        "--- a/p.py\n+++ b/p.py\n@@ -5 +5 @@\n-old\n+new\n"
+def test_history_events_are_rendered_by_the_shared_renderer():
+    # training writes every event with dlm.coder_model.edit_history, as the server does
+    before = "".join(f"line{i}\n" for i in range(12))
+    hunks = [hk.Hunk(2, 1, ("LINE2\n",)), hk.Hunk(8, 0, ("new8\n",)), hk.Hunk(10, 1, ("L10\n",))]
+    ne = hk.build_next_edit(before, hunks, [0, 1, 2], 2, random.Random(0), "p.py", "real_edit")
+    assert ne.example.prompt.history == (
+        render_event("p.py", 2, ["line2\n"], ["LINE2\n"]),
+        render_event("p.py", 8, [], ["new8\n"]),
     )
-    # pure insertion after line 2 -> "-2,0 +3"; pure deletion of lines 3-4 -> "-3,2 +2,0"
-    assert "@@ -2,0 +3 @@\n+x\n" in ee.render_hunk("p.py", [], ["x\n"], 2, 2)
-    assert "@@ -3,2 +2,0 @@\n-a\n-b\n" in ee.render_hunk("p.py", ["a\n", "b\n"], [], 2, 2)
+    assert ne.example.prompt.history[0] == "--- a/p.py\n+++ b/p.py\n@@ -3 +3 @@\n-line2\n+LINE2\n"
+    # an event given with unchanged lines around it renders as the minimal hunk
+    wide = hk.build_next_edit(before, [hk.Hunk(1, 3, ("line1\n", "X\n", "line3\n")), hunks[2]], [0, 1], 1,
+                              random.Random(0), "p.py", "real_edit")
+    assert wide.example.prompt.history == ("--- a/p.py\n+++ b/p.py\n@@ -3 +3 @@\n-line2\n+X\n",)
 
 
 def test_next_edit_history_region_and_target_line_up():
     before = "".join(f"line{i}\n" for i in range(20))
-    hunks = [ee.Hunk(2, 1, ("LINE2\n",)), ee.Hunk(8, 0, ("new8\n",)), ee.Hunk(15, 2, ("L15\n",))]
+    hunks = [hk.Hunk(2, 1, ("LINE2\n",)), hk.Hunk(8, 0, ("new8\n",)), hk.Hunk(15, 2, ("L15\n",))]
     for seed in range(20):
-        ne = ee.build_next_edit(before, hunks, [0, 1, 2], 2, random.Random(seed), "f.py", "real_edit")
+        ne = hk.build_next_edit(before, hunks, [0, 1, 2], 2, random.Random(seed), "f.py", "real_edit")
         assert ne is not None
         p = ne.example.prompt
         after_two = apply_all(before, hunks[:2])
@@ -129,11 +139,11 @@ def test_next_edit_history_region_and_target_line_up():
 
 def test_cursor_sits_after_the_previous_hunk_when_it_is_in_the_region():
     before = "".join(f"x{i} = {i}\n" for i in range(10))
-    hunks = [ee.Hunk(4, 1, ("x4 = 40\n",)), ee.Hunk(5, 1, ("x5 = 50\n",))]
-    opts = ee.EditOptions(max_context_lines=2)
+    hunks = [hk.Hunk(4, 1, ("x4 = 40\n",)), hk.Hunk(5, 1, ("x5 = 50\n",))]
+    opts = hk.EditOptions(max_context_lines=2)
     found = False
     for seed in range(30):
-        ne = ee.build_next_edit(before, hunks, [0, 1], 1, random.Random(seed), "f.py", "real_edit", opts)
+        ne = hk.build_next_edit(before, hunks, [0, 1], 1, random.Random(seed), "f.py", "real_edit", opts)
         p = ne.example.prompt
         if "x4 = 40\n" in p.region:
             found = True
@@ -191,12 +201,12 @@ def test_literal_edit_changes_every_occurrence():
 def test_synthetic_examples_apply_the_next_hunk_only():
     for seed in range(40):
         rng = random.Random(seed)
-        plan = ee.synthetic_edit_plan(PROGRAM, rng)
+        plan = se.synthetic_edit_plan(PROGRAM, rng)
         if plan is None:
             continue
         _, hunks, order = plan
         k = rng.randint(1, len(hunks) - 1)
-        ne = ee.build_next_edit(PROGRAM, hunks, order, k, rng, "prog.py", "synthetic_edit")
+        ne = hk.build_next_edit(PROGRAM, hunks, order, k, rng, "prog.py", "synthetic_edit")
         if ne is None:
             continue
         ex = ne.example
@@ -212,8 +222,8 @@ def test_synthetic_examples_apply_the_next_hunk_only():
 def test_examples_are_deterministic_given_the_seed():
     def batch(seed):
         rng = random.Random(seed)
-        return [ee.synthetic_edit_example(PROGRAM, rng, "p.py") for _ in range(10)] + [
-            ee.noop_example(PROGRAM, rng, "p.py") for _ in range(5)
+        return [se.synthetic_edit_example(PROGRAM, rng, "p.py") for _ in range(10)] + [
+            se.noop_example(PROGRAM, rng, "p.py") for _ in range(5)
         ]
 
     assert batch(3) == batch(3)
@@ -221,14 +231,14 @@ def test_examples_are_deterministic_given_the_seed():
 
 
 def test_non_python_gets_no_synthetic_edit():
-    assert ee.synthetic_edit_example("function f(a) { return a; }\nf(1); f(2);\n", random.Random(0),
+    assert se.synthetic_edit_example("function f(a) { return a; }\nf(1); f(2);\n", random.Random(0),
                                      "f.js", language="javascript") is None
 
 
 def test_noop_examples_change_nothing():
     kinds = set()
     for seed in range(30):
-        ex = ee.noop_example(PROGRAM, random.Random(seed), "p.py")
+        ex = se.noop_example(PROGRAM, random.Random(seed), "p.py")
         if ex is None:
             continue
         assert ex.kind == "noop" and ex.target == ex.prompt.region
@@ -240,7 +250,7 @@ def test_noop_examples_change_nothing():
 def test_new_identifier_keeps_style_and_avoids_taken_names():
     rng = random.Random(0)
     for name in ["total_count", "parseHeader", "HttpClient", "_private_value", "MAX_SIZE", "x1"]:
-        new = ee.new_identifier(name, rng, {"total"})
+        new = se.new_identifier(name, rng, {"total"})
         assert new is None or (new.isidentifier() and new != name and new != "total")
 
 
@@ -255,10 +265,10 @@ def test_every_example_decodes_back_to_valid_layout():
     tok = train_tokenizer(iter([PROGRAM] * 5), vocab_size=400)
     big = LayoutBudget(max_context=1 << 20, max_history=1 << 20, max_suffix=1 << 20)
     rng = random.Random(0)
-    examples = [ee.synthetic_edit_example(PROGRAM, rng, "p.py") for _ in range(30)]
-    examples += [ee.noop_example(PROGRAM, rng, "p.py") for _ in range(10)]
+    examples = [se.synthetic_edit_example(PROGRAM, rng, "p.py") for _ in range(30)]
+    examples += [se.noop_example(PROGRAM, rng, "p.py") for _ in range(10)]
     try:  # real next-edit examples too, when the edit-histories data is there
-        stream = ee.real_edit_examples("valid", rng, shuffle_buffer=8, repos=["pytest-dev/pluggy"])
+        stream = ce.real_edit_examples("valid", rng, shuffle_buffer=8, repos=["pytest-dev/pluggy"])
         examples += list(itertools.islice(stream, 10))
     except FileNotFoundError:
         pass
@@ -281,43 +291,43 @@ def test_every_example_decodes_back_to_valid_layout():
 
 def _data_or_skip():
     try:
-        return ee.edit_histories_dir()
+        return ce.edit_histories_dir()
     except FileNotFoundError as exc:
         pytest.skip(str(exc))
 
 
 def test_test_split_is_refused_for_training():
     with pytest.raises(ValueError, match="held out"):
-        next(ee.iter_edit_records("test", "/nonexistent"))
+        next(ce.iter_edit_records("test", "/nonexistent"))
     with pytest.raises(ValueError, match="for training"):
-        next(ee.real_edit_examples("test", random.Random(0), data_dir="/nonexistent"))
+        next(ce.real_edit_examples("test", random.Random(0), data_dir="/nonexistent"))
 
 
 def test_split_rule_matches_the_readme():
     # commit shas from the data README's rule: sha256(commit) % 100
     for commit in ["0" * 40, "f" * 40, "1f6589ec3a1e" + "0" * 28]:
         v = int(__import__("hashlib").sha256(commit.encode()).hexdigest(), 16) % 100
-        assert ee.split_of_commit(commit) == ("train" if v < 90 else "valid" if v < 95 else "test")
+        assert ce.split_of_commit(commit) == ("train" if v < 90 else "valid" if v < 95 else "test")
 
 
 def test_real_edit_examples_from_records():
     d = _data_or_skip()
-    recs = [r for r in itertools.islice(ee.iter_edit_records("valid", d, repos=["pytest-dev/pluggy"]), 200)
+    recs = [r for r in itertools.islice(ce.iter_edit_records("valid", d, repos=["pytest-dev/pluggy"]), 200)
             if len(r["hunks"]) >= 2]
     assert recs and all(r["split"] == "valid" for r in recs)
     built = 0
     for i, rec in enumerate(recs[:60]):
         rng = random.Random(i)
-        hunks = ee.record_hunks(rec)
+        hunks = ce.record_hunks(rec)
         k = rng.randint(1, len(hunks) - 1)
-        ne = ee.real_edit_from_record(rec, rng, k=k)
+        ne = ce.real_edit_from_record(rec, rng, k=k)
         if ne is None:
             continue
         built += 1
         p = ne.example.prompt
-        lines = ee.split_lines(rec["before"])
-        assert p.prefix + p.region + p.suffix in "".join(ee.apply_hunks(lines, hunks[:k]))
-        assert p.prefix + ne.example.target + p.suffix in "".join(ee.apply_hunks(lines, hunks[: k + 1]))
+        lines = hk.split_lines(rec["before"])
+        assert p.prefix + p.region + p.suffix in "".join(hk.apply_hunks(lines, hunks[:k]))
+        assert p.prefix + ne.example.target + p.suffix in "".join(hk.apply_hunks(lines, hunks[: k + 1]))
         assert len(p.history) <= k and p.path == rec["path"]
     assert built >= 10
 
@@ -325,8 +335,8 @@ def test_real_edit_examples_from_records():
 def test_real_edit_stream_reads_only_its_split():
     d = _data_or_skip()
     repos = ["pytest-dev/pluggy", "more-itertools/more-itertools"]
-    stream = ee.real_edit_examples("valid", random.Random(0), data_dir=d, shuffle_buffer=16, repos=repos)
+    stream = ce.real_edit_examples("valid", random.Random(0), data_dir=d, shuffle_buffer=16, repos=repos)
     got = list(itertools.islice(stream, 40))
     assert len(got) == 40 and {e.kind for e in got} <= {"real_edit", "noop"}
-    valid_commits = {r["commit"][:12] for r in ee.iter_edit_records("valid", d, repos=repos)}
+    valid_commits = {r["commit"][:12] for r in ce.iter_edit_records("valid", d, repos=repos)}
     assert all(e.source.split("@")[1].split(":")[0] in valid_commits for e in got)

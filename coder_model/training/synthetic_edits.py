@@ -1,306 +1,40 @@
-"""Edit-prediction examples: synthetic consistent edits, real commit edits, no-ops.
-
-Every edit example is built the same way. An edit is a list of line *hunks*
-on a `before` text (the edit-histories format: `at`/`del`/`add`, see
-../shared/data/edit-histories/README.md) plus the order in which a user makes
-them. The first k hunks (in that order) are applied and rendered as history
-events (git `-U0` unified diffs, oldest first); the region is a few lines
-around hunk k+1 in the text with those k hunks applied, and the target is the
-region with hunk k+1 applied. The region never contains any other pending
-hunk, so the target is exactly "the next edit", nothing more.
-
-Cursor rule (the same for training and evaluation): if the previous hunk's
-new text ends inside the region, the cursor sits there (the user just made
-that edit); otherwise the cursor is at the start of the target hunk's first
-line (the user navigated to the place of the next edit).
+"""Synthetic consistent edits made from real code, and no-op examples.
 
 Kinds:
-- `synthetic_edit`: consistent edits made from real code: rename an
-  identifier and all its uses, add or remove a parameter and update the call
-  sites, change a literal that is used at least twice, add a field to a class
-  (`__init__` parameter, `self.x = x`, constructor calls).
-- `real_edit`: the hunks of one real commit to one file (edit-histories
-  records); earlier hunks are the history, a later hunk is the target.
+- `synthetic_edit`: rename an identifier and all its uses, add or remove a
+  parameter and update the call sites, change a literal that is used at least
+  twice, add a field to a class (`__init__` parameter, `self.x = x`,
+  constructor calls). Each edit is a list of character sites, grouped into
+  line hunks (`sites_to_hunks`) and built into a next-edit example by
+  `training.hunks.build_next_edit`.
 - `noop`: the region needs no change (target == region): plain code, or the
-  code right after a finished synthetic / real edit (history = all hunks).
+  code right after a finished synthetic edit (history = all hunks).
 
-Everything here is pure Python (no torch) and deterministic given the
-`random.Random` passed in.
+Pure Python (no torch), deterministic given the `random.Random` passed in.
 """
 
 from __future__ import annotations
 
 import ast
+import bisect
 import builtins
-import gzip
-import hashlib
 import itertools
-import json
 import keyword
-import os
 import random
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from dlm.coder_model.training.examples import Example, window
+from dlm.coder_model.training.hunks import (
+    DEFAULT_OPTIONS,
+    EditOptions,
+    Hunk,
+    build_finished_noop,
+    build_next_edit,
+    split_lines,
+)
 from dlm.coder_model.types import Prompt
-
-# ---------------------------------------------------------------------------
-# options
-
-
-@dataclass(frozen=True)
-class EditOptions:
-    """Sizes of the prompt parts built for edit examples."""
-
-    prefix_chars: int = 1500
-    suffix_chars: int = 600
-    # current region and target region, each: ~240 chars of code is ~64 tokens,
-    # the 2 blocks of 32 slots the trainer and sampler use by default
-    max_region_chars: int = 240
-    max_context_lines: int = 2  # unchanged lines on each side of the target hunk
-    max_history_chars: int = 2000  # oldest events are dropped first
-    max_history_events: int = 8
-    chunk_chars: int = 4000  # synthetic edits: code span that is parsed and edited
-
-
-DEFAULT_OPTIONS = EditOptions()
-
-# ---------------------------------------------------------------------------
-# lines and hunks
-
-
-def split_lines(text: str) -> list[str]:
-    """git lines: split after every "\\n" only (not str.splitlines())."""
-    parts = text.split("\n")
-    lines = [p + "\n" for p in parts[:-1]]
-    if parts[-1]:
-        lines.append(parts[-1])
-    return lines
-
-
-@dataclass(frozen=True)
-class Hunk:
-    """Replace `n_del` lines starting at 0-based line `start` with `add` lines.
-
-    For a pure insertion (`n_del == 0`) the new lines go before line `start`.
-    """
-
-    start: int
-    n_del: int
-    add: tuple[str, ...]
-
-    @classmethod
-    def from_record(cls, h: dict) -> Hunk:
-        start = h["at"] - 1 if h["del"] else h["at"]
-        return cls(start, h["del"], tuple(split_lines(h["add"])))
-
-
-def apply_hunks(lines: list[str], hunks: Iterable[Hunk]) -> list[str]:
-    """Apply non-overlapping hunks given in the coordinates of `lines`."""
-    out = list(lines)
-    for h in sorted(hunks, key=lambda h: h.start, reverse=True):
-        out[h.start : h.start + h.n_del] = list(h.add)
-    return out
-
-
-def _shift(h: Hunk, applied: Iterable[Hunk]) -> int:
-    """Line offset of hunk `h` once the hunks `applied` (other than h) are applied.
-
-    Hunks never share a start line (sites_to_hunks merges them; git -U0 hunks
-    are separated by at least one unchanged line), so "before" is start < start.
-    """
-    return sum(len(g.add) - g.n_del for g in applied if g.start < h.start)
-
-
-def _ensure_newline(line: str) -> str:
-    return line if line.endswith("\n") else line + "\n"
-
-
-def render_hunk(path: str, old: list[str], new: list[str], old_start: int, new_start: int) -> str:
-    """One edit event as a git `-U0` unified diff.
-
-    `old_start`/`new_start` are 0-based indices of the first removed/added
-    line (for an empty side: the index where lines would go).
-    """
-
-    def rng(start: int, count: int) -> str:
-        # git: an empty side names the line before it; a count of 1 is omitted
-        first = start + 1 if count else start
-        return f"{first}" if count == 1 else f"{first},{count}"
-
-    p = path or "file"
-    parts = [f"--- a/{p}\n+++ b/{p}\n@@ -{rng(old_start, len(old))} +{rng(new_start, len(new))} @@\n"]
-    parts.extend("-" + _ensure_newline(line) for line in old)
-    parts.extend("+" + _ensure_newline(line) for line in new)
-    return "".join(parts)
-
-
-def _trim_history(events: list[str], opts: EditOptions) -> tuple[str, ...]:
-    kept: list[str] = []
-    total = 0
-    for ev in reversed(events[-opts.max_history_events :]):
-        if total + len(ev) > opts.max_history_chars:
-            break
-        kept.append(ev)
-        total += len(ev)
-    return tuple(reversed(kept))
-
-
-@dataclass(frozen=True)
-class NextEdit:
-    """A built next-edit example plus where its target hunk sits in the region."""
-
-    example: Example
-    region_start_line: int  # line of the region in the current text
-    hunk_line: int  # line of the target hunk, relative to the region's first line
-    hunk_del: int
-
-
-def build_next_edit(
-    before: str,
-    hunks: list[Hunk],
-    order: list[int],
-    k: int,
-    rng: random.Random,
-    path: str,
-    kind: str,
-    opts: EditOptions = DEFAULT_OPTIONS,
-    language: str = "python",
-    source: str = "",
-) -> NextEdit | None:
-    """Example whose history is hunks order[:k] and whose target applies order[k].
-
-    `hunks` are non-overlapping, in file order, in `before` coordinates.
-    Returns None when the target does not fit in `opts.max_region_chars`.
-    """
-    lines = split_lines(before)
-    applied_idx = order[:k]
-    applied = [hunks[i] for i in applied_idx]
-    # history events, each in the coordinates of the text at the time it was made
-    events: list[str] = []
-    done: list[Hunk] = []
-    for h in applied:
-        old_start = h.start + _shift(h, done)
-        new_start = old_start
-        events.append(render_hunk(path, lines[h.start : h.start + h.n_del], list(h.add), old_start, new_start))
-        done.append(h)
-    cur = apply_hunks(lines, applied)
-    target = hunks[order[k]]
-    t_start = target.start + _shift(target, applied)
-    t_end = t_start + target.n_del
-    old_text = "".join(cur[t_start:t_end])
-    new_text = "".join(target.add)
-    if len(old_text) > opts.max_region_chars or len(new_text) > opts.max_region_chars:
-        return None
-    # room around the target: stop at any other pending hunk
-    lo, hi = 0, len(cur)
-    for i, g in enumerate(hunks):
-        if i == order[k] or i in applied_idx:
-            continue
-        g_start = g.start + _shift(g, applied)
-        if g_start < t_start or (g_start == t_start and g.n_del == 0 and target.n_del > 0):
-            lo = max(lo, g_start + g.n_del)
-        else:
-            hi = min(hi, g_start)
-    n_before = rng.randint(0, opts.max_context_lines)
-    n_after = rng.randint(0, opts.max_context_lines)
-    if target.n_del == 0 and n_before + n_after == 0:
-        n_before = 1  # an empty region gives the model no anchor
-    a = max(lo, t_start - n_before)
-    b = min(hi, t_end + n_after)
-    if a == b and a > lo:
-        a -= 1  # at the end of the file: take the line before instead
-    # shrink the context until both sides fit
-    while True:
-        region = "".join(cur[a:b])
-        new_region = "".join(cur[a:t_start]) + new_text + "".join(cur[t_end:b])
-        if max(len(region), len(new_region)) <= opts.max_region_chars:
-            break
-        if b > t_end and (b - t_end >= t_start - a):
-            b -= 1
-        elif a < t_start:
-            a += 1
-        else:
-            return None
-    if not region and not new_region:
-        return None
-    # cursor: end of the previous hunk's new text if it is in the region, else start of the change
-    cursor = len("".join(cur[a:t_start]))
-    if applied:
-        prev = applied[-1]
-        p_start = prev.start + _shift(prev, applied)
-        p_end = p_start + len(prev.add)  # first line after the previous hunk's new lines
-        if prev.add and a < p_end <= b:
-            cursor = len("".join(cur[a:p_end]))
-            if cur[p_end - 1].endswith("\n"):
-                cursor -= 1  # end of the last edited line, before its newline
-        elif not prev.add and a <= p_start <= b:
-            cursor = len("".join(cur[a:p_start]))  # where the lines were deleted
-    cur_text = "".join(cur)
-    a_char = len("".join(cur[:a]))
-    b_char = a_char + len(region)
-    prompt = Prompt(
-        prefix=window(cur_text, 0, a_char, opts.prefix_chars, "before"),
-        region=region,
-        cursor=cursor,
-        suffix=window(cur_text, b_char, len(cur_text), opts.suffix_chars, "after"),
-        history=_trim_history(events, opts),
-        language=language,
-        path=path,
-    )
-    return NextEdit(Example(kind, prompt, new_region, source or path), a, t_start - a, target.n_del)
-
-
-def build_finished_noop(
-    before: str,
-    hunks: list[Hunk],
-    order: list[int],
-    rng: random.Random,
-    path: str,
-    opts: EditOptions = DEFAULT_OPTIONS,
-    language: str = "python",
-    source: str = "",
-) -> Example | None:
-    """All hunks applied and in the history; region near the last one; nothing left to do."""
-    lines = split_lines(before)
-    applied = [hunks[i] for i in order]
-    events: list[str] = []
-    done: list[Hunk] = []
-    for h in applied:
-        s = h.start + _shift(h, done)
-        events.append(render_hunk(path, lines[h.start : h.start + h.n_del], list(h.add), s, s))
-        done.append(h)
-    cur = apply_hunks(lines, applied)
-    if not cur:
-        return None
-    last = applied[-1]
-    l_start = last.start + _shift(last, applied[:-1])
-    center = min(len(cur) - 1, max(0, l_start + rng.randint(-3, max(0, len(last.add)) + 2)))
-    a = max(0, center - rng.randint(0, 2))
-    b = min(len(cur), center + 1 + rng.randint(0, 2))
-    while b - a > 1 and len("".join(cur[a:b])) > opts.max_region_chars:
-        b -= 1
-    region = "".join(cur[a:b])
-    if not region.strip() or len(region) > opts.max_region_chars:
-        return None
-    cur_text = "".join(cur)
-    a_char = len("".join(cur[:a]))
-    b_char = a_char + len(region)
-    cursor = rng.randint(0, len(region.rstrip("\n")))
-    prompt = Prompt(
-        prefix=window(cur_text, 0, a_char, opts.prefix_chars, "before"),
-        region=region,
-        cursor=cursor,
-        suffix=window(cur_text, b_char, len(cur_text), opts.suffix_chars, "after"),
-        history=_trim_history(events, opts),
-        language=language,
-        path=path,
-    )
-    return Example("noop", prompt, region, source or path)
-
 
 # ---------------------------------------------------------------------------
 # synthetic edits: sites -> hunks
@@ -324,8 +58,6 @@ def _line_starts(text: str) -> list[int]:
 
 
 def _line_of(starts: list[int], pos: int) -> int:
-    import bisect
-
     return bisect.bisect_right(starts, pos) - 1
 
 
@@ -957,158 +689,6 @@ def noop_example(
         path=path,
     )
     return Example("noop", prompt, region, path)
-
-
-# ---------------------------------------------------------------------------
-# real edits: the edit-histories records
-
-SPLITS = ("train", "valid", "test")
-
-
-def edit_histories_dir(data_dir: str | os.PathLike | None = None) -> Path:
-    """Where the edit-histories `.jsonl.gz` files are: the argument, $DLM_EDIT_HISTORIES,
-    or ../shared/data/edit-histories next to the repository."""
-    cands = [data_dir, os.environ.get("DLM_EDIT_HISTORIES")]
-    root = Path(__file__).resolve().parents[2]
-    cands += [root.parent / "shared/data/edit-histories", root / "shared/data/edit-histories"]
-    for c in cands:
-        if c and Path(c).is_dir() and any(Path(c).glob("*.jsonl.gz")):
-            return Path(c)
-    raise FileNotFoundError(
-        "edit-histories data not found: pass data_dir, set DLM_EDIT_HISTORIES, or put the "
-        f"*.jsonl.gz files in {root.parent / 'shared/data/edit-histories'}"
-    )
-
-
-def split_of_commit(commit: str) -> str:
-    """The README's split rule (depends only on the commit sha)."""
-    v = int(hashlib.sha256(commit.encode()).hexdigest(), 16) % 100
-    return "train" if v < 90 else "valid" if v < 95 else "test"
-
-
-def iter_edit_records(
-    split: str, data_dir: str | os.PathLike | None = None, *, allow_test: bool = False,
-    repos: Iterable[str] | None = None,
-) -> Iterator[dict]:
-    """Records of one split, file by file, in the files' order.
-
-    The test split is held out for `dlm.coder_model.evaluation.evaluate`: reading it
-    needs `allow_test=True`, which no training code passes.
-    """
-    if split not in SPLITS:
-        raise ValueError(f"split={split!r}: use one of {SPLITS}")
-    if split == "test" and not allow_test:
-        raise ValueError(
-            "the edit-histories test split is held out for evaluation; train on 'train' (and "
-            "validate on 'valid'), or pass allow_test=True from evaluation code only"
-        )
-    d = edit_histories_dir(data_dir)
-    files = sorted(d.glob("*.jsonl.gz"))
-    if repos is not None:
-        want = {r.replace("/", "__") for r in repos}
-        files = [f for f in files if f.name[: -len(".jsonl.gz")] in want]
-    for f in files:
-        with gzip.open(f, "rt", encoding="utf-8") as fh:
-            for line in fh:
-                rec = json.loads(line)
-                # the split is a property of the commit: recompute rather than trust the field
-                if rec["split"] != split_of_commit(rec["commit"]):
-                    raise ValueError(f"{f}: record of commit {rec['commit']} has a split field that "
-                                     "disagrees with the README's sha rule; the data file is damaged")
-                if rec["split"] == split:
-                    yield rec
-
-
-def record_hunks(rec: dict) -> list[Hunk]:
-    return [Hunk.from_record(h) for h in rec["hunks"]]
-
-
-def real_edit_from_record(
-    rec: dict, rng: random.Random, k: int | None = None, opts: EditOptions = DEFAULT_OPTIONS
-) -> NextEdit | None:
-    """The next-edit example of a record with >= 2 hunks: history = hunks[:k] (file
-    order), target = hunks[k]; k is random in 1..n-1 unless given."""
-    hunks = record_hunks(rec)
-    if len(hunks) < 2:
-        return None
-    if k is None:
-        k = rng.randint(1, len(hunks) - 1)
-    source = f"{rec['repo']}@{rec['commit'][:12]}:{rec['path']}#{k}"
-    return build_next_edit(rec["before"], hunks, list(range(len(hunks))), k, rng, rec["path"],
-                           "real_edit", opts, "python", source)
-
-
-def real_noop_from_record(rec: dict, rng: random.Random, opts: EditOptions = DEFAULT_OPTIONS) -> Example | None:
-    hunks = record_hunks(rec)
-    if not hunks:
-        return None
-    return build_finished_noop(rec["before"], hunks, list(range(len(hunks))), rng, rec["path"], opts,
-                               "python", f"{rec['repo']}@{rec['commit'][:12]}:{rec['path']}#done")
-
-
-def real_edit_examples(
-    split: str, rng: random.Random, *, data_dir: str | os.PathLike | None = None,
-    opts: EditOptions = DEFAULT_OPTIONS, noop_rate: float = 0.1, repeat: bool = True,
-    shuffle_buffer: int = 4096, repos: Iterable[str] | None = None,
-) -> Iterator[Example]:
-    """Endless (if `repeat`) shuffled stream of `real_edit` examples, with a share
-    `noop_rate` of finished-commit `noop` examples. Refuses the test split."""
-    if split == "test":
-        raise ValueError("real_edit_examples is for training; evaluate the test split with "
-                         "dlm.coder_model.evaluation.evaluate (next_edit_eval_cases)")
-    d = edit_histories_dir(data_dir)
-    buf: list[dict] = []
-    while True:
-        names = sorted(f.name[: -len(".jsonl.gz")].replace("__", "/", 1) for f in d.glob("*.jsonl.gz"))
-        if repos is not None:
-            names = [n for n in names if n in set(repos)]
-        rng.shuffle(names)
-        produced = False
-        for name in names:
-            for rec in iter_edit_records(split, d, repos=[name]):
-                buf.append(rec)
-                if len(buf) < shuffle_buffer:
-                    continue
-                rec = buf.pop(rng.randrange(len(buf)))
-                ex = _real_example(rec, rng, opts, noop_rate)
-                if ex is not None:
-                    produced = True
-                    yield ex
-        while buf:
-            ex = _real_example(buf.pop(rng.randrange(len(buf))), rng, opts, noop_rate)
-            if ex is not None:
-                produced = True
-                yield ex
-        if not repeat or not produced:
-            return
-
-
-def _real_example(rec: dict, rng: random.Random, opts: EditOptions, noop_rate: float) -> Example | None:
-    if rng.random() < noop_rate:
-        return real_noop_from_record(rec, rng, opts)
-    got = real_edit_from_record(rec, rng, opts=opts)
-    return got.example if got else None
-
-
-def next_edit_eval_cases(
-    limit: int | None = None, data_dir: str | os.PathLike | None = None, opts: EditOptions = DEFAULT_OPTIONS,
-    seed: int = 0,
-) -> Iterator[NextEdit]:
-    """Deterministic next-edit cases from the test split (for evaluation only):
-    for each record with >= 2 hunks, the last hunk is the target and the earlier
-    ones the history (context sizes from a per-record seeded rng)."""
-    n = 0
-    for rec in iter_edit_records("test", data_dir, allow_test=True):
-        if len(rec["hunks"]) < 2:
-            continue
-        rng = random.Random(f"{seed}:{rec['commit']}:{rec['path']}")
-        got = real_edit_from_record(rec, rng, k=len(rec["hunks"]) - 1, opts=opts)
-        if got is None:
-            continue
-        yield got
-        n += 1
-        if limit is not None and n >= limit:
-            return
 
 
 def edit_examples(
