@@ -13,7 +13,6 @@ import json
 from pathlib import Path
 
 import torch
-
 from dlm.coder_model.config import ModelConfig
 from dlm.coder_model.model import DLM
 from dlm.coder_model.tokenizer import Tokenizer
@@ -119,14 +118,18 @@ def weight_files(d: Path) -> dict[str, Path]:
         return {k: single for k in f.keys()}
 
 
-def read_config(d: Path) -> dict:
-    cfg_path = d / "config.json"
-    if not cfg_path.exists():
-        raise CheckpointError(f"{d} has no config.json; is --model pointing at a checkpoint directory?")
+def read_config(d: str | Path) -> dict:
+    """config.json of a checkpoint directory (any family); CheckpointError says what is wrong."""
+    cfg_path = Path(d) / "config.json"
+    if not cfg_path.is_file():
+        raise CheckpointError(
+            f"{d} has no config.json; pass --model a checkpoint directory (config.json, tokenizer.json, "
+            "*.safetensors)"
+        )
     try:
-        return json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{cfg_path} is not valid JSON ({exc})") from exc
+        return json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{cfg_path}: cannot read it as JSON ({exc}); re-download the checkpoint") from exc
 
 
 def load_model(

@@ -34,7 +34,6 @@ from pathlib import Path
 
 from dlm.lsp.stats import percentile
 
-
 LOOPBACK = "loopback"  # `--remote` without an address: the loopback comparison
 
 

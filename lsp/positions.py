@@ -64,7 +64,3 @@ def to_character(line: str, index: int, encoding: str = UTF16) -> int:
         return len(line[:index].encode("utf-8", "surrogatepass"))
     return index + sum(1 for ch in line[:index] if ord(ch) > 0xFFFF)
 
-
-def length(text: str, encoding: str = UTF16) -> int:
-    """Length of `text` in the encoding's units."""
-    return to_character(text, len(text), encoding)

@@ -50,14 +50,27 @@ class _Slot:
     running: Job | None = None
     pending: Job | None = None
     last_start: float = -1e9
-    timer: asyncio.TimerHandle | None = None
+    timer: Any = None  # a pending throttle timer (asyncio.TimerHandle or the injected call_later's)
 
 
 class Scheduler:
-    def __init__(self, executor: Executor, stats: Stats, throttle_ms: float = 20.0) -> None:
+    """Latest-wins scheduling of model runs, per document.
+
+    `clock` (seconds) and `call_later(delay_s, callback) -> handle with .cancel()` are
+    time.monotonic and the event loop's call_later; tests pass their own to check the
+    throttle without waiting for it.
+    """
+
+    def __init__(
+        self, executor: Executor, stats: Stats, throttle_ms: float = 20.0, *,
+        clock: Callable[[], float] = time.monotonic,
+        call_later: Callable[[float, Callable[[], None]], Any] | None = None,
+    ) -> None:  # fmt: skip
         self.executor = executor
         self.stats = stats
         self.throttle_s = throttle_ms / 1000.0
+        self._clock = clock
+        self._call_later = call_later
         self._slots: dict[str, _Slot] = {}
 
     async def submit(
@@ -115,9 +128,6 @@ class Scheduler:
                 self._cancel(job)
                 self._resolve(job, None)
 
-    def busy(self) -> int:
-        return sum(1 for s in self._slots.values() if s.running is not None)
-
     # ---- internals ---------------------------------------------------------------------------------
     def _cancel(self, job: Job) -> None:
         job.cancel.cancel()
@@ -135,7 +145,7 @@ class Scheduler:
         if slot is None or slot.running is not None or slot.pending is None:
             return
         loop = asyncio.get_running_loop()
-        wait = slot.last_start + self.throttle_s - time.monotonic()
+        wait = slot.last_start + self.throttle_s - self._clock()
         if wait > 0:
             if slot.timer is None:
 
@@ -143,7 +153,7 @@ class Scheduler:
                     slot.timer = None
                     self._kick(doc_id)
 
-                slot.timer = loop.call_later(wait, fire)
+                slot.timer = (self._call_later or loop.call_later)(wait, fire)
             return
         job, slot.pending = slot.pending, None
         if job.cancel.cancelled or job.future.done() or not job.valid():
@@ -153,7 +163,7 @@ class Scheduler:
             return
         job.started = True
         slot.running = job
-        slot.last_start = time.monotonic()
+        slot.last_start = self._clock()
         self.stats.add("model_runs")
         fut = loop.run_in_executor(self.executor, job.work, job.cancel)
 

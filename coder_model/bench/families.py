@@ -119,13 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import torch
-    from dlm.coder_model.families import resolve_device
+    from dlm.coder_model.checkpoint import resolve_device
     from dlm.coder_model.families.infill import InfillDecoder, InfillOptions
     from dlm.coder_model.types import SamplerParams
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = resolve_device(args.device)
+    device = str(resolve_device(args.device))
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.startswith("cuda") else "float32"))
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     t0 = time.perf_counter()

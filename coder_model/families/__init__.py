@@ -17,30 +17,22 @@ def detect_family(config: dict) -> str:
     return _detect(config)
 
 
-def resolve_device(device: str = "auto") -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} but no CUDA GPU is visible; use --device cpu")
-    return device
-
-
 def load_family_model(path: str | Path, device: str = "auto", dtype: str = "auto", impl: str = "auto"):
     """(model, tokenizer, tokens, arch) of a dream/llada checkpoint, weights on `device`."""
+    # imported here, not at the top: importing this package must not import torch
     import torch
+    from dlm.coder_model.checkpoint import read_config, resolve_device
     from dlm.coder_model.families import loader
     from dlm.coder_model.families.transformer import BidirectionalLM
 
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"--model {path}: not a directory; pass a checkpoint directory")
-    config = loader.read_config(path)
+    config = read_config(path)
     arch = loader.parse_arch(config)
     tokenizer = loader.load_tokenizer(path)
     tokens = loader.resolve_tokens(path, config, arch, tokenizer)
-    device = resolve_device(device)
+    device = str(resolve_device(device))
     if dtype == "auto":
         dt = torch.bfloat16 if device.startswith("cuda") else torch.float32
     else:
@@ -68,4 +60,4 @@ def load_family_engine(path: str | Path, device: str = "auto", options=None):
     return FamilyEngine(model, tokenizer, tokens, arch, str(path), dev, options)
 
 
-__all__ = ["detect_family", "load_family_engine", "load_family_model", "resolve_device"]
+__all__ = ["detect_family", "load_family_engine", "load_family_model"]

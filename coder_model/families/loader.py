@@ -27,19 +27,6 @@ _MASK_TOKENS = ("<|mask|>", "<|mdm_mask|>", "[MASK]", "<mask>")
 _END_TOKENS = ("<|endoftext|>", "<|eot_id|>", "<|im_end|>", "<|dlm_pad|>")
 
 
-def read_config(path: str | Path) -> dict:
-    cfg_path = Path(path) / "config.json"
-    if not cfg_path.is_file():
-        raise ValueError(
-            f"{path}: no config.json; pass --model a checkpoint directory (config.json, "
-            "tokenizer.json, *.safetensors)"
-        )
-    try:
-        return json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{cfg_path}: cannot read it as JSON ({e}); re-download the checkpoint") from e
-
-
 def detect_family(config: dict) -> str:
     """ "dream" or "llada" from config.json's model_type and architectures.
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import pytest_lsp
-from conftest import SERVER, request, server_env
+from lsp_helpers import SERVER, request, server_env
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 

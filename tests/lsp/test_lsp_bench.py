@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from conftest import server_env
+from lsp_helpers import server_env
 
 
 def test_bench_json_with_fake_engine(tmp_path):

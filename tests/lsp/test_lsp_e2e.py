@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 import pytest_lsp
-from conftest import SERVER, request, server_env
+from lsp_helpers import SERVER, request, server_env
 from lsprotocol import types
 from pygls.exceptions import JsonRpcRequestCancelled
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities

@@ -6,7 +6,7 @@ import asyncio
 import sys
 
 import pytest
-from conftest import SERVER, request, server_env
+from lsp_helpers import SERVER, request, server_env
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, client_capabilities
 
@@ -94,17 +94,20 @@ async def test_tiny_real_checkpoint(tiny_checkpoint):
         st = await request(client, "dlm/stats", {})
         assert st["state"] == "ready", statuses
         res = await _open_and_ask(client)
-        # A random model proposes anything (or nothing): the answer is well-formed either way.
-        for item in res.items:
-            assert isinstance(item.insert_text, str) and item.insert_text
+        # A random model proposes anything (or nothing): the answer is well-formed either way,
+        # and the model did run (the counters), so an empty list is an answer, not a skip.
         st = await request(client, "dlm/stats", {})
         assert st["model_runs"] == 1 and st["completed"] == 1 and st["steps"] >= 1
+        assert len(res.items) <= 1
+        if res.items:
+            assert isinstance(res.items[0].insert_text, str) and res.items[0].insert_text
         edits = await request(
             client,
             "dlm/editPrediction",
             {"textDocument": {"uri": "file:///m.py"}, "position": {"line": 1, "character": 11}},
         )
-        if edits is not None:
+        if edits is not None:  # None is "no edit"; an answer holds at least one
+            assert edits["edits"]
             for e in edits["edits"]:
                 assert 0 <= e["range"]["start"]["line"] <= e["range"]["end"]["line"] <= 2
         assert any(s["state"] == "ready" and s["device"] for s in statuses)
@@ -222,8 +225,9 @@ async def test_remote_engine_through_dlm_lsp_serve(tiny_checkpoint, tmp_path):
             await asyncio.sleep(0.2)
         assert st["completed"] >= 1 and st["steps"] >= 1
         assert any(s["state"] == "ready" for s in statuses)
-        for item in res.items:
-            assert isinstance(item.insert_text, str) and item.insert_text
+        assert len(res.items) <= 1
+        if res.items:
+            assert isinstance(res.items[0].insert_text, str) and res.items[0].insert_text
     finally:
         if client is not None:
             await client.shutdown_session()

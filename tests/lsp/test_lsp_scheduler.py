@@ -85,17 +85,51 @@ def test_leaving_waiter_cancels_the_run():
     assert ("cancelled", 1) in log and counts["cancelled"] == 1
 
 
+class FakeTimers:
+    """A clock the test moves by hand and a call_later that records instead of waiting."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.pending: list[tuple[float, object]] = []  # (delay_s, callback)
+
+    def clock(self) -> float:
+        return self.now
+
+    def call_later(self, delay_s, callback):
+        entry = (delay_s, callback)
+        self.pending.append(entry)
+        timers = self
+
+        class Handle:
+            def cancel(self) -> None:
+                if entry in timers.pending:
+                    timers.pending.remove(entry)
+
+        return Handle()
+
+    def fire(self) -> None:
+        (_delay_s, callback), *self.pending = self.pending
+        callback()
+
+
 def test_throttle_delays_the_second_run_not_the_first():
     async def main():
-        stats, log = Stats(), []
+        stats, log, timers = Stats(), [], FakeTimers()
         with ThreadPoolExecutor(2) as pool:
-            s = Scheduler(pool, stats, throttle_ms=1500)
-            t0 = time.monotonic()
-            await s.submit("d", 1, _work(1, log, steps=1), lambda: True)
-            first = time.monotonic() - t0
-            await s.submit("d", 2, _work(2, log, steps=1), lambda: True)
-            second = time.monotonic() - t0
-        return first, second
+            s = Scheduler(pool, stats, throttle_ms=1500, clock=timers.clock, call_later=timers.call_later)
+            first = await s.submit("d", 1, _work(1, log, steps=1), lambda: True)
+            # leading edge: the first run started at once, without a timer
+            assert first == 1 and timers.pending == [] and stats.counts["model_runs"] == 1
+            timers.now = 0.1
+            second = asyncio.ensure_future(s.submit("d", 2, _work(2, log, steps=1), lambda: True))
+            await asyncio.sleep(0)  # let submit reach the throttle
+            assert len(timers.pending) == 1 and stats.counts["model_runs"] == 1  # held back, not run
+            delay_s = timers.pending[0][0]
+            assert abs(delay_s - 1.4) < 1e-9  # until 1.5 s after the first run started
+            timers.now = 1.5
+            timers.fire()
+            return await second, stats.counts["model_runs"], log
 
-    first, second = _run(main())
-    assert first < 1.5 <= second  # leading edge: the throttle delays the second run, never the first
+    second, runs, log = _run(main())
+    assert second == 2 and runs == 2
+    assert [e for e in log if e[0] == "start"] == [("start", 1), ("start", 2)]

@@ -174,4 +174,5 @@ def test_history_event_grows_across_nearby_lines_and_line_insertions():
     doc.history.close_if_idle(0, doc.lines, cursor_line=-100)
     (diff,) = doc.history.rendered()
     body = diff.split("\n", 2)[2]
-    assert body == "@@ -1,4 +1,5 @@\n-a\n+za\n b\n+new\n c\n-d\n+d!\n"
+    # one event, one -U0 hunk (coder_model.edit_history, as in training): no context lines
+    assert body == "@@ -1,4 +1,5 @@\n-a\n-b\n-c\n-d\n+za\n+b\n+new\n+c\n+d!\n"

@@ -1,4 +1,8 @@
-"""Helpers for the LSP end-to-end tests: the real server as a subprocess."""
+"""Helpers for the LSP end-to-end tests: the real server as a subprocess.
+
+A plain module (imported as `lsp_helpers`: pytest puts this folder on sys.path
+for the tests in it), not a conftest, so that no test imports a conftest by name.
+"""
 
 from __future__ import annotations
 
