@@ -25,6 +25,12 @@ prepare (CPU, before any device call) fills `.carry/` (git-ignored):
 It counts what each call sends (the checkout as git sees it plus its carry) and
 refuses a plan over the limit, and prints the exact `run` arguments.
 
+Nothing is pip-installed from the network there: gpu_runbook.sh installs the
+carried wheels with `pip --no-index` into the work folder when they are missing
+and makes the checkout importable as `dlm` by linking lsp/, coder_model/ and
+kernels/ into a namespace folder on PYTHONPATH (what the package-dir mapping
+of an install does), so no build step or `pip install -e .` is needed.
+
 call1 (~8.5 min) carries all three. It reports torch/triton/GPU, runs the CUDA
   tests (tests/cuda; a failure stops the agenda: nothing is trained on wrong
   kernels), unpacks the corpus into the work folder /tmp/dlm-gpu (outside the
@@ -32,8 +38,9 @@ call1 (~8.5 min) carries all three. It reports torch/triton/GPU, runs the CUDA
   other processes are killed when it returns, a session leader runs on while
   the machine stays warm) with bf16 autocast, torch.compile, fused AdamW, 14
   example-building workers, a big batch, at least 1B tokens planned and a
-  checkpoint every few minutes, and copies the first intermediate checkpoint and
-  the logs into $OUT before it returns.
+  checkpoint every few minutes (if it dies before its first checkpoint with
+  torch.compile, it is started once more without), and copies the first
+  intermediate checkpoint and the logs into $OUT before it returns.
 call2 (~8 min) carries the plan and the wheels: while training runs on, the
   measurements (kernel table, model step table, `dlm-lsp bench --device cuda`,
   `dlm-lsp serve` with 1/8/32 loopback clients through the remote bench) into
@@ -568,23 +575,21 @@ def call1(call: Call) -> int:
     if call.training_alive():
         call.say(f"training already running (pid {call.train_pid()}): not starting another")
     else:
-        minutes = plan.train_minutes(call.elapsed())
-        args = plan.train_args(str(corpus_dir), str(call.run_dir), minutes)
-        (call.work / "train_command.txt").write_text(" ".join([sys.executable, *args]) + "\n")
-        call.bundle["train_command.txt"] = call.work / "train_command.txt"
-        with open(call.work / "train.log", "ab") as log:
-            # a new session: the device tool ends a call's processes when it returns, not a session leader
-            proc = subprocess.Popen([sys.executable, *args], cwd=call.root, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, env=env)
-        (call.work / "train.pid").write_text(str(proc.pid))
-        call.say(f"training started (pid {proc.pid}, setsid): {plan.steps} steps x {plan.tokens_per_step} tokens "
-                 f"= {plan.steps * plan.tokens_per_step / 1e9:.2f}B tokens planned, --minutes {minutes:.1f}")
+        _start_training(call, corpus_dir, env, plan.compile)
     # wait for the first intermediate checkpoint, then bring it back
+    retried = False
     while call.left() > plan.copy_margin_s:
         if (call.run_dir / "last" / "trainer_state.json").is_file() or (call.run_dir / "final").is_dir():
             break
         if not call.training_alive():
-            call.say("training exited early: see train.log")
+            tail = (call.work / "train.log").read_text(errors="replace")[-1500:]
+            call.say(f"training exited early; the end of train.log:\n{tail}")
+            if plan.compile and not retried:
+                # torch.compile is the part most likely to fail on a new image (compiler, inductor): once more
+                # without it rather than losing the session's training run
+                retried = True
+                _start_training(call, corpus_dir, env, compile_model=False)
+                continue
             break
         time.sleep(1)
     call.say(f"training: {call.progress()}")
@@ -592,6 +597,24 @@ def call1(call: Call) -> int:
     _add_logs(call)
     call.finish()
     return 0
+
+
+def _start_training(call: Call, corpus_dir: Path, env: dict, compile_model: bool) -> None:
+    plan = call.plan
+    minutes = plan.train_minutes(call.elapsed())
+    args = plan.train_args(str(corpus_dir), str(call.run_dir), minutes)
+    if not compile_model:
+        args[args.index("--compile") + 1] = "false"
+    (call.work / "train_command.txt").write_text(" ".join([sys.executable, *args]) + "\n")
+    call.bundle["train_command.txt"] = call.work / "train_command.txt"
+    with open(call.work / "train.log", "ab") as log:
+        # a new session: the device tool ends a call's processes when it returns, not a session leader
+        proc = subprocess.Popen([sys.executable, *args], cwd=call.root, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True, env=env)
+    (call.work / "train.pid").write_text(str(proc.pid))
+    call.say(f"training started (pid {proc.pid}, setsid, compile {compile_model}): {plan.steps} steps x "
+             f"{plan.tokens_per_step} tokens = {plan.steps * plan.tokens_per_step / 1e9:.2f}B tokens planned, "
+             f"--minutes {minutes:.1f}")
 
 
 def call2(call: Call) -> int:
