@@ -65,19 +65,31 @@ def replace_end(doc: Document, built: Built, sugg: Suggestion) -> types.Position
     return region_position(doc, built, sugg.replace_end) if sugg.replace_end is not None else None
 
 
+def suggestion_data(confidence: float | None, rewrites_recent: bool) -> dict:
+    """What the server knows of a suggestion's quality (README "Protocol"): `confidence`
+    (calibrated, null when the engine computes none) and `rewritesRecent`."""
+    return {"confidence": confidence, "rewritesRecent": rewrites_recent}
+
+
 def inline_item(
-    doc: Document, row: int, col: int, text: str, end: types.Position | None, item_id: str
+    doc: Document, row: int, col: int, text: str, end: types.Position | None, item_id: str,
+    data: dict | None = None,
 ) -> types.InlineCompletionItem:
-    """An inline suggestion at the cursor; accepting it runs ACCEPT_COMMAND with its id."""
+    """An inline suggestion at the cursor; accepting it runs ACCEPT_COMMAND with its id (and
+    its `data`, when given, as a second argument: inline items have no data field)."""
     start = cursor_position(doc, row, col)
     return types.InlineCompletionItem(
         insert_text=text,
         range=types.Range(start=start, end=end) if end is not None else None,
-        command=types.Command(title="dlm: accept", command=ACCEPT_COMMAND, arguments=[item_id]),
+        command=types.Command(
+            title="dlm: accept", command=ACCEPT_COMMAND, arguments=[item_id] + ([data] if data else [])
+        ),
     )
 
 
-def completion_list(doc: Document, row: int, col: int, built: Built, sugg: Suggestion) -> types.CompletionList:
+def completion_list(
+    doc: Document, row: int, col: int, built: Built, sugg: Suggestion, data: dict | None = None
+) -> types.CompletionList:
     """The suggestion as the one item of a completion list (for clients without inline completion)."""
     start = cursor_position(doc, row, col)
     end = replace_end(doc, built, sugg) or start
@@ -93,6 +105,7 @@ def completion_list(doc: Document, row: int, col: int, built: Built, sugg: Sugge
                 text_edit=types.TextEdit(range=types.Range(start=start, end=end), new_text=text),
                 sort_text="0",
                 filter_text=words[-1] if words else "",
+                data=data,
             )
         ],
     )

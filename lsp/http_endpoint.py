@@ -25,7 +25,9 @@ from typing import Any
 from dlm.coder_model.remote.auth import is_loopback_host
 from dlm.coder_model.remote.client import parse_host_port
 from dlm.coder_model.types import CancelToken, SamplerParams
+from dlm.lsp import gate
 from dlm.lsp.engine_holder import EngineHolder, make_engine_factory
+from dlm.lsp.options import Options
 from dlm.lsp.zed_prompts import PromptFormatError, build_prompt, parse_prompt, render_answer
 
 log = logging.getLogger("dlm.http")
@@ -37,6 +39,10 @@ class EndpointOptions:
     sampler: dict[str, Any] = field(default_factory=dict)  # SamplerParams overrides
     max_prompt_chars: int = 1_000_000  # larger bodies are refused (Zed sends ~a few KB)
     load_timeout_s: float = 600.0  # a request waits this long for the model to load
+    # Answer within this long of the request's arrival, or answer nothing (lsp.gate): Zed
+    # sends a request per keystroke pause and drops late ones anyway.
+    deadline_ms: int = 250
+    min_confidence: float = Options.min_confidence  # the LSP's confidence gate, same default
 
 
 # -- the HTTP server ---------------------------------------------------------------
@@ -97,6 +103,7 @@ class Predictor:
         raise RequestError(503, "the model is still loading; retry in a few seconds", "server_error")
 
     def complete(self, req: dict) -> dict:
+        deadline = time.monotonic() + self.opts.deadline_ms / 1000.0  # from the request's arrival
         try:
             zp = parse_prompt(req["prompt"])
         except PromptFormatError as exc:
@@ -112,16 +119,18 @@ class Predictor:
             self._inflight[key] = cancel
         t0 = time.perf_counter()
         try:
-            pred = engine.predict(built.prompt, self.params, cancel)
+            pred = engine.predict(built.prompt, self.params, cancel, deadline)
         finally:
             with self._lock:
                 if self._inflight.get(key) is cancel:
                     del self._inflight[key]
-        text = "" if pred.cancelled else render_answer(zp, built, pred.text, req["stop"])
+        verdict = gate.decide(pred.confidence, False, pred.late or time.monotonic() > deadline,
+                              self.opts.min_confidence, 1.0)
+        text = "" if pred.cancelled or not verdict.show else render_answer(zp, built, pred.text, req["stop"])
         log.info(
-            "%s %s: %.0f ms, %d steps, %d tokens%s",
-            zp.format, key, (time.perf_counter() - t0) * 1000, pred.steps, pred.tokens,
-            " (cancelled)" if pred.cancelled else "",
+            "%s %s: %.0f ms, %d steps, %d tokens, confidence %s%s",
+            zp.format, key, (time.perf_counter() - t0) * 1000, pred.steps, pred.tokens, pred.confidence,
+            " (cancelled)" if pred.cancelled else "" if verdict.show else f" (not shown: {verdict.reason})",
         )  # fmt: skip
         return {
             "id": f"cmpl-{uuid.uuid4().hex}",
@@ -205,6 +214,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token-file", default=None, help="shared token for --remote (or DLM_TOKEN)")
     parser.add_argument("--tls", action="store_true", help="use TLS to the --remote server")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--deadline-ms", type=int, default=EndpointOptions.deadline_ms,
+                        help="answer within this many ms of a request, or answer nothing (default %(default)s)")
+    parser.add_argument("--min-confidence", type=float, default=EndpointOptions.min_confidence,
+                        help="answer only suggestions at this calibrated confidence or above (default %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -217,8 +230,11 @@ def run(args: argparse.Namespace) -> int:
     if not is_loopback_host(host):
         # The endpoint has no authentication: anyone who can reach it reads your code's completions.
         log.warning("listening on %s, which is not a loopback address: the endpoint has no authentication", host)
+    if args.deadline_ms < 1 or not 0 <= args.min_confidence <= 1:
+        print("dlm-lsp http: --deadline-ms must be >= 1 and --min-confidence in [0, 1]", file=sys.stderr)
+        return 2
     holder = EngineHolder(make_engine_factory(args))
-    predictor = Predictor(holder, EndpointOptions())
+    predictor = Predictor(holder, EndpointOptions(deadline_ms=args.deadline_ms, min_confidence=args.min_confidence))
     try:
         server = make_server(host, port, predictor)
     except OSError as exc:

@@ -51,6 +51,13 @@ class Options:
     history: HistoryOptions = field(default_factory=HistoryOptions)
     scheduler: SchedulerOptions = field(default_factory=SchedulerOptions)
     sampler: dict[str, Any] = field(default_factory=dict)  # SamplerParams overrides
+    # Deadline and confidence gate (lsp.gate; README "Protocol"). minConfidence is chosen by
+    # `dlm-lsp eval` on the embedded model (BENCHMARKS.md "Acceptance through the server").
+    deadline_ms: int = 250  # answer this long after the keystroke, or not at all
+    min_confidence: float = 0.9  # show a suggestion only at this calibrated confidence or above
+    min_confidence_rewrite_recent: float = 0.98  # ... and this for one deleting/rewriting recent typing
+    recent_edit_s: float = 5.0  # "recent" typing: lines changed this many seconds ago or less
+    edit_predictions: bool = False  # answer dlm/editPrediction (edits away from the cursor)
     max_syntax_chars: int = 2_000_000  # larger documents are plain text (no tree-sitter)
     max_document_chars: int = 50_000_000  # larger documents are refused with a log line
     status_interval_s: float = 2.0  # at most one dlm/status with new latencies per interval
@@ -101,4 +108,12 @@ def parse_options(data: Any) -> tuple[Options, list[str]]:
     if not isinstance(data, dict):
         return opts, [f"initializationOptions must be an object, got {type(data).__name__}; using defaults"]
     _fill(opts, data, "", problems)
+    for name in ("min_confidence", "min_confidence_rewrite_recent"):
+        if getattr(opts, name) > 1:
+            problems.append(f"option {name} must be a confidence in [0, 1], got {getattr(opts, name)}; "
+                            f"using {getattr(Options, name)}")
+            setattr(opts, name, getattr(Options, name))
+    if opts.deadline_ms < 1:
+        problems.append(f"option deadline_ms must be at least 1 ms, got {opts.deadline_ms}; using {Options.deadline_ms}")
+        opts.deadline_ms = Options.deadline_ms
     return opts, problems

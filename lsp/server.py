@@ -30,7 +30,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from dlm.coder_model.types import Engine, LayoutBudget, Prediction, SamplerParams
-from dlm.lsp import context, convert, postprocess
+from dlm.lsp import context, convert, gate, postprocess
 from dlm.lsp.convert import ACCEPT_COMMAND
 from dlm.lsp.documents import Document, Documents
 from dlm.lsp.engine_holder import EngineHolder
@@ -100,6 +100,7 @@ class DlmServer(LanguageServer):
         self.items: OrderedDict[str, dict] = OrderedDict()  # shown inline items by id (bounded)
         self.last: dict[str, dict] = {}  # uri -> last suggestion (for editPrediction reuse + prefix cache)
         self.prefix_cache: dict[str, dict] = {}  # uri -> the shown insertion (typing through it)
+        self.recent: dict[str, gate.RecentEdits] = {}  # uri -> lines typed recently (confidence gate)
         self._ids = itertools.count(1)
         self._last_status_at = 0.0
         self._initialized = False
@@ -201,9 +202,10 @@ class DlmServer(LanguageServer):
             return None
         version, uri, params = doc.version, doc.uri, self.sampler_params()
         prompt = built.prompt
+        deadline = gate.deadline_at(doc.last_change_at, t0, self.options.deadline_ms)
 
         def work(cancel) -> Prediction:
-            return engine.predict(prompt, params, cancel)
+            return engine.predict(prompt, params, cancel, deadline)
 
         def valid() -> bool:
             return self.documents.get(uri) is doc and doc.version == version
@@ -220,6 +222,9 @@ class DlmServer(LanguageServer):
         t_model = time.monotonic()
         sugg = postprocess.suggest(prompt.region, prompt.cursor, pred.text, prompt.suffix)
         t_post = time.monotonic()
+        late = pred.late or t_post > deadline  # the engine's word, or the time it took to get here
+        if late:
+            self.stats.add("late")
         self.stats.add("completed")
         self.stats.add("steps", pred.steps)
         self.stats.add("tokens", pred.tokens)
@@ -240,9 +245,29 @@ class DlmServer(LanguageServer):
         self.maybe_send_status()
         if sugg.empty:
             self.stats.add("empty")
-        result = {"version": version, "row": row, "col": col, "built": built, "sugg": sugg}
+        recent = self.recent.get(uri)
+
+        def rewrites_recent(spans: list[tuple[int, int]]) -> bool:
+            lines = gate.replaced_lines(prompt.region, built.start_line, spans)
+            return recent is not None and recent.touches(lines, t_post)
+
+        inline_spans = [(prompt.cursor, sugg.replace_end)] if sugg.replace_end is not None else []
+        result = {
+            "version": version, "row": row, "col": col, "built": built, "sugg": sugg,
+            "confidence": pred.confidence, "late": late,
+            "inline_rewrites_recent": rewrites_recent(inline_spans),
+            "edits_rewrite_recent": rewrites_recent([(e.start, e.end) for e in sugg.edits]),
+        }  # fmt: skip
         self.last[uri] = result
         return result
+
+    def gate(self, res: dict, rewrites_recent: bool) -> bool:
+        """Show this result? (lsp.gate); counts what it holds back by reason."""
+        verdict = gate.decide(res["confidence"], rewrites_recent, res["late"], self.options.min_confidence,
+                              self.options.min_confidence_rewrite_recent)
+        if not verdict.show:
+            self.stats.add(f"gated_{verdict.reason}")
+        return verdict.show
 
     def remember_item(self, doc: Document, row: int, col: int, text: str, insertion: bool) -> str:
         """Keep a shown inline item (for the accept command) and, for a pure insertion, what
@@ -275,10 +300,12 @@ class DlmServer(LanguageServer):
         return text[len(typed) :]
 
     def inline_item(
-        self, doc: Document, row: int, col: int, text: str, end: types.Position | None
+        self, doc: Document, row: int, col: int, text: str, end: types.Position | None, data: dict | None = None
     ) -> types.InlineCompletionItem:
         item_id = self.remember_item(doc, row, col, text, insertion=end is None)
-        return convert.inline_item(doc, row, col, text, end, item_id)
+        if end is None:  # typing through it shows the rest with the same data
+            self.prefix_cache[doc.uri]["data"] = data
+        return convert.inline_item(doc, row, col, text, end, item_id, data)
 
 
 # ---- handlers: one per LSP method -----------------------------------------------------------------
@@ -333,12 +360,15 @@ def text_document_did_change(ls: DlmServer, params: types.DidChangeTextDocumentP
     if doc is None:
         log.warning("didChange for %s, which is not open; send didOpen first (ignored)", uri)
         return
+    recent = ls.recent.setdefault(uri, gate.RecentEdits(ls.options.recent_edit_s))
     for change in params.content_changes:
         if isinstance(change, types.TextDocumentContentChangePartial):
             r = change.range
-            doc.apply((r.start.line, r.start.character), (r.end.line, r.end.character), change.text, version)
+            recent.record(
+                doc.apply((r.start.line, r.start.character), (r.end.line, r.end.character), change.text, version)
+            )
         else:
-            doc.replace_all(change.text, version)
+            recent.record(doc.replace_all(change.text, version))
     ls.scheduler.invalidate(uri)
     if doc.size > ls.options.max_document_chars:
         log.warning("%s grew over max_document_chars; no longer tracked", uri)
@@ -352,6 +382,7 @@ def text_document_did_close(ls: DlmServer, params: types.DidCloseTextDocumentPar
     ls.scheduler.forget(uri)
     ls.last.pop(uri, None)
     ls.prefix_cache.pop(uri, None)
+    ls.recent.pop(uri, None)
 
 
 async def text_document_inline_completion(ls: DlmServer, params: types.InlineCompletionParams):
@@ -364,13 +395,15 @@ async def text_document_inline_completion(ls: DlmServer, params: types.InlineCom
     if rest is not None:
         ls.stats.add("cache_hits")
         ls.stats.add("requests")
-        return types.InlineCompletionList(items=[ls.inline_item(doc, row, col, rest, None)])
+        data = ls.prefix_cache[doc.uri].get("data")
+        return types.InlineCompletionList(items=[ls.inline_item(doc, row, col, rest, None, data)])
     res = await ls.predict(doc, row, col, context.choose_mode(doc, row, ls.options.context))
-    if res is None or not res["sugg"].insert_text:
+    if res is None or not res["sugg"].insert_text or not ls.gate(res, res["inline_rewrites_recent"]):
         return empty
     sugg, built = res["sugg"], res["built"]
     end = convert.replace_end(doc, built, sugg)
-    return types.InlineCompletionList(items=[ls.inline_item(doc, row, col, sugg.insert_text, end)])
+    data = convert.suggestion_data(res["confidence"], res["inline_rewrites_recent"])
+    return types.InlineCompletionList(items=[ls.inline_item(doc, row, col, sugg.insert_text, end, data)])
 
 
 async def text_document_completion(ls: DlmServer, params: types.CompletionParams):
@@ -380,15 +413,16 @@ async def text_document_completion(ls: DlmServer, params: types.CompletionParams
         return empty
     row, col = doc.clamp(params.position.line, params.position.character)
     res = await ls.predict(doc, row, col, "typing")
-    if res is None or not res["sugg"].insert_text:
+    if res is None or not res["sugg"].insert_text or not ls.gate(res, res["inline_rewrites_recent"]):
         return empty
-    return convert.completion_list(doc, row, col, res["built"], res["sugg"])
+    data = convert.suggestion_data(res["confidence"], res["inline_rewrites_recent"])
+    return convert.completion_list(doc, row, col, res["built"], res["sugg"], data)
 
 
 async def dlm_edit_prediction(ls: DlmServer, params: Any):
     uri = convert.document_uri(params)
     doc = ls.documents.get(uri) if uri is not None else None
-    if doc is None:
+    if doc is None or not ls.options.edit_predictions:  # off until the model earns them (README)
         return None
     row, col = doc.clamp(*convert.position_of(params))
     last = ls.last.get(uri)
@@ -396,9 +430,11 @@ async def dlm_edit_prediction(ls: DlmServer, params: Any):
         res = last  # the inline request at this position already ran the model
     else:
         res = await ls.predict(doc, row, col, "wide")
-    if res is None or not res["sugg"].edits:
+    if res is None or not res["sugg"].edits or not ls.gate(res, res["edits_rewrite_recent"]):
         return None
-    return convert.edit_prediction(doc, res["built"], res["sugg"], res["version"], ls.next_id())
+    out = convert.edit_prediction(doc, res["built"], res["sugg"], res["version"], ls.next_id())
+    out.update(convert.suggestion_data(res["confidence"], res["edits_rewrite_recent"]))
+    return out
 
 
 def dlm_stats(ls: DlmServer, params: Any) -> dict:
@@ -419,7 +455,8 @@ def text_document_did_partially_accept_completion(ls: DlmServer, params: Any) ->
 def workspace_execute_command_accept(ls: DlmServer, *args: Any) -> None:
     ls.stats.add("accepted")
     for item_id in args:
-        ls.items.pop(str(item_id), None)
+        if isinstance(item_id, (str, int)):  # the item's other argument is its data (confidence)
+            ls.items.pop(str(item_id), None)
     ls.maybe_send_status()
 
 

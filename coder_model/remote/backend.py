@@ -86,8 +86,14 @@ class ModelBackend:
     """
 
     def __init__(self, model, tok, *, device: str = "cpu", name: str = "", max_caches: int = 64,
-                 max_cache_bytes: int = 4 << 30, budget: LayoutBudget | None = None):
+                 max_cache_bytes: int = 4 << 30, budget: LayoutBudget | None = None, calibration=None):
+        from dlm.coder_model.calibration import Calibration
+        from dlm.coder_model.sampler import StepTimer
+
         self.model, self.tok = model, tok
+        # Deadline planning: the measured (batched) step time; confidence: the checkpoint's calibration.
+        self.step_timer = StepTimer()
+        self.calibration = calibration if calibration is not None else Calibration.identity()
         self.device = device
         self.name = name
         self.budget = budget or LayoutBudget.for_window(model.config.context_window)
@@ -121,7 +127,9 @@ class ModelBackend:
         else:
             cache, shared = self._caches.pop(key, None) or PrefixCache(), True
             self._busy.add(key)
-        job = _Job(BlockDecoder(self.model, self.tok, ids, request.params, cache, request.cancel), key, cache, shared)
+        dec = BlockDecoder(self.model, self.tok, ids, request.params, cache, request.cancel, deadline=request.deadline(),
+                           step_timer=self.step_timer, calibration=self.calibration, prompt=request.prompt)
+        job = _Job(dec, key, cache, shared)
         try:
             job.dec.prefill()
         except BaseException:
@@ -143,7 +151,7 @@ class ModelBackend:
         return errors
 
     def is_done(self, job: _Job) -> bool:
-        return job.dec.done
+        return job.dec.check_cancel()  # also stops a request with no time left for another step
 
     def finish(self, job: _Job) -> Prediction:
         return job.dec.prediction()
@@ -192,6 +200,9 @@ def load_scheduler(model_dir: str | None, device: str = "auto", *, max_batch: in
 
         log.warning("%s is a %r checkpoint: served without step batching (one request at a time)", d, family)
         return EngineScheduler(load_engine(str(d), str(dev))), d.name, str(dev)
+    from dlm.coder_model.calibration import Calibration
+
+    calibration = Calibration.load(d)  # identity when the checkpoint has no calibration.json
     model, tok = load_model(d, device=str(dev))
-    backend = ModelBackend(model, tok, device=str(dev), name=d.name, max_caches=max_caches)
+    backend = ModelBackend(model, tok, device=str(dev), name=d.name, max_caches=max_caches, calibration=calibration)
     return BatchScheduler(backend, max_batch=max_batch), d.name, str(dev)

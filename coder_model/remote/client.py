@@ -127,13 +127,20 @@ class RemoteEngine:
 
     # ------------------------------------------------------------ Engine API
 
-    def predict(self, prompt: Prompt, params: SamplerParams, cancel: CancelToken) -> Prediction:
+    def predict(
+        self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, deadline: float | None = None
+    ) -> Prediction:
+        """`deadline` (time.monotonic()) travels as `deadline_ms`, the time left; an answer not
+        back by the deadline is cancelled and reported late (the server plans to it too)."""
         session = self._session
         if session is None or cancel.cancelled:
             return _empty()
+        deadline_ms = None if deadline is None else (deadline - time.monotonic()) * 1e3
+        if deadline_ms is not None and deadline_ms <= 0:
+            return replace(_empty(), late=True)
         rid = next(self._ids)
         try:
-            frame = encode_frame(predict_message(rid, prompt, params))
+            frame = encode_frame(predict_message(rid, prompt, params, deadline_ms))
         except (ValueError, TypeError) as exc:  # e.g. lone surrogates in the text cannot be UTF-8 encoded
             self._note(f"prompt could not be encoded for the wire ({exc}); returned no suggestion")
             return _empty()
@@ -150,14 +157,19 @@ class RemoteEngine:
             self._pending[rid] = fut
         t0 = time.perf_counter()
         self._loop.call_soon_threadsafe(self._send, session, frame)
-        deadline = t0 + self.request_timeout
+        give_up_at = t0 + self.request_timeout
         while True:
             try:
                 pred = fut.result(timeout=_POLL_S)
                 break
             except concurrent.futures.TimeoutError:
                 pass
-            timed_out = time.perf_counter() >= deadline
+            timed_out = time.perf_counter() >= give_up_at
+            if deadline is not None and time.monotonic() > deadline and not fut.done():
+                with self._lock:  # past the deadline the answer can no longer be shown
+                    self._pending.pop(rid, None)
+                self._loop.call_soon_threadsafe(self._send, session, encode_frame(cancel_message(rid)))
+                return replace(_empty(), late=True)
             if cancel.cancelled or timed_out:
                 with self._lock:
                     self._pending.pop(rid, None)

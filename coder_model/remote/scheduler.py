@@ -51,12 +51,17 @@ class Request:
     params: SamplerParams
     on_done: Callable[[Prediction | None, ProtocolError | None], None]
     cancel: CancelToken = field(default_factory=CancelToken)
-    deadline_ms: float | None = None  # time the client had left when it sent the request (not yet acted on)
+    deadline_ms: float | None = None  # time the client had left when it sent the request
     prepared: Any = None  # the backend's `prepare` result (token ids), made off the scheduler thread
     submitted: float = field(default_factory=time.perf_counter)
+    received: float = field(default_factory=time.monotonic)  # the clock the sampler's deadline uses
     started: float = 0.0  # prefill start
     prefilled: float = 0.0  # prefill end
     steps_run: int = 0
+
+    def deadline(self) -> float | None:
+        """Absolute time.monotonic() by which to answer (the sampler plans its steps to it)."""
+        return None if self.deadline_ms is None else self.received + self.deadline_ms / 1000.0
 
 
 class BatchBackend(Protocol):
@@ -385,7 +390,7 @@ class EngineScheduler:
                 req = self._queue.popleft()
             req.started = time.perf_counter()
             try:
-                pred = self.engine.predict(req.prompt, req.params, req.cancel)
+                pred = self.engine.predict(req.prompt, req.params, req.cancel, req.deadline())
             except Exception as exc:
                 log.exception("predict failed")
                 self.stats.failed += 1

@@ -33,6 +33,10 @@ async def client(lsp_client: LanguageClient):
             types.WorkspaceFolder(uri="file:///work/proj", name="proj"),
             types.WorkspaceFolder(uri="file:///work/other", name="other"),
         ],
+        # The fake takes 300 ms a run and queues runs of many documents: a deadline far
+        # beyond that keeps these scheduling tests about scheduling. Edit predictions are
+        # off by default; test_edit_prediction_away_from_cursor needs them.
+        initialization_options={"deadlineMs": 60_000, "editPredictions": True},
     )
     result = await lsp_client.initialize_session(params)
     lsp_client.init_result = result

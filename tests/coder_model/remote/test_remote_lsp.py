@@ -48,6 +48,9 @@ async def _session(args: list[str]) -> list:
         await client.initialize_session(types.InitializeParams(
             capabilities=client_capabilities("visual-studio-code"),
             workspace_folders=[types.WorkspaceFolder(uri="file:///work/proj", name="proj")],
+            # local and remote must decode the same tokens: no deadline planning (it depends
+            # on the measured step time) and no confidence gate (the random model is unsure)
+            initialization_options={"deadlineMs": 600_000, "minConfidence": 0, "minConfidenceRewriteRecent": 0},
         ))
         for _ in range(1200):
             st = await client.protocol.send_request_async("dlm/stats", {})
