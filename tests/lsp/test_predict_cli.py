@@ -1,18 +1,29 @@
-"""`dlm-lsp predict` from the command line: odd files and positions."""
+"""`dlm-lsp predict` from the command line: odd files and positions, the diff it prints
+(applied with the real `patch`), binary and oversized input.
+
+The model is a tiny random checkpoint: the tests check what predict does with its
+answer (windowing, the diff, errors), not what the answer says.
+"""
 
 from __future__ import annotations
 
+import re
+import shutil
 import subprocess
 import sys
 
 import pytest
+from dlm.coder_model.types import LayoutBudget, Prompt
+from dlm.lsp.predict_cli import fit_prompt, unified_diff
+
+needs_patch = pytest.mark.skipif(shutil.which("patch") is None, reason="needs the `patch` program")
 
 
-def _predict(path, line, col, model, *extra):
+def _predict(path, line, col, model, *extra, cwd=None):
     return subprocess.run(
         [sys.executable, "-m", "dlm.lsp.cli", "predict", str(path), "--line", str(line), "--col", str(col),
          "--model", model, "--device", "cpu", "--steps", "4", "--block-len", "8", *extra],
-        capture_output=True, text=True, timeout=240,
+        capture_output=True, text=True, timeout=240, cwd=cwd,
     )
 
 
@@ -21,8 +32,8 @@ def test_predict_prints_region_diff_and_timings(tmp_path, tiny_checkpoint):
     f.write_text("def add(a, b):\n    return a + b\n")
     r = _predict(f, 1, 4, tiny_checkpoint)
     assert r.returncode == 0, r.stderr
-    assert "--- predicted region (line 1)" in r.stdout and "--- edit" in r.stdout
-    assert "--- timings" in r.stdout and "steps" in r.stdout
+    assert "== predicted region (0-based line 1)" in r.stdout and "== edit" in r.stdout
+    assert "== timings" in r.stdout and "steps" in r.stdout
 
 
 def test_predict_on_an_empty_file(tmp_path, tiny_checkpoint):
@@ -30,7 +41,7 @@ def test_predict_on_an_empty_file(tmp_path, tiny_checkpoint):
     f.write_text("")
     r = _predict(f, 0, 0, tiny_checkpoint)
     assert r.returncode == 0, r.stderr
-    assert "--- predicted region (line 0)" in r.stdout
+    assert "== predicted region (0-based line 0)" in r.stdout
 
 
 def test_predict_on_a_2mb_file_at_the_last_column(tmp_path, tiny_checkpoint):
@@ -64,3 +75,105 @@ def test_missing_file_and_bad_model(tmp_path, tiny_checkpoint):
     f.write_text("x = 1\n")
     r = _predict(f, 0, 0, str(tmp_path / "no-model"))
     assert r.returncode == 3 and "does not exist" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_binary_and_non_utf8_files_are_refused_with_exit_code_2(tmp_path, tiny_checkpoint):
+    binary = tmp_path / "prog"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 30)
+    r = _predict(binary, 0, 0, tiny_checkpoint)
+    assert r.returncode == 2 and "is a binary file (NUL byte at offset 7)" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    latin1 = tmp_path / "cafe.py"
+    latin1.write_bytes("x = 1\ncaf\u00e9 = 2\n".encode("latin-1"))
+    r = _predict(latin1, 0, 0, tiny_checkpoint)
+    assert r.returncode == 2 and "is not UTF-8 text: byte 0xe9 at offset 9 (0-based line 1)" in r.stderr
+    assert "iconv" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_line_too_long_for_the_model_is_cut_around_the_cursor(tmp_path, tiny_checkpoint):
+    # 1,900 emoji are 7,600 byte tokens for the tiny tokenizer: more than the 4,096 positions
+    # the model has, and far more than its 2,048-token window
+    f = tmp_path / "wide.py"
+    f.write_text("import os\n\nx = '" + "\U0001F600" * 1900 + "'\ny = 2\n")
+    r = _predict(f, 2, 1000, tiny_checkpoint)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr and "exceeds" not in r.stderr
+    assert "does not fit the model's window of 2048 tokens" in r.stderr
+    assert "cut around the cursor" in r.stdout
+    context_tokens = int(re.search(r"context (\d+) tokens", r.stdout).group(1))
+    assert context_tokens <= 2048
+
+
+def test_fit_prompt_keeps_a_prompt_that_fits_and_cuts_one_that_does_not():
+    count = len  # one token per character
+    budget = LayoutBudget(max_context=100, max_history=20, max_suffix=20)
+    small = Prompt(prefix="p" * 500, region="abcdef", cursor=3, suffix="s" * 10, history=(), language="", path="")
+    assert fit_prompt(small, budget, count) == (small, 0, 6)  # the layout cuts the long prefix itself
+    big = Prompt(prefix="p", region="L" * 300 + "R" * 300, cursor=300, suffix="s" * 30, history=(),
+                 language="", path="")
+    cut, first, last = fit_prompt(big, budget, count)
+    header = len(":\n") + 8  # "language:path\n" and the layout's special tokens
+    assert cut.region == big.region[first:last] and cut.region[cut.cursor - 1 : cut.cursor + 1] == "LR"
+    assert len(cut.region) >= 50  # at least half the window for the region
+    assert header + len(cut.region) + len(cut.suffix) <= 100
+    # nothing is lost from the order of the text: what left the region is in prefix and suffix
+    assert cut.prefix == big.prefix + big.region[:first]
+    assert (big.region[last:] + big.suffix).startswith(cut.suffix)
+
+
+CASES = [
+    # (old, new): a change mid-file, at the start, at the end without a final newline,
+    # a deleted last line, an insertion into an empty file, CRLF lines
+    ("".join(f"line {i}\n" for i in range(20)), "".join(f"line {i}\n" for i in range(20)).replace("line 12", "LINE 12!")),
+    ("a\nb\nc\n", "new first\na\nb\nc\n"),
+    ("a\nb\nlast", "a\nb\nlast line"),
+    ("a\nb\nlast", "a\nb\n"),
+    ("", "x = 1\n"),
+    ("a = 1\r\nb = 2\r\nc = 3\r\n", "a = 1\r\nb = 20\r\nc = 3\r\n"),
+]
+
+
+@needs_patch
+@pytest.mark.parametrize("old,new", CASES)
+def test_unified_diff_applies_with_the_patch_program(tmp_path, old, new):
+    f = tmp_path / "src" / "m.py"
+    f.parent.mkdir()
+    f.write_bytes(old.encode())
+    diff = unified_diff(old, new, "src/m.py")
+    r = subprocess.run(["patch", "-p1", "--batch", "--no-backup-if-mismatch"], input=diff.encode(),
+                       cwd=tmp_path, capture_output=True, timeout=60)
+    assert r.returncode == 0, (diff, r.stdout, r.stderr)
+    assert f.read_bytes() == new.encode()
+
+
+def test_unified_diff_numbers_lines_of_the_file():
+    old = "".join(f"line {i}\n" for i in range(20))
+    diff = unified_diff(old, old.replace("line 12\n", "line twelve\n"), "m.py")
+    # 0-based line 12 is line 13 of the file; three lines of context from line 10
+    assert diff.splitlines()[:3] == ["--- a/m.py", "+++ b/m.py", "@@ -10,7 +10,7 @@"]
+    assert unified_diff(old, old, "m.py") == ""
+
+
+@needs_patch
+def test_printed_diff_applies_to_the_file_with_patch(tmp_path, tiny_checkpoint):
+    """`dlm-lsp predict F --diff | patch -p1`, and the default output through patch as well."""
+    text = "".join(f"value_{i} = compute({i})\n" for i in range(30))
+    src = tmp_path / "pkg" / "calc.py"
+    src.parent.mkdir()
+    src.write_text(text)
+    r = _predict("pkg/calc.py", 17, 8, tiny_checkpoint, "--diff", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    diff = r.stdout
+    assert diff.startswith("--- a/pkg/calc.py\n+++ b/pkg/calc.py\n"), diff
+    # the hunk is in file line numbers: 0-based line 17 is file line 18, 3 lines of context
+    assert re.search(r"^@@ -15,7 ", diff, re.M), diff
+    for output in (diff, _predict("pkg/calc.py", 17, 8, tiny_checkpoint, cwd=tmp_path).stdout):
+        src.write_text(text)
+        p = subprocess.run(["patch", "-p1", "--batch", "--no-backup-if-mismatch"], input=output, text=True,
+                           cwd=tmp_path, capture_output=True, timeout=60)
+        assert p.returncode == 0, (output, p.stdout, p.stderr)
+        patched = src.read_text().split("\n")
+        original = text.split("\n")
+        assert patched[:17] == original[:17]  # only the region (line 17) changed
+        assert patched[-13:] == original[-13:]
+        assert src.read_text() != text
