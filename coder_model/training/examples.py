@@ -149,7 +149,7 @@ def completion_example(
 
 def fim_example(
     text: str, rng: random.Random, path: str = "", language: str = "python",
-    prefix_chars: int = 1500, suffix_chars: int = 600, max_span: int = 120, wide_share: float = 0.5,
+    prefix_chars: int = 1500, suffix_chars: int = 600, max_span: int = 120, wide_share: float = 0.25,
 ) -> Example | None:
     """A random span removed at the cursor of a server-shaped region; the target restores it."""
     if len(text) < 20:
