@@ -55,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--load-timeout", type=float, default=600.0, help="seconds to wait for the model")
     parser.add_argument("--server-log", metavar="F", help="server log file (default: a temp file)")
+    parser.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        metavar="LEVEL", help="level of the server log: DEBUG, INFO, WARNING or ERROR, any case "
+                        "(default INFO)")
     parser.add_argument("--engine-factory", help=argparse.SUPPRESS)  # tests: see lsp/server_cli.py
     from dlm.coder_model.bench.remote import add_remote_arguments  # no torch at import
 
@@ -77,6 +80,7 @@ class Result:
     status: dict = field(default_factory=dict)
     jumps: int = 0
     typos: int = 0
+    log_file: str = ""
 
 
 def default_files() -> list[Path]:
@@ -115,6 +119,8 @@ class Bench:
             self.args.device,
             "--log-file",
             log_file,
+            "--log-level",
+            getattr(self.args, "log_level", "INFO"),
         ]
         for opt in ("model", "remote", "engine_factory"):
             value = getattr(self.args, opt, None)
@@ -133,6 +139,7 @@ class Bench:
             self.res.status = params if isinstance(params, dict) else getattr(params, "_asdict", dict)()
 
         log_file = self.args.server_log or tempfile.mkstemp(prefix="dlm-bench-", suffix=".log")[1]
+        self.res.log_file = log_file
         cmd = self.server_command(log_file)
         env = dict(os.environ)
         await client.start_io(*cmd, env=env)
@@ -145,6 +152,7 @@ class Bench:
                         )
                     ),
                     process_id=os.getpid(),
+                    initialization_options=self.initialization_options(),
                 )
             )
             client.initialized(types.InitializedParams())
@@ -160,6 +168,10 @@ class Bench:
                 print(f"dlm-lsp bench: shutdown was not clean ({exc})", file=sys.stderr)
             await client.stop()
         return self.res
+
+    def initialization_options(self) -> dict | None:
+        """The server's initializationOptions (None: its defaults); `dlm-lsp eval` sets the gate."""
+        return None
 
     async def _wait_ready(self, client, log_file: str) -> None:
         deadline = time.monotonic() + self.args.load_timeout
@@ -343,6 +355,10 @@ def summarize(res: Result, args: argparse.Namespace, wall_s: float) -> dict:
                 "empty",
                 "outdated",
                 "failed",
+                "late",
+                "gated_late",
+                "gated_low_confidence",
+                "gated_rewrites_recent",
                 "tokens_per_step",
                 "stages_p50_ms",
                 "p50_ms",
@@ -351,6 +367,7 @@ def summarize(res: Result, args: argparse.Namespace, wall_s: float) -> dict:
             )
         },
         "wall_s": round(wall_s, 1),
+        "server_log": res.log_file,
         "cps": args.cps,
         "seed": args.seed,
     }
@@ -384,7 +401,41 @@ def render(summary: dict) -> str:
         ("wall", f"{summary['wall_s']} s"),
     ]
     w = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+    table = "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+    why = explain(summary)
+    return table + ("\n\n" + why if why else "")
+
+
+def explain(summary: dict) -> str:
+    """Why a run measured no latency or showed no suggestion, and what to try ('' when it did)."""
+    srv = summary["server"]
+    n = lambda key: srv.get(key) or 0  # noqa: E731 - counters an older server may not report
+    log = f" (server log: {summary['server_log']})" if summary.get("server_log") else ""
+    if summary["keystrokes"] == 0:
+        return "No keystroke was replayed: the files given to --files had nothing to type; pass other files."
+    if summary["measured"] == 0 or not n("completed"):
+        if n("failed"):
+            return (f"No request completed: all {n('failed')} model runs failed{log}. "
+                    "Read the error there; `dlm-lsp predict FILE --line N --col M` shows it for one position.")
+        if n("model_runs") == 0:
+            return (f"No request completed: the model never ran ({n('requests')} requests, "
+                    f"{n('empty')} answered empty, {n('superseded') + n('skipped')} superseded){log}. "
+                    "The server answers empty while the model is not ready; check dlm/status in the log.")
+        return (f"No request completed: every one of the {n('model_runs')} model runs was cancelled or "
+                f"superseded by the next keystroke ({n('cancelled')} cancelled, {n('superseded')} superseded): "
+                "the model is slower than the typing. Try a lower --cps, fewer --steps, a smaller --model, "
+                "or --device cuda.")
+    if summary["shown"] == 0:
+        gated = {k: n(f"gated_{k}") for k in ("late", "low_confidence", "rewrites_recent")}
+        if any(gated.values()):
+            return ("No suggestion was shown: the server held back "
+                    f"{gated['late']} late answers (past the deadline, 250 ms by default), "
+                    f"{gated['low_confidence']} below the confidence threshold and {gated['rewrites_recent']} "
+                    "that rewrote recent typing. A faster device (--device cuda) or model answers in time; "
+                    "editors can set deadlineMs and minConfidence in initializationOptions.")
+        return ("No suggestion was shown: every completed run proposed no change at the cursor "
+                f"({n('empty')} empty answers); a bigger --model gives more.")
+    return ""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -405,5 +456,8 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     res = asyncio.run(Bench(args).run())
     summary = summarize(res, args, time.monotonic() - t0)
-    print(json.dumps(summary, indent=2) if args.json else render(summary))
+    if args.json:
+        print(json.dumps(summary | {"explanation": explain(summary)}, indent=2))
+    else:
+        print(render(summary))
     return 0

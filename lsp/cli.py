@@ -4,6 +4,15 @@
 `dlm-lsp SUBCOMMAND ...` runs one of the tools below. Each subcommand lives
 in its own module exposing `add_arguments(parser)` and `run(args) -> int`;
 this file only dispatches, so that `dlm-lsp --help` never imports torch.
+
+Every command takes `--log-level LEVEL` (DEBUG, INFO, WARNING or ERROR, in any
+case).
+
+Bare `dlm-lsp` typed in a terminal (stdin is a TTY) prints a hint to stderr
+that it is a language server your editor starts, and what to try instead, and
+then serves anyway: an editor may start its servers on a pseudo-terminal
+(Emacs's default process connection is a pty), and refusing to run there
+would break that editor. The hint costs an editor nothing (stderr).
 """
 
 from __future__ import annotations
@@ -21,6 +30,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 SERVER_MODULE = "dlm.lsp.server_cli"
 
+TTY_HINT = (
+    "dlm-lsp is a language server that talks LSP on stdin/stdout; your editor starts it. "
+    "Try `dlm-lsp predict FILE --line N --col M` or `dlm-lsp --help`. "
+    "(Serving LSP on this terminal now; Ctrl-D or Ctrl-C quits.)"
+)
+
 
 def _load(module: str):
     try:
@@ -29,26 +44,42 @@ def _load(module: str):
         raise SystemExit(f"dlm-lsp: cannot import {module} ({exc}); reinstall dlm-lsp") from exc
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def parser_for(argv: list[str]):
+    """(module, parser, remaining argv) for a command line: a subcommand's or the server's."""
     if argv and argv[0] in SUBCOMMANDS:
-        name = argv.pop(0)
+        name = argv[0]
         module_name, help_text = SUBCOMMANDS[name]
         module = _load(module_name)
         parser = argparse.ArgumentParser(prog=f"dlm-lsp {name}", description=help_text)
         module.add_arguments(parser)
-        return int(module.run(parser.parse_args(argv)) or 0)
-
+        return module, parser, argv[1:]
     module = _load(SERVER_MODULE)
     parser = argparse.ArgumentParser(
         prog="dlm-lsp",
-        description="Edit-prediction language server on a masked-diffusion coder model.",
+        description="Edit-prediction language server on a masked-diffusion coder model. "
+        "Your editor starts it (`dlm-lsp --stdio`) and talks LSP on stdin/stdout.",
         epilog="subcommands: "
         + "; ".join(f"{n}: {h}" for n, (_, h) in SUBCOMMANDS.items())
         + ". Run `dlm-lsp SUBCOMMAND --help` for each.",
     )
     module.add_arguments(parser)
-    return int(module.run(parser.parse_args(argv)) or 0)
+    return module, parser, argv
+
+
+def _stdin_is_terminal() -> bool:
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except (AttributeError, ValueError):  # a closed or replaced stdin
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    module, parser, rest = parser_for(argv)
+    args = parser.parse_args(rest)
+    if module.__name__ == SERVER_MODULE and getattr(args, "tcp", None) is None and _stdin_is_terminal():
+        print(TTY_HINT, file=sys.stderr, flush=True)
+    return int(module.run(args) or 0)
 
 
 if __name__ == "__main__":

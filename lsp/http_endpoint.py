@@ -213,7 +213,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remote", default=None, help="HOST:PORT of a `dlm-lsp serve` GPU box instead of a local model")
     parser.add_argument("--token-file", default=None, help="shared token for --remote (or DLM_TOKEN)")
     parser.add_argument("--tls", action="store_true", help="use TLS to the --remote server")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        metavar="LEVEL", help="DEBUG, INFO, WARNING or ERROR, any case (default INFO)")
     parser.add_argument("--deadline-ms", type=int, default=EndpointOptions.deadline_ms,
                         help="answer within this many ms of a request, or answer nothing (default %(default)s)")
     parser.add_argument("--min-confidence", type=float, default=EndpointOptions.min_confidence,

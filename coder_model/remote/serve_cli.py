@@ -41,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--handshake-timeout", type=float, default=5.0, help="seconds to authenticate")
     parser.add_argument("--idle-timeout", type=float, default=600.0,
                         help="seconds without a frame before an idle connection is closed")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        metavar="LEVEL", help="DEBUG, INFO, WARNING or ERROR, any case (default INFO)")
 
 
 def build_ssl_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
