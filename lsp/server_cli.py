@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token-file", metavar="F", help="shared token for --remote (or env DLM_TOKEN)")
     parser.add_argument("--tls", action="store_true", help="use TLS for --remote")
     parser.add_argument("--log-file", metavar="F", help="write logs here (default: stderr)")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        metavar="LEVEL", help="DEBUG, INFO, WARNING or ERROR, any case (default INFO)")
     # Tests: "module:function" called as function(model, device) -> Engine (env DLM_ENGINE_FACTORY too).
     parser.add_argument("--engine-factory", help=argparse.SUPPRESS)
 
