@@ -633,7 +633,7 @@ def call2(call: Call) -> int:
         t = time.monotonic()
         rc, text = call.python(args, timeout, None, env=env)
         header = (f"# python {' '.join(args)}\n# rc {rc}; {time.monotonic() - t:.0f} s; "
-                  f"{'measured while the training run shares the GPU' if alive else 'no training run alongside'}\n")
+                  f"{'measured while the training run shares the ' + plan.device if alive else 'no training run alongside'}\n")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(header + text)
         call.loose[fname] = path
@@ -647,7 +647,8 @@ def call2(call: Call) -> int:
 
 def call3(call: Call) -> int:
     plan = call.plan
-    call.say(f"training: {call.progress()}")
+    if call.training_alive():
+        call.say(f"training running (pid {call.train_pid()}): {call.progress()}; waiting for it to end")
     while call.training_alive() and call.left() > plan.copy_margin_s:
         time.sleep(2)
     if call.training_alive():
