@@ -31,6 +31,7 @@ from urllib.parse import unquote, urlparse
 
 from dlm.coder_model.types import Engine, LayoutBudget, Prediction, SamplerParams
 from dlm.lsp import context, convert, gate, postprocess
+from dlm.lsp import copilot_nes
 from dlm.lsp.convert import ACCEPT_COMMAND
 from dlm.lsp.documents import Document, Documents
 from dlm.lsp.engine_holder import EngineHolder
@@ -460,6 +461,22 @@ def workspace_execute_command_accept(ls: DlmServer, *args: Any) -> None:
     ls.maybe_send_status()
 
 
+# ---- Copilot's next-edit methods (lsp.copilot_nes): dlm/editPrediction in Copilot's shape -------
+
+
+async def copilot_inline_edit(ls: DlmServer, params: Any) -> dict:
+    uri = convert.document_uri(params)
+    doc = ls.documents.get(uri) if uri is not None else None
+    asked = copilot_nes.requested_version(params)
+    if doc is None or (asked is not None and asked != doc.version):
+        return copilot_nes.no_edits()
+    return copilot_nes.inline_edits(doc, await dlm_edit_prediction(ls, params), asked)
+
+
+def text_document_did_show_inline_edit(ls: DlmServer, params: Any) -> None:
+    ls.stats.add("shown")
+
+
 def create_server(engine_factory: Callable[[], Engine]) -> DlmServer:
     server = DlmServer(engine_factory)
     server.feature(types.INITIALIZE)(initialize)
@@ -478,5 +495,7 @@ def create_server(engine_factory: Callable[[], Engine]) -> DlmServer:
     server.feature(STATS)(dlm_stats)
     server.feature(DID_SHOW)(text_document_did_show_completion)
     server.feature(DID_PARTIALLY_ACCEPT)(text_document_did_partially_accept_completion)
+    server.feature(copilot_nes.COPILOT_INLINE_EDIT)(copilot_inline_edit)
+    server.feature(copilot_nes.DID_SHOW_INLINE_EDIT)(text_document_did_show_inline_edit)
     server.command(ACCEPT_COMMAND)(workspace_execute_command_accept)
     return server
