@@ -37,12 +37,11 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-
 from dlm import kernels
 from dlm.coder_model.cache import PrefixCache
+from dlm.coder_model.calibration import Calibration
 from dlm.coder_model.model import DLM
 from dlm.coder_model.tokenizer import SPECIAL_TOKENS, Tokenizer
-from dlm.coder_model.calibration import Calibration
 from dlm.coder_model.types import CancelToken, Prediction, Prompt, SamplerParams
 from dlm.kernels import reference as reference_ops
 

@@ -6,7 +6,6 @@ measured duration."""
 from __future__ import annotations
 
 import torch
-
 from dlm.coder_model.engine import LocalEngine
 from dlm.coder_model.layout import encode_prompt
 from dlm.coder_model.sampler import DEADLINE_MARGIN_S, BlockDecoder, StepTimer, generate, partial_region

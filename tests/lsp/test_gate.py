@@ -4,7 +4,7 @@ recently typed. Pure functions: times are plain numbers given by the test."""
 from __future__ import annotations
 
 from dlm.lsp.documents import Document
-from dlm.lsp.gate import RecentEdits, decide, deadline_at, replaced_lines
+from dlm.lsp.gate import RecentEdits, deadline_at, decide, replaced_lines
 
 
 def test_deadline_counts_from_the_keystroke_when_the_request_belongs_to_it():
