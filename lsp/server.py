@@ -30,20 +30,18 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from dlm.coder_model.types import Engine, LayoutBudget, Prediction, SamplerParams
-from dlm.lsp import context, convert, gate, postprocess
+from dlm.lsp import context, convert, framing, gate, postprocess
 from dlm.lsp import copilot_nes
 from dlm.lsp.convert import ACCEPT_COMMAND
 from dlm.lsp.documents import Document, Documents
 from dlm.lsp.engine_holder import EngineHolder
 from dlm.lsp.history import History
 from dlm.lsp.options import ContextOptions, Options, parse_options
+from dlm.lsp.protocol import DlmProtocol
 from dlm.lsp.scheduler import Scheduler
 from dlm.lsp.stats import Stats
 from lsprotocol import types
-from pygls.exceptions import JsonRpcInvalidParams
 from pygls.lsp.server import LanguageServer
-from pygls.protocol import LanguageServerProtocol
-from pygls.protocol.language_server import lsp_method
 
 log = logging.getLogger(__name__)
 
@@ -53,38 +51,6 @@ STATUS = "dlm/status"
 DID_SHOW = "textDocument/didShowCompletion"
 DID_PARTIALLY_ACCEPT = "textDocument/didPartiallyAcceptCompletion"
 MAX_REMEMBERED_ITEMS = 256
-
-
-class DlmProtocol(LanguageServerProtocol):
-    """pygls' protocol with our document store and a reply for requests that fail to parse."""
-
-    def structure_message(self, data: dict[str, Any]):
-        try:
-            return super().structure_message(data)
-        except Exception as exc:
-            if isinstance(data, dict) and "id" in data and "method" in data:
-                # pygls would log and drop it, leaving the client waiting forever.
-                err = JsonRpcInvalidParams(
-                    f"invalid params for {data.get('method')!r}: {exc.__cause__ or exc}; "
-                    "check the request against the LSP specification"
-                )
-                self._send_response(data["id"], None, err.to_response_error())
-            raise
-
-    @lsp_method(types.TEXT_DOCUMENT_DID_OPEN)
-    def lsp_text_document__did_open(self, params: types.DidOpenTextDocumentParams):
-        if (handler := self.fm.features.get(types.TEXT_DOCUMENT_DID_OPEN)) is not None:
-            yield handler, (params,), None
-
-    @lsp_method(types.TEXT_DOCUMENT_DID_CHANGE)
-    def lsp_text_document__did_change(self, params: types.DidChangeTextDocumentParams):
-        if (handler := self.fm.features.get(types.TEXT_DOCUMENT_DID_CHANGE)) is not None:
-            yield handler, (params,), None
-
-    @lsp_method(types.TEXT_DOCUMENT_DID_CLOSE)
-    def lsp_text_document__did_close(self, params: types.DidCloseTextDocumentParams):
-        if (handler := self.fm.features.get(types.TEXT_DOCUMENT_DID_CLOSE)) is not None:
-            yield handler, (params,), None
 
 
 class DlmServer(LanguageServer):
@@ -109,6 +75,13 @@ class DlmServer(LanguageServer):
         # engine may reconnect to a server whose model takes a different context.
         self._configured_context: ContextOptions = self.options.context
         self._fitted_budget: LayoutBudget | None = None
+
+    # ---- transport: our framing (lsp.framing) resynchronises after a bad frame --------------------
+    def start_io(self, stdin=None, stdout=None) -> None:
+        framing.serve_stdio(self, stdin, stdout)
+
+    def start_tcp(self, host: str, port: int) -> None:
+        framing.serve_tcp(self, host, port)
 
     # ---- status -----------------------------------------------------------------------------------
     def _status_changed(self) -> None:
@@ -351,6 +324,7 @@ def text_document_did_open(ls: DlmServer, params: types.DidOpenTextDocumentParam
     if len(td.text) > ls.options.max_document_chars:
         log.warning("%s has %d characters, over max_document_chars; not tracked", td.uri, len(td.text))
         return
+    forget_results(ls, td.uri)  # a re-open may reuse a version number: nothing from before counts
     doc = ls.documents.open(td.uri, td.text, td.version, td.language_id)
     doc.history = History(ls.path_of(td.uri), ls.options.history)
 
@@ -371,6 +345,7 @@ def text_document_did_change(ls: DlmServer, params: types.DidChangeTextDocumentP
         else:
             recent.record(doc.replace_all(change.text, version))
     ls.scheduler.invalidate(uri)
+    ls.last.pop(uri, None)  # results are for the text before this change
     if doc.size > ls.options.max_document_chars:
         log.warning("%s grew over max_document_chars; no longer tracked", uri)
         ls.documents.close(uri)
@@ -380,6 +355,11 @@ def text_document_did_change(ls: DlmServer, params: types.DidChangeTextDocumentP
 def text_document_did_close(ls: DlmServer, params: types.DidCloseTextDocumentParams) -> None:
     uri = params.text_document.uri
     ls.documents.close(uri)
+    forget_results(ls, uri)
+
+
+def forget_results(ls: DlmServer, uri: str) -> None:
+    """Drop the running prediction and the kept results of a document (closed, or re-opened)."""
     ls.scheduler.forget(uri)
     ls.last.pop(uri, None)
     ls.prefix_cache.pop(uri, None)
@@ -441,6 +421,7 @@ async def dlm_edit_prediction(ls: DlmServer, params: Any):
 def dlm_stats(ls: DlmServer, params: Any) -> dict:
     out = ls.stats.snapshot()
     out["documents"] = len(ls.documents)
+    out["pending_futures"] = ls.protocol.pending_futures  # pygls' request table (bounded: lsp.protocol)
     out["state"] = ls.holder.status.state
     return out
 

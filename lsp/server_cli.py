@@ -30,7 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remote", metavar="HOST:PORT", help="use a model served by `dlm-lsp serve`")
     parser.add_argument("--token-file", metavar="F", help="shared token for --remote (or env DLM_TOKEN)")
     parser.add_argument("--tls", action="store_true", help="use TLS for --remote")
-    parser.add_argument("--log-file", metavar="F", help="write logs here (default: stderr)")
+    parser.add_argument(
+        "--log-file", metavar="F",
+        help="also write logs here (default: stderr until the client is initialized, then window/logMessage)",
+    )
     parser.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         metavar="LEVEL", help="DEBUG, INFO, WARNING or ERROR, any case (default INFO)")
     # Tests: "module:function" called as function(model, device) -> Engine (env DLM_ENGINE_FACTORY too).
@@ -61,6 +64,16 @@ def run(args: argparse.Namespace) -> int:
     sys.setswitchinterval(0.0005)
 
     server = create_server(make_engine_factory(args))
+    # Once the client is initialized, INFO and above go to it as window/logMessage with their
+    # level: Neovim's lsp.log records everything on stderr as [ERROR]. stderr keeps what comes
+    # before initialize (and DEBUG); --log-file keeps everything.
+    from dlm.lsp.protocol import ClientLogHandler, NotSentToClient
+
+    to_client = ClientLogHandler(server)
+    to_client.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    root.addHandler(to_client)
+    if not args.log_file:
+        handler.addFilter(NotSentToClient(to_client))
     server.holder.start()
     if args.tcp:
         host, port = args.tcp
