@@ -154,6 +154,12 @@ class Document:
 
     def _apply(self, sl: int, sc: int, el: int, ec: int, text: str, version: int) -> Change:
         """Replace rows/code-point columns (sl, sc)-(el, ec) (already clamped) by `text`."""
+        if sc == 0 and sl > 0 and self.lines[sl - 1].endswith("\r") and (text + self.lines[el][ec:]).startswith("\n"):
+            # The previous line ends with a lone \r and the change puts a \n right after it:
+            # together they are one \r\n line end. Take the \r into the change so the lines
+            # are split as the client's text is (one line, not an empty one between).
+            sl, sc = sl - 1, len(self.lines[sl - 1]) - 1
+            text = "\r" + text
         now = time.monotonic()
         if self.history is not None:
             self.history.before_change(sl, el, now, self.lines)

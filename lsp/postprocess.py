@@ -16,11 +16,14 @@ LSP positions.
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, field
 
 _OPEN = {"(": ")", "[": "]", "{": "}"}
 _CLOSE = {v: k for k, v in _OPEN.items()}
 _CLOSERS = set(")]}\"'`;, ")
+# LSP line ends: \r\n, \n and a lone \r (old Mac files) all end a line.
+_BREAK = re.compile(r"\r\n|\r|\n")
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ def minimal_edits(old: str, new: str) -> list[RegionEdit]:
         if edits:
             p = edits[-1]
             gap = old[p[1] : i1]
-            if len(gap) < 3 and "\n" not in gap:
+            if len(gap) < 3 and not _BREAK.search(gap):
                 p[1], p[3] = i2, j2
                 continue
         edits.append([i1, i2, j1, j2])
@@ -62,8 +65,12 @@ def minimal_edits(old: str, new: str) -> list[RegionEdit]:
 
 
 def _line_end(text: str, pos: int) -> int:
-    n = text.find("\n", pos)
-    return len(text) if n < 0 else (n - 1 if n > 0 and text[n - 1] == "\r" else n)
+    m = _BREAK.search(text, pos)
+    return len(text) if m is None else m.start()
+
+
+def _line_start(text: str, pos: int) -> int:
+    return max(text.rfind("\n", 0, pos), text.rfind("\r", 0, pos)) + 1
 
 
 def _unmatched_closer(text: str, start: int) -> int:
@@ -88,7 +95,7 @@ def filter_insertion(text: str, line_before: str, rest_of_line: str, following: 
     if not text:
         return ""
     if rest_of_line.strip():  # mid-line: one line only
-        text = text.split("\n", 1)[0].rstrip("\r")
+        text = text[: _line_end(text, 0)]
     # Trailing characters the line already has after the cursor (closers, quotes, ;).
     k = min(len(text), len(rest_of_line))
     while k > 0:
@@ -98,16 +105,17 @@ def filter_insertion(text: str, line_before: str, rest_of_line: str, following: 
             break
         k -= 1
     # Lines that repeat the next lines of the document.
-    lines = text.split("\n")
+    lines = _BREAK.split(text)
     if len(lines) > 1:
-        nxt = following.split("\n")
+        nxt = _BREAK.split(following)
         nxt = nxt[1:] if nxt and not nxt[0].strip() else nxt
         for k in range(len(lines) - 1, 0, -1):
             tail = [x.strip() for x in lines[len(lines) - k :]]
             if tail == [x.strip() for x in nxt[:k]] and any(tail):
-                lines = lines[: len(lines) - k]
+                # cut the text before the break that starts the repeated lines
+                ends = [m.start() for m in _BREAK.finditer(text)]
+                text = text[: ends[len(lines) - k - 1]]
                 break
-        text = "\n".join(lines)
     stripped = text.strip()
     if not stripped:
         return ""
@@ -130,7 +138,7 @@ def suggest(old: str, cursor: int, new: str, suffix: str = "") -> Suggestion:
         return Suggestion()
     eol = _line_end(old, cursor)
     before, rest, after_line = old[:cursor], old[cursor:eol], old[eol:]
-    line_before = before[before.rfind("\n") + 1 :]
+    line_before = before[_line_start(before, len(before)) :]
     following = after_line + suffix
     out = Suggestion()
     if new.startswith(before) and new.endswith(old[cursor:]) and len(new) >= len(old):
@@ -141,7 +149,7 @@ def suggest(old: str, cursor: int, new: str, suffix: str = "") -> Suggestion:
     if new.startswith(before) and new.endswith(after_line) and len(new) - len(after_line) >= cursor:
         # The rest of the cursor line is rewritten, the lines after it are kept.
         text = new[cursor : len(new) - len(after_line)]
-        if "\n" not in text and text.strip() and text != rest:
+        if not _BREAK.search(text) and text.strip() and text != rest:
             cut = _unmatched_closer(line_before + text, len(line_before))
             if cut < 0:
                 out.insert_text, out.replace_end = text, eol
