@@ -118,17 +118,20 @@ def load_state(path: Path, model, opt) -> tuple[int, int, list]:
     from safetensors.torch import load_file
 
     st = json.loads((path / "trainer_state.json").read_text())
-    dev = next(model.parameters()).device
-    tensors = load_file(str(path / "optimizer.safetensors"), device=str(dev))
+    # read on the CPU: Optimizer.load_state_dict moves each state to its parameter's device
+    # (and `step` where fused AdamW wants it)
+    tensors = load_file(str(path / "optimizer.safetensors"))
     state: dict = {}
     for key, v in tensors.items():
         pid, k = key.split(".", 1)
-        # AdamW keeps `step` on the CPU unless it is fused/capturable
-        state.setdefault(int(pid), {})[k] = v.cpu() if k == "step" and v.dim() == 0 else v
+        state.setdefault(int(pid), {})[k] = v
     for key, v in st["scalars"].items():
         pid, k = key.split(".", 1)
         state.setdefault(int(pid), {})[k] = v
-    opt.load_state_dict({"state": state, "param_groups": st["param_groups"]})
+    groups = st["param_groups"]
+    for saved, current in zip(groups, opt.param_groups):
+        saved["fused"] = current.get("fused")  # a CPU run resumed on CUDA fuses, and back
+    opt.load_state_dict({"state": state, "param_groups": groups})
     return st["step"], st["total"], st["rng"]
 
 
