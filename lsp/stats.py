@@ -4,14 +4,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in [0, 100]) of `values`; None when empty."""
-    if not values:
-        return None
-    s = sorted(values)
-    k = max(0, min(len(s) - 1, round(q / 100.0 * len(s) + 0.5) - 1))
-    return s[k]
+from dlm.coder_model.evaluation.metrics import percentile  # noqa: F401 - the one percentile, re-exported
 
 
 class Stats:

@@ -28,6 +28,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from dlm.coder_model.evaluation.metrics import percentile
 from dlm.coder_model.types import CancelToken, Prompt, SamplerParams
 
 SAMPLE = '''import os
@@ -100,10 +101,9 @@ def typing_prompts(n: int, path: str = "bench.py", shift: int = 0) -> list[Promp
 
 
 def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+    """The project's percentile (q as a fraction here); nan when empty, for the tables."""
+    p = percentile(values, q * 100)
+    return float("nan") if p is None else p
 
 
 def _ensure_model(args) -> tuple[str, str]:
