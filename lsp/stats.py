@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 
-from dlm.coder_model.evaluation.metrics import percentile  # noqa: F401 - the one percentile, re-exported
+from dlm.coder_model.evaluation.metrics import percentile  # the one percentile (also re-exported)
 
 
 class Stats:
