@@ -10,9 +10,8 @@ import json
 import subprocess
 import sys
 
-from lsp_helpers import server_env
-
 from dlm.lsp.eval import Answer, choose_threshold, judge, render_markdown, summarize
+from lsp_helpers import server_env
 
 
 def test_judge_insertion_exact_prefix_and_wrong():
@@ -91,7 +90,7 @@ def test_eval_through_the_server_renders_the_table_and_the_plot(tmp_path):
          "--edit-histories", str(edits), "--safim-dir", str(safim), "--limit", "1", "--max-keys", "6",
          "--cps", "40", "--out", str(out), "--thresholds", "0,0.5"],
         env=server_env(DLM_ENGINE_FACTORY="fake_engine:slow", FAKE_STEP_S="0.001"),
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     md = (out / "eval.md").read_text()
@@ -112,10 +111,10 @@ def test_eval_through_the_server_renders_the_table_and_the_plot(tmp_path):
 
 def test_eval_refuses_bad_thresholds_and_missing_material(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "dlm.lsp.cli", "eval", "--thresholds", "0,2"],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "[0, 1]" in bad.stderr
     none = subprocess.run(
         [sys.executable, "-m", "dlm.lsp.cli", "eval", "--sources", "corpus", "--corpus", str(tmp_path / "nothing")],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=60, check=False,
     )
     assert none.returncode == 2 and "no material" in none.stderr
