@@ -53,6 +53,11 @@ class EngineHolder:
             st = engine.status()
             self.engine = engine
             self.status = replace(st, state=st.state if st.state != "loading" else "ready")
+            if hasattr(engine, "on_status_change"):
+                # A remote engine connects and disconnects on its own: follow it at once
+                # rather than at the next request (dlm/status in the editor).
+                engine.on_status_change = self.refresh
+                self.refresh()  # it may have connected or failed before we listened
             log.info("engine ready in %.1f s: %s", time.monotonic() - t0, self.status)
         except BaseException as exc:  # a failed load must leave the front end running, with the reason
             log.exception("model failed to load")
@@ -73,6 +78,10 @@ class EngineHolder:
 
     def ready(self) -> bool:
         """True when the engine can take a request now (a remote one may be disconnected)."""
+        return self.refresh()
+
+    def refresh(self) -> bool:
+        """Read the engine's status (calling `on_change` when its state moved); True when ready."""
         if self.engine is None:
             return False
         try:

@@ -27,7 +27,9 @@ import ssl
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+
 from dlm.coder_model.remote import auth
 from dlm.coder_model.remote.protocol import (
     PROTOCOL_VERSION,
@@ -118,6 +120,9 @@ class RemoteEngine:
         self.reconnects = 0  # successful connections after the first
         self.connects = 0
         self._closing = False
+        # Called (from the I/O thread) when the connection comes up or goes down, so that a
+        # front end can tell the editor without waiting for the next request (dlm/status).
+        self.on_status_change: Callable[[], None] | None = None
 
         self._loop = asyncio.new_event_loop()
         self._wake: asyncio.Event | None = None
@@ -258,6 +263,14 @@ class RemoteEngine:
         self._last_error = message
         log.warning("%s", message)
 
+    def _status_changed(self) -> None:
+        callback = self.on_status_change
+        if callback is not None and not self._closing:
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - the listener's failure must not stop reconnecting
+                log.exception("on_status_change callback failed")
+
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._loop.run_forever()
@@ -298,6 +311,7 @@ class RemoteEngine:
                 if self.connects > 1:
                     self.reconnects += 1
                 self._connected_event.set()
+                self._status_changed()
                 log.info("connected to %s:%s (model %s on %s)", self.host, self.port, session.model, session.device)
                 delay = self.backoff_initial
                 reconnect_now = await self._read_loop(reader)
@@ -317,11 +331,13 @@ class RemoteEngine:
                 self._note(f"connection to {self.host}:{self.port} failed: {exc or type(exc).__name__}")
             finally:
                 self._ever_tried = True
-                self._session = None
+                was_connected, self._session = self._session is not None, None
                 self._connected_event.clear()
                 if writer is not None:
                     writer.close()
                 self._fail_pending()
+                if was_connected or self.connects == 0:  # down, or the first try failed
+                    self._status_changed()
             if self._closing:
                 break
             if reconnect_now:  # the server closed an idle connection: not a failure
