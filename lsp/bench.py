@@ -409,7 +409,10 @@ def render(summary: dict) -> str:
 def explain(summary: dict) -> str:
     """Why a run measured no latency or showed no suggestion, and what to try ('' when it did)."""
     srv = summary["server"]
-    n = lambda key: srv.get(key) or 0  # noqa: E731 - counters an older server may not report
+
+    def n(key: str) -> int:  # counters an older server may not report count as 0
+        return srv.get(key) or 0
+
     log = f" (server log: {summary['server_log']})" if summary.get("server_log") else ""
     if summary["keystrokes"] == 0:
         return "No keystroke was replayed: the files given to --files had nothing to type; pass other files."

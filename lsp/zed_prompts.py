@@ -1,24 +1,40 @@
 """Zed's edit-prediction prompts, read back into our Prompt (pure functions, no I/O).
 
 Zed shows edit predictions only from its own providers, one of which,
-`open_ai_compatible_api`, posts a prompt string Zed formats itself in one of
-two families (Zed's crates/edit_prediction, fim.rs and zeta1):
+`open_ai_compatible_api`, posts a prompt string Zed formats itself
+(crates/edit_prediction and crates/zeta_prompt), chosen by its
+`prompt_format` setting:
 
-- fill-in-the-middle (`prompt_format` code_llama, star_coder, deepseek_coder,
-  qwen, codegemma, codestral, glm): the text before and after the cursor of a
+- fill-in-the-middle (code_llama, star_coder, deepseek_coder, qwen,
+  codegemma, codestral, glm): the text before and after the cursor of a
   ~512-token window; Zed inserts the answer at the cursor;
-- zeta (`prompt_format: "zeta"`): an instruction, the user's recent edits as
-  diffs, and an excerpt with `<|editable_region_start|>`, the cursor marker
+- zeta (zeta1): an instruction, the user's recent edits as diffs, and an
+  excerpt with `<|editable_region_start|>`, the cursor marker
   `<|user_cursor_is_here|>` and `<|editable_region_end|>`; Zed replaces the
   editable region with the answer (text after `<|editable_region_start|>\\n`)
-  and shows the difference as edits anywhere in the region.
+  and shows the difference as edits anywhere in the region;
+- zeta2: `<|file_sep|>`-separated sections (related files, `edit history`
+  with `--- a/PATH` / `+++ b/PATH` diffs, then the cursor's file) and the
+  cursor's file as Qwen FIM markers around an editable region that holds
+  the cursor marker `<|user_cursor|>`. Zed has several layouts of it; we read
+  the ones it sends to an OpenAI-compatible server: the editable region
+  between git merge markers `<<<<<<< CURRENT` and `=======` (before the
+  suffix, Zed's default, or after `<|fim_middle|>`; the answer is the new
+  region followed by `>>>>>>> UPDATED`, and a prompt that ends with the
+  start of the region, Zed's "prefill", gets only the rest), or between
+  `<|fim_middle|>current` and `<|fim_middle|>updated` (the answer is the new
+  region);
+- any other prompt (other OpenAI-compatible clients) is plain text to
+  continue: prefix = the prompt, no suffix; the answer is the completion
+  after it.
 
 `parse_prompt` reads the request text into a `ZedPrompt`; `build_prompt` makes
 the engine's Prompt of it (region = the cursor line, plus a line either side
-for zeta, so the masked block stays short; language names from
+for the zeta formats, so the masked block stays short; language names from
 coder_model.languages; Zed's edit diffs re-rendered as the -U0 hunks the model
 was trained on); `render_answer` writes the model's new region in the format
-Zed reads. lsp.http_endpoint does the HTTP around them.
+Zed reads, cut at the request's `stop` sequences where the answer is an
+insertion. lsp.http_endpoint does the HTTP around them.
 """
 
 from __future__ import annotations
@@ -42,6 +58,14 @@ ZETA_EXCERPT_HEADER = "\n\n### User Excerpt:\n\n"
 ZETA_EDITS_HEADER = "### User Edits:\n\n"
 ZETA_RESPONSE_HEADER = "\n\n### Response:\n"
 
+# zeta2 (crates/zeta_prompt)
+ZETA2_CURSOR = "<|user_cursor|>"
+FILE_SEP = "<|file_sep|>"
+ZETA2_HISTORY = FILE_SEP + "edit history\n"
+FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"
+MERGE_CURRENT, MERGE_SEPARATOR, MERGE_UPDATED = "<<<<<<< CURRENT\n", "=======\n", ">>>>>>> UPDATED\n"
+MIDDLE_CURRENT, MIDDLE_UPDATED = FIM_MIDDLE + "current\n", FIM_MIDDLE + "updated\n"
+
 # name -> (opening, middle, closing) markers; the text between opening and
 # middle is the prefix, between middle and closing the suffix (codestral: reversed).
 FIM_FORMATS: dict[str, tuple[str, str, str]] = {
@@ -53,7 +77,7 @@ FIM_FORMATS: dict[str, tuple[str, str, str]] = {
 }
 CODESTRAL = ("[SUFFIX]", "[PREFIX]")  # "[SUFFIX]{suffix}[PREFIX]{prefix}"
 
-SUPPORTED = "code_llama, star_coder, deepseek_coder, qwen, codegemma, codestral, glm, zeta"
+SUPPORTED = "code_llama, star_coder, deepseek_coder, qwen, codegemma, codestral, glm, zeta, zeta2"
 
 
 class PromptFormatError(ValueError):
@@ -76,6 +100,7 @@ class ZedPrompt:
     history: tuple[str, ...] = ()
     path: str = ""
     start_of_file: bool = False
+    end_marker: str = ""  # zeta2: what ends the answer (Zed strips it)
 
 
 def parse_prompt(prompt: str) -> ZedPrompt:
@@ -84,6 +109,8 @@ def parse_prompt(prompt: str) -> ZedPrompt:
         raise PromptFormatError(f"'prompt' must be a string, got {type(prompt).__name__}")
     if REGION_START in prompt and CURSOR in prompt:
         return _parse_zeta(prompt)
+    if ZETA2_CURSOR in prompt and FILE_SEP in prompt and FIM_PREFIX in prompt:
+        return _parse_zeta2(prompt)
     for name, (a, b, c) in FIM_FORMATS.items():
         if prompt.startswith(a) and prompt.endswith(c) and b in prompt[len(a) : len(prompt) - len(c)]:
             body = prompt[len(a) : len(prompt) - len(c)]
@@ -93,10 +120,8 @@ def parse_prompt(prompt: str) -> ZedPrompt:
     if prompt.startswith(s) and p in prompt[len(s) :]:
         suffix, _, prefix = prompt[len(s) :].partition(p)
         return _fim("codestral", prefix, suffix)
-    raise PromptFormatError(
-        "the prompt is in none of the formats dlm-lsp reads (" + SUPPORTED + "); in Zed's settings set "
-        '"edit_predictions": {"open_ai_compatible_api": {"prompt_format": "qwen"}} (or "zeta")'
-    )
+    # No markers: a plain completion prompt (other OpenAI-compatible clients). Continue it.
+    return ZedPrompt(format="plain", text=prompt, cursor=len(prompt), editable=(0, len(prompt)))
 
 
 def _fim(name: str, prefix: str, suffix: str) -> ZedPrompt:
@@ -149,6 +174,87 @@ def _parse_zeta(prompt: str) -> ZedPrompt:
         path=path,
         start_of_file=sof,
     )
+
+
+def _parse_zeta2(prompt: str) -> ZedPrompt:
+    """zeta2 prompt (crates/zeta_prompt): sections after `<|file_sep|>`; the last one is the
+    cursor's file, in one of the layouts the module docstring lists."""
+    prefix_at = prompt.find(FIM_PREFIX)
+    file_at = prompt.rfind(FILE_SEP, 0, prefix_at)
+    if file_at < 0:
+        raise PromptFormatError("zeta2 prompt without a <|file_sep|>PATH line before <|fim_prefix|>; "
+                                'set "prompt_format": "zeta2" (or "qwen") in Zed')
+    path, _, _ = prompt[file_at + len(FILE_SEP) : prefix_at].partition("\n")
+    history_at = prompt.find(ZETA2_HISTORY, 0, file_at)
+    history: tuple[str, ...] = ()
+    if history_at >= 0:
+        end = prompt.find(FILE_SEP, history_at + len(ZETA2_HISTORY))
+        history = parse_zeta2_events(prompt[history_at + len(ZETA2_HISTORY) : end if end >= 0 else file_at])
+    body = prompt[prefix_at + len(FIM_PREFIX) :]
+    end_marker, prefill = "", ""
+    if MERGE_CURRENT in body:
+        end_marker = MERGE_UPDATED
+        before_region, _, rest = body.partition(MERGE_CURRENT)
+        if FIM_SUFFIX in before_region:  # v0120: prefix <|fim_suffix|> suffix <|fim_middle|> <<<<<<< ...
+            before, _, after = before_region.partition(FIM_SUFFIX)
+            after = after.removesuffix(FIM_MIDDLE)
+            editable, found, _ = rest.partition(MERGE_SEPARATOR)
+        else:  # v0131 (Zed's default): prefix <<<<<<< region ======= <|fim_suffix|> suffix <|fim_middle|>
+            before = before_region
+            editable, found, rest = rest.partition(MERGE_SEPARATOR)
+            after_part, _, prefill = rest.removeprefix(FIM_SUFFIX).rpartition(FIM_MIDDLE)
+            after = after_part
+        if not found:
+            raise PromptFormatError("zeta2 prompt has <<<<<<< CURRENT but no ======= after the editable region")
+    elif MIDDLE_CURRENT in body:
+        body = body.removeprefix("\n")
+        if 0 <= body.find(FIM_SUFFIX) < body.find(MIDDLE_CURRENT):  # v0112: prefix, suffix, then the region
+            before, _, rest = body.partition(FIM_SUFFIX)
+            after, _, rest = rest.removeprefix("\n").partition(MIDDLE_CURRENT)
+            editable, _, _ = rest.partition(MIDDLE_UPDATED)
+        else:  # v0113/v0114: prefix, the region, suffix
+            before, _, rest = body.partition(MIDDLE_CURRENT)
+            editable, _, rest = rest.partition(FIM_SUFFIX)
+            after, _, _ = rest.removeprefix("\n").partition(MIDDLE_UPDATED)
+    else:
+        raise PromptFormatError("zeta2 prompt with neither <<<<<<< CURRENT nor <|fim_middle|>current around "
+                                'the editable region; set "prompt_format": "zeta2" (or "qwen") in Zed')
+    if editable.count(ZETA2_CURSOR) != 1:
+        raise PromptFormatError(f"zeta2 prompt has {editable.count(ZETA2_CURSOR)} cursor markers in the editable "
+                                "region; expected 1")
+    ed_before, _, ed_after = editable.partition(ZETA2_CURSOR)
+    if prefill and not ed_before.startswith(prefill):
+        raise PromptFormatError("zeta2 prompt ends with text that does not start the editable region")
+    text = before + ed_before + ed_after + after
+    start = len(before)
+    return ZedPrompt(
+        format="zeta2",
+        text=text,
+        cursor=start + len(ed_before),
+        # Zed's prefill (the region's first lines, after <|fim_middle|>) is fixed: the answer continues it
+        editable=(start + len(prefill), start + len(ed_before) + len(ed_after)),
+        history=history,
+        path=path.strip(),
+        end_marker=end_marker,
+    )
+
+
+_ZETA2_FILE_HEADER = re.compile(r"^--- a(/[^\n]*)\n\+\+\+ b(/[^\n]*)\n", re.MULTILINE)
+
+
+def parse_zeta2_events(events: str) -> tuple[str, ...]:
+    """zeta2's edit history ('--- a/PATH\\n+++ b/PATH\\n' + hunks per event, oldest first) ->
+    edit events rendered by coder_model.edit_history, one per hunk."""
+    out: list[str] = []
+    heads = list(_ZETA2_FILE_HEADER.finditer(events))
+    for i, m in enumerate(heads):
+        body = events[m.end() : heads[i + 1].start() if i + 1 < len(heads) else len(events)]
+        name = m.group(2).lstrip("/") or "untitled"
+        for start, old, new in parse_hunks(body):
+            event = render_event(name, start, old, new)
+            if event:
+                out.append(event)
+    return tuple(out)
 
 
 def parse_zeta_events(events: str) -> tuple[str, ...]:
@@ -227,7 +333,7 @@ def build_prompt(zp: ZedPrompt, zeta_lines_before: int = 1, zeta_lines_after: in
     t = zp.text
     s = _line_start(t, zp.cursor, lo)
     e = _line_end(t, zp.cursor, hi)
-    if zp.format == "zeta":
+    if zp.format in ("zeta", "zeta2"):
         for _ in range(zeta_lines_before):
             if s > lo:
                 s = _line_start(t, s - 1, lo)
@@ -257,16 +363,27 @@ def _cut_at_stop(text: str, stop: list[str]) -> str:
 
 
 def render_answer(zp: ZedPrompt, built: Built, new_region: str, stop: list[str]) -> str:
-    """The completion text Zed expects for the model's new region."""
+    """The completion text Zed expects for the model's new region.
+
+    An insertion (fill-in-the-middle, plain prompts) is cut at the first `stop` sequence, as a
+    server that generates it would stop there. A zeta answer is a whole new editable region:
+    stop sequences are not applied inside it (cutting it short would tell Zed to delete the
+    rest of the region); zeta2's end marker is added unless it is itself a stop sequence (a
+    server stops before one, so Zed would not see it).
+    """
     p = built.prompt
-    if zp.format == "zeta":
+    if zp.format in ("zeta", "zeta2"):
         lo, hi = zp.editable
         new_editable = zp.text[lo : built.region_start] + new_region + zp.text[built.region_end : hi]
+        if zp.format == "zeta2":
+            ends = zp.end_marker and not any(s and s in zp.end_marker for s in stop)
+            sep = "" if not ends or new_editable.endswith("\n") else "\n"
+            return new_editable + (sep + zp.end_marker if ends else "")
         # Zed keeps the text after "<|editable_region_start|>\n" (up to the end marker, which a
-        # server would have stopped at), so nothing follows the new editable text. The stop
-        # strings are not applied: cutting the region short would delete the rest of it.
+        # server would have stopped at), so nothing follows the new editable text.
         return REGION_START + "\n" + new_editable
-    # Fill-in-the-middle: Zed inserts the answer at the cursor, so only an insertion can be shown.
+    # Fill-in-the-middle and plain prompts: the answer is inserted at the cursor, so only an
+    # insertion can be shown.
     sug = suggest(p.region, p.cursor, new_region, p.suffix)
     if sug.replace_end is not None:
         return ""

@@ -2,7 +2,10 @@
 requests posted to the running endpoint with a tiny random model.
 
 The prompts are built here the way Zed builds them (crates/edit_prediction fim.rs
-`format_fim_prompt`, zeta_prompt zeta1 `format_zeta1_prompt`/`format_zeta1_excerpt`).
+`format_fim_prompt`, zeta_prompt zeta1 `format_zeta1_prompt`/`format_zeta1_excerpt`, and
+zeta_prompt's zeta2 layouts: v0131 git merge markers with the prefix first (Zed's default),
+v0120 merge markers after the suffix, v0113 ordered and v0112 middle-at-end), and posted
+as the request bodies Zed sends; plain prompts as other OpenAI-compatible clients send them.
 A random model writes arbitrary text, so the tests check the plumbing (parse, the
 answer is the engine's prediction rendered in the request's format, Zed can read it),
 not what the text says.
@@ -70,6 +73,124 @@ def zed_clean_zeta1(output: str) -> str:
     return c[start:end]
 
 
+# -- zeta2, as crates/zeta_prompt writes it ----------------------------------------------------------
+
+
+def zed_zeta2(layout: str, path: str, excerpt: str, editable: tuple[int, int], cursor: int,
+              events: list[tuple[str, str]] = (), related: list[tuple[str, str]] = (), prefill: str = "") -> str:
+    """A zeta2 prompt: related files, the edit history, then the cursor's file in `layout`
+    (pushed piece by piece as zeta_prompt.rs does, newline added where the prompt lacks one)."""
+    out: list[str] = []
+
+    def push(*pieces: str) -> None:
+        out.extend(pieces)
+
+    def newline() -> None:  # Zed: if !prompt.ends_with('\\n') { prompt.push('\\n') }
+        if not "".join(out).endswith("\n"):
+            out.append("\n")
+
+    for p, text in related:
+        push(f"<|file_sep|>{p}\n", text)
+        newline()
+    if events:
+        push("<|file_sep|>edit history\n", *(f"--- a/{p}\n+++ b/{p}\n{d}" for p, d in events))
+    s, e = editable
+    before, after = excerpt[:s], excerpt[e:]
+    region = (excerpt[s:cursor], "<|user_cursor|>", excerpt[cursor:e])
+    push(f"<|file_sep|>{path}\n")
+    if layout == "v0131":
+        push("<|fim_prefix|>", before, "<<<<<<< CURRENT\n", *region)
+        newline()
+        push("=======\n", "<|fim_suffix|>", after)
+        newline()
+        push("<|fim_middle|>", prefill)
+    elif layout == "v0120":
+        push("<|fim_prefix|>", before, "<|fim_suffix|>", after)
+        newline()
+        push("<|fim_middle|>", "<<<<<<< CURRENT\n", *region)
+        newline()
+        push("=======\n")
+    elif layout == "v0113":
+        push("<|fim_prefix|>\n", before)
+        newline()
+        push("<|fim_middle|>current\n", *region)
+        newline()
+        push("<|fim_suffix|>\n", after)
+        newline()
+        push("<|fim_middle|>updated\n")
+    elif layout == "v0112":
+        push("<|fim_prefix|>\n", before, "<|fim_suffix|>\n", after)
+        newline()
+        push("<|fim_middle|>current\n", *region)
+        newline()
+        push("<|fim_middle|>updated\n")
+    return "".join(out)
+
+
+def zed_parse_zeta2_output(output: str, end_marker: str = ">>>>>>> UPDATED\n") -> str:
+    """Zed's parse_zeta2_model_output for these layouts: the end marker stripped when it ends the output."""
+    return output.removesuffix(end_marker)
+
+
+S2, E2 = FILE.index("def add"), FILE.index("\nprint") + 1  # whole lines, as Zed's editable ranges are
+EDIT_DIFF = "@@ -4,3 +4,4 @@\n \n+def mul(a, b):\n+    ret\n \n"
+
+
+@pytest.mark.parametrize("layout", ["v0131", "v0120", "v0113", "v0112"])
+def test_zeta2_layouts_parse_to_the_excerpt_cursor_and_edits(layout):
+    prompt = zed_zeta2(layout, "proj/m.py", FILE, (S2, E2), CURSOR, events=[("proj/m.py", EDIT_DIFF)],
+                       related=[("proj/util.py", "def helper():\n    pass\n")])
+    zp = zed.parse_prompt(prompt)
+    assert zp.format == "zeta2" and zp.path == "proj/m.py"
+    assert zp.text == FILE and zp.cursor == CURSOR and zp.editable == (S2, E2)
+    assert zp.end_marker == (">>>>>>> UPDATED\n" if layout in ("v0131", "v0120") else "")
+    assert zp.history == (render_event("proj/m.py", 4, [], ["def mul(a, b):", "    ret"]),)
+    built = zed.build_prompt(zp)
+    # the cursor line and one line either side, inside the editable range
+    assert built.prompt.region == "def mul(a, b):\n    ret\n" and built.prompt.language == "python"
+
+
+def test_zeta2_answer_is_the_new_editable_region_and_its_end_marker():
+    zp = zed.parse_prompt(zed_zeta2("v0131", "m.py", FILE, (S2, E2), CURSOR))
+    built = zed.build_prompt(zp, zeta_lines_before=0, zeta_lines_after=0)
+    out = zed.render_answer(zp, built, "    return a * b", [])
+    assert out.endswith(">>>>>>> UPDATED\n")
+    new_editable = zed_parse_zeta2_output(out)
+    assert new_editable == FILE[S2:E2].replace("    ret\n", "    return a * b\n")
+    # a stop sequence that is the end marker: a server stops before it, so it is not sent
+    assert zed.render_answer(zp, built, "    return a * b", [">>>>>>> UPDATED"]) == new_editable
+    # v0113 has no end marker: the answer is the region itself
+    zp = zed.parse_prompt(zed_zeta2("v0113", "m.py", FILE, (S2, E2), CURSOR))
+    built = zed.build_prompt(zp, zeta_lines_before=0, zeta_lines_after=0)
+    assert zed.render_answer(zp, built, "    return a * b", []) == new_editable
+
+
+def test_zeta2_prefill_is_kept_and_the_answer_continues_it():
+    prefill = FILE[S2 : FILE.index("\n", S2) + 1]  # Zed's v0211 prefill: the region's first line
+    zp = zed.parse_prompt(zed_zeta2("v0131", "m.py", FILE, (S2, E2), CURSOR, prefill=prefill))
+    assert zp.editable == (S2 + len(prefill), E2)
+    built = zed.build_prompt(zp)
+    assert not built.prompt.region.startswith("def add")  # the model cannot rewrite the prefill
+    out = zed.render_answer(zp, built, built.prompt.region, [])
+    assert prefill + zed_parse_zeta2_output(out) == FILE[S2:E2]  # Zed: output = prefill + response
+
+
+def test_plain_prompts_are_continued():
+    zp = zed.parse_prompt("def f(x):\n    return")
+    assert zp.format == "plain" and zp.cursor == len(zp.text) and zp.text == "def f(x):\n    return"
+    built = zed.build_prompt(zp)
+    assert built.prompt.region == "    return" and built.prompt.suffix == ""
+    assert zed.render_answer(zp, built, "    return x * 2", []) == " x * 2"
+    assert zed.render_answer(zp, built, "    return x * 2", ["*"]) == " x "
+
+
+def test_stop_may_be_a_string_or_a_list():
+    body = json.dumps({"model": "dlm", "prompt": "x = ", "stop": "\n"}).encode()
+    assert he.parse_request(body, 1000)["stop"] == ["\n"]
+    body = json.dumps({"model": "dlm", "prompt": "x = ", "stop": ["\n", "#"]}).encode()
+    assert he.parse_request(body, 1000)["stop"] == ["\n", "#"]
+
+
 @pytest.mark.parametrize("fmt", ["code_llama", "star_coder", "deepseek_coder", "qwen", "codestral", "glm"])
 def test_fim_formats_parse_to_the_cursor(fmt):
     zp = zed.parse_prompt(zed_fim(fmt, FILE[:CURSOR], FILE[CURSOR:]))
@@ -113,11 +234,11 @@ def test_fim_answer_is_the_insertion_at_the_cursor():
     assert zed.render_answer(zp, built, "    ret", []) == ""  # no change, nothing to insert
 
 
-def test_unknown_format_is_refused_with_what_to_set():
-    with pytest.raises(zed.PromptFormatError, match='"prompt_format": "qwen"'):
-        zed.parse_prompt("def f(x):\n    return")
+def test_malformed_zeta_prompts_are_refused_with_what_is_wrong():
     with pytest.raises(zed.PromptFormatError, match="no <\\|editable_region_end"):
         zed.parse_prompt(ZETA_INSTRUCTION + "\n\n### User Excerpt:\n\n```a\n<|editable_region_start|>\nx<|user_cursor_is_here|>")
+    with pytest.raises(zed.PromptFormatError, match="no ======="):
+        zed.parse_prompt("<|file_sep|>a.py\n<|fim_prefix|><<<<<<< CURRENT\nx<|user_cursor|>\n<|fim_suffix|>")
 
 
 # -- the running endpoint ---------------------------------------------------------------
@@ -189,11 +310,38 @@ def test_zeta_request_answers_a_region_zed_can_read(endpoint):
     assert new_editable.startswith("def add(a, b):\n    return a + b\n")
 
 
+def test_zeta2_request_answers_a_region_zed_can_read(endpoint):
+    url, predictor = endpoint
+    prompt = zed_zeta2("v0131", "src/m.py", FILE, (S2, E2), CURSOR, events=[("src/m.py", EDIT_DIFF)])
+    # Zed's body for prompt_format "zeta2": stop_tokens_for_format is empty for the merge-marker layouts
+    status, body = post(url + "/v1/completions", {"model": "zeta2", "prompt": prompt, "max_tokens": 1024,
+                                                  "temperature": 0.0, "stop": []})
+    assert status == 200, body
+    text = body["choices"][0]["text"]
+    assert text == expected_text(predictor, prompt, [])
+    assert text.endswith(">>>>>>> UPDATED\n")
+    # the first line of the editable range is outside the region (cursor line +- 1) and is kept
+    assert zed_parse_zeta2_output(text).startswith("def add(a, b):\n    return a + b\n")
+
+
+def test_plain_prompt_request_is_a_completion_after_the_prompt(endpoint):
+    url, predictor = endpoint
+    prompt = "import os\n\n\ndef main(argv):\n    path = os.path.join("
+    for stop in ("\n", ["\n\n", ")"]):  # a string or a list, as OpenAI's API allows
+        status, body = post(url + "/v1/completions", {"model": "dlm", "prompt": prompt, "max_tokens": 32,
+                                                      "stop": stop})
+        assert status == 200, body
+        text = body["choices"][0]["text"]
+        stops = [stop] if isinstance(stop, str) else stop
+        assert text == expected_text(predictor, prompt, stops)
+        assert not any(s in text for s in stops)
+
+
 def test_bad_requests_get_clear_errors_and_the_server_goes_on(endpoint):
     url, _ = endpoint
     status, body = post(url + "/v1/completions", b"{not json", raw=True)
     assert status == 400 and "not JSON" in body["error"]["message"]
-    status, body = post(url + "/v1/completions", {"model": "x", "prompt": "plain text"})
+    status, body = post(url + "/v1/completions", {"model": "x", "prompt": "<|file_sep|>a.py\n<|fim_prefix|>x<|user_cursor|>"})
     assert status == 400 and "prompt_format" in body["error"]["message"]
     status, body = post(url + "/v1/completions", {"prompt": 3})
     assert status == 400 and "'prompt' must be a string" in body["error"]["message"]

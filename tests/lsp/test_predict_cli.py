@@ -23,7 +23,7 @@ def _predict(path, line, col, model, *extra, cwd=None):
     return subprocess.run(
         [sys.executable, "-m", "dlm.lsp.cli", "predict", str(path), "--line", str(line), "--col", str(col),
          "--model", model, "--device", "cpu", "--steps", "4", "--block-len", "8", *extra],
-        capture_output=True, text=True, timeout=240, cwd=cwd,
+        capture_output=True, text=True, timeout=240, cwd=cwd, check=False,
     )
 
 
@@ -141,7 +141,7 @@ def test_unified_diff_applies_with_the_patch_program(tmp_path, old, new):
     f.write_bytes(old.encode())
     diff = unified_diff(old, new, "src/m.py")
     r = subprocess.run(["patch", "-p1", "--batch", "--no-backup-if-mismatch"], input=diff.encode(),
-                       cwd=tmp_path, capture_output=True, timeout=60)
+                       cwd=tmp_path, capture_output=True, timeout=60, check=False)
     assert r.returncode == 0, (diff, r.stdout, r.stderr)
     assert f.read_bytes() == new.encode()
 
@@ -166,11 +166,11 @@ def test_printed_diff_applies_to_the_file_with_patch(tmp_path, tiny_checkpoint):
     diff = r.stdout
     assert diff.startswith("--- a/pkg/calc.py\n+++ b/pkg/calc.py\n"), diff
     # the hunk is in file line numbers: 0-based line 17 is file line 18, 3 lines of context
-    assert re.search(r"^@@ -15,7 ", diff, re.M), diff
+    assert re.search(r"^@@ -15,7 ", diff, re.MULTILINE), diff
     for output in (diff, _predict("pkg/calc.py", 17, 8, tiny_checkpoint, cwd=tmp_path).stdout):
         src.write_text(text)
         p = subprocess.run(["patch", "-p1", "--batch", "--no-backup-if-mismatch"], input=output, text=True,
-                           cwd=tmp_path, capture_output=True, timeout=60)
+                           cwd=tmp_path, capture_output=True, timeout=60, check=False)
         assert p.returncode == 0, (output, p.stdout, p.stderr)
         patched = src.read_text().split("\n")
         original = text.split("\n")
