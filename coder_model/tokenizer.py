@@ -27,6 +27,9 @@ class Tokenizer:
 
     def __init__(self, tk) -> None:  # tk: tokenizers.Tokenizer
         self._tk = tk
+        # Text is content only: "<eom>" typed in a user's file must stay 5 characters, never
+        # become the layout marker (which would corrupt the prompt); markers are placed by id.
+        tk.encode_special_tokens = True
         self.special: dict[str, int] = {}
         for name in SPECIAL_TOKENS:
             tid = tk.token_to_id(name)
