@@ -120,6 +120,11 @@ def parse_prompt(prompt: str) -> ZedPrompt:
     if prompt.startswith(s) and p in prompt[len(s) :]:
         suffix, _, prefix = prompt[len(s) :].partition(p)
         return _fim("codestral", prefix, suffix)
+    if ZETA2_CURSOR in prompt or CURSOR in prompt:  # a cursor marker in a layout we do not read
+        raise PromptFormatError(
+            "the prompt has a Zed cursor marker but is in none of the layouts dlm-lsp reads (" + SUPPORTED
+            + '; zeta2_1\'s multi-region layout is not read); in Zed set "prompt_format": "zeta2" or "qwen"'
+        )
     # No markers: a plain completion prompt (other OpenAI-compatible clients). Continue it.
     return ZedPrompt(format="plain", text=prompt, cursor=len(prompt), editable=(0, len(prompt)))
 

@@ -237,6 +237,8 @@ def test_fim_answer_is_the_insertion_at_the_cursor():
 def test_malformed_zeta_prompts_are_refused_with_what_is_wrong():
     with pytest.raises(zed.PromptFormatError, match="no <\\|editable_region_end"):
         zed.parse_prompt(ZETA_INSTRUCTION + "\n\n### User Excerpt:\n\n```a\n<|editable_region_start|>\nx<|user_cursor_is_here|>")
+    with pytest.raises(zed.PromptFormatError, match="zeta2_1's multi-region layout is not read"):
+        zed.parse_prompt("<[fim-suffix]>\nx = 1\n<[fim-prefix]><filename>a.py\n<|marker_1|>y<|user_cursor|>\n")
     with pytest.raises(zed.PromptFormatError, match="no ======="):
         zed.parse_prompt("<|file_sep|>a.py\n<|fim_prefix|><<<<<<< CURRENT\nx<|user_cursor|>\n<|fim_suffix|>")
 
