@@ -7,28 +7,41 @@ lsp.zed_prompts (Zed's fill-in-the-middle and zeta formats), has the engine
 predict the new region, and answers in the request's format. Zed sends a
 request per keystroke: a newer request for the same file cancels the one
 still running (latest wins).
+
+Security (README "Zed" / "Security"): a web page in the developer's browser
+can reach a local port, so requests carrying an `Origin` header (browsers
+send one on every cross-origin POST and fetch; Zed does not) are refused,
+the `Host` must name the listen address or localhost (DNS rebinding), and a
+POST must be `Content-Type: application/json` (a form post cannot be).
+With a token (--token-file or DLM_TOKEN; required off loopback) every
+request needs `Authorization: Bearer TOKEN`. Slow clients are bounded: the
+request headers and the body each have a deadline, and connections beyond
+`max_connections` get 503.
 """
 
 from __future__ import annotations
 
 import argparse
+import hmac
+import ipaddress
 import json
 import logging
+import socket
 import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from dlm.coder_model.remote.auth import is_loopback_host
+from dlm.coder_model.remote.auth import AuthConfigError, check_bind_allowed, load_token
 from dlm.coder_model.remote.client import parse_host_port
-from dlm.coder_model.types import CancelToken, SamplerParams
+from dlm.coder_model.types import CancelToken, LayoutBudget, SamplerParams
 from dlm.lsp import gate
 from dlm.lsp.engine_holder import EngineHolder, make_engine_factory
 from dlm.lsp.options import Options
-from dlm.lsp.zed_prompts import PromptFormatError, build_prompt, parse_prompt, render_answer
+from dlm.lsp.zed_prompts import Built, PromptFormatError, build_prompt, parse_prompt, render_answer
 
 log = logging.getLogger("dlm.http")
 
@@ -43,6 +56,12 @@ class EndpointOptions:
     # sends a request per keystroke pause and drops late ones anyway.
     deadline_ms: int = 250
     min_confidence: float = Options.min_confidence  # the LSP's confidence gate, same default
+    # Slow clients (slowloris): the request line and headers, then the body, must arrive within
+    # these; the connection is closed otherwise. Beyond max_connections a client gets 503.
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    max_connections: int = 32
+    token: bytes | None = None  # when set, every request needs "Authorization: Bearer TOKEN"
 
 
 # -- the HTTP server ---------------------------------------------------------------
@@ -62,6 +81,8 @@ def parse_request(body: bytes, max_chars: int) -> dict:
         req = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RequestError(400, f"the body is not JSON ({exc}); send {{\"model\", \"prompt\", ...}}") from None
+    except RecursionError:
+        raise RequestError(400, "the JSON body is nested too deeply; send {\"model\", \"prompt\", ...}") from None
     if not isinstance(req, dict):
         raise RequestError(400, "the body must be a JSON object with 'prompt'")
     prompt = req.get("prompt")
@@ -81,6 +102,33 @@ def parse_request(body: bytes, max_chars: int) -> dict:
         raise RequestError(400, f"'max_tokens' must be a positive integer, got {max_tokens!r}")
     model = req.get("model", "")
     return {"prompt": prompt, "stop": stop, "max_tokens": max_tokens, "model": model if isinstance(model, str) else ""}
+
+
+MAX_PATH_CHARS = 512  # the file header names the path; a longer one keeps its end
+
+
+def fit_to_budget(built: Built, budget: LayoutBudget) -> Built | None:
+    """The prompt cut to what the model takes, or None when its region cannot fit.
+
+    The engine cuts the prefix, suffix and history to its budget (coder_model.layout) but
+    not the region, which the model rewrites: a region of more tokens than the context has
+    room for would overflow the model (a minified line of 20k characters). A token is at
+    least one UTF-8 byte, so a region of at most `room` bytes always fits. Prefix and suffix
+    are cut here in characters too (8 per token is more than code has), so that a megabyte
+    of text is not tokenized to be thrown away.
+    """
+    p = built.prompt
+    room = budget.max_context - budget.max_history - budget.max_suffix - 64  # 64: header, markers
+    if len(p.region.encode("utf-8", "surrogatepass")) > room:
+        return None
+    keep_prefix, keep_suffix = budget.max_context * 8, budget.max_suffix * 8
+    prompt = replace(
+        p,
+        prefix=p.prefix[-keep_prefix:] if len(p.prefix) > keep_prefix else p.prefix,
+        suffix=p.suffix[:keep_suffix],
+        path=p.path[-MAX_PATH_CHARS:],
+    )
+    return replace(built, prompt=prompt)
 
 
 class Predictor:
@@ -108,8 +156,13 @@ class Predictor:
             zp = parse_prompt(req["prompt"])
         except PromptFormatError as exc:
             raise RequestError(400, str(exc)) from None
-        built = build_prompt(zp, self.opts.zeta_lines_before, self.opts.zeta_lines_after)
         engine = self.engine()
+        built = fit_to_budget(build_prompt(zp, self.opts.zeta_lines_before, self.opts.zeta_lines_after),
+                              engine.budget)
+        if built is None:
+            log.info("%s: the region around the cursor is longer than the model's context takes "
+                     "(a minified line?); answered no suggestion", zp.path or "<untitled>")
+            return self.answer(req, "", 0, 0)
         key = zp.path or "<untitled>"
         cancel = CancelToken()
         with self._lock:
@@ -132,6 +185,11 @@ class Predictor:
             zp.format, key, (time.perf_counter() - t0) * 1000, pred.steps, pred.tokens, pred.confidence,
             " (cancelled)" if pred.cancelled else "" if verdict.show else f" (not shown: {verdict.reason})",
         )  # fmt: skip
+        return self.answer(req, text, pred.context_tokens, pred.tokens)
+
+    @staticmethod
+    def answer(req: dict, text: str, prompt_tokens: int, completion_tokens: int) -> dict:
+        """The OpenAI /v1/completions response (the fields Zed's RawCompletionResponse reads)."""
         return {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
@@ -139,34 +197,194 @@ class Predictor:
             "model": req["model"] or "dlm",
             "choices": [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}],
             "usage": {
-                "prompt_tokens": pred.context_tokens,
-                "completion_tokens": pred.tokens,
-                "total_tokens": pred.context_tokens + pred.tokens,
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
             },
         }
 
 
-def make_server(host: str, port: int, predictor: Predictor) -> ThreadingHTTPServer:
+DISCARD_BODY_BYTES = 64 * 1024  # an unread body up to this size is read and dropped; a larger one closes
+_LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
+_WILDCARDS = {"", "0.0.0.0", "::"}
+
+
+def host_allowed(host_header: str, listen_host: str) -> bool:
+    """Does the Host header name this endpoint? Loopback names always do, and so does the
+    listen address; on a wildcard address (0.0.0.0, ::) any does (the token guards it)."""
+    if listen_host in _WILDCARDS:
+        return True
+    name = host_header.strip().lower()
+    if name.startswith("["):  # [v6]:port
+        name = name[1 : name.find("]")] if "]" in name else name
+    elif name.count(":") == 1:
+        name = name.rsplit(":", 1)[0]
+    listen = listen_host.strip("[]").lower()
+    if name in _LOCAL_NAMES or name == listen:
+        return True
+    try:
+        return ipaddress.ip_address(name) == ipaddress.ip_address(listen)
+    except ValueError:
+        return False
+
+
+class EndpointServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer with a cap on open connections (one thread each)."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type, listen_host: str, opts: EndpointOptions) -> None:
+        super().__init__(address, handler)
+        self.listen_host = listen_host
+        self.opts = opts
+        self._lock = threading.Lock()
+        self.active = 0
+        self.refused = 0  # connections answered 503 for being over max_connections
+
+    def process_request(self, request, client_address) -> None:
+        with self._lock:
+            full = self.active >= self.opts.max_connections
+            if full:
+                self.refused += 1
+            else:
+                self.active += 1
+        if not full:
+            super().process_request(request, client_address)
+            return
+        body = json.dumps({"error": {
+            "message": f"the endpoint has {self.opts.max_connections} open connections, its limit; "
+                       "retry, or close idle connections", "type": "server_error", "code": 503}}).encode()
+        try:
+            request.settimeout(1.0)
+            request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                            b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._lock:
+                self.active -= 1
+
+
+def make_server(host: str, port: int, predictor: Predictor) -> EndpointServer:
+    opts = predictor.opts
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "dlm-lsp-http"
+        _timer: threading.Timer | None = None
+        _unread = 0  # bytes of the body not read yet (-1: unknown)
 
         def log_message(self, fmt: str, *args) -> None:  # route to logging, not stderr
             log.debug("%s " + fmt, self.address_string(), *args)
 
-        def _send(self, status: int, obj: dict) -> None:
+        # ---- deadlines: a timer shuts the socket, so a blocked read returns at once ----------------
+        def _arm(self, seconds: float, what: str) -> None:
+            self._disarm()
+
+            def expire() -> None:
+                log.info("closing the connection from %s: %s did not arrive within %g s",
+                         self.client_address[0], what, seconds)
+                try:
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+            self._timer = threading.Timer(seconds, expire)
+            self._timer.daemon = True
+            self._timer.start()
+
+        def _disarm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def handle_one_request(self) -> None:
+            self._unread = 0
+            self._arm(opts.header_timeout_s, "a complete request line and headers")
+            try:
+                super().handle_one_request()
+            finally:
+                self._disarm()
+
+        # ---- answers --------------------------------------------------------------------------------
+        def _send(self, status: int, obj: dict, headers: dict[str, str] | None = None) -> None:
+            if self._unread:
+                self._drop_body()
             data = json.dumps(obj).encode("utf-8")
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            for k, v in (headers or {}).items():
+                self.send_header(k, v)
+            if self.close_connection:
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(data)
 
-        def _error(self, exc: RequestError) -> None:
-            self._send(exc.status, {"error": {"message": exc.message, "type": exc.kind, "code": exc.status}})
+        def _drop_body(self) -> None:
+            """An error answered before the body was read: read a small body and drop it, else
+            close the connection after the answer, so the body is never read as a next request."""
+            n, self._unread = self._unread, 0
+            if 0 < n <= DISCARD_BODY_BYTES:
+                self._arm(opts.body_timeout_s, "the request body")
+                try:
+                    got = len(self.rfile.read(n))
+                finally:
+                    self._disarm()
+                if got == n:
+                    return
+            self.close_connection = True
+
+        def _error(self, exc: RequestError, headers: dict[str, str] | None = None) -> None:
+            self._send(exc.status, {"error": {"message": exc.message, "type": exc.kind, "code": exc.status}},
+                       headers)
+
+        # ---- checks on every request -----------------------------------------------------------------
+        def _check(self, post: bool) -> None:
+            """RequestError when the request may not be served (see the module docstring)."""
+            self._disarm()  # the headers are in
+            if self.headers.get("Transfer-Encoding"):
+                self._unread = -1  # a body of unknown length: never read as a request
+                raise RequestError(411, "chunked bodies are not taken; send Content-Length")
+            try:
+                self._unread = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                self._unread = -1
+                raise RequestError(400, "Content-Length is not a number") from None
+            if self._unread < 0:
+                self._unread = -1
+                raise RequestError(400, "Content-Length is negative")
+            origin = self.headers.get("Origin")
+            if origin is not None:
+                raise RequestError(403, f"requests from web pages are refused (Origin: {origin[:100]}); "
+                                   "the endpoint is for editors on this machine", "permission_error")
+            host_header = self.headers.get("Host")
+            if host_header is None or not host_allowed(host_header, self.server.listen_host):
+                raise RequestError(403, f"Host {host_header!r} does not name this endpoint; use "
+                                   f"{self.server.listen_host} or localhost", "permission_error")
+            if opts.token is not None:
+                auth = self.headers.get("Authorization", "")
+                scheme, _, given = auth.partition(" ")
+                if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), opts.token):
+                    raise RequestError(401, "missing or wrong token: send 'Authorization: Bearer TOKEN' with the "
+                                       "endpoint's token (in Zed: the provider's API key)", "authentication_error")
+            if post:
+                ctype = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
+                if ctype != "application/json":
+                    raise RequestError(415, f"Content-Type {ctype or 'none'!r}: send application/json")
 
         def do_GET(self) -> None:
             path = self.path.split("?")[0].rstrip("/")
+            try:
+                self._check(post=False)
+            except RequestError as exc:
+                self._error(exc, {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None)
+                return
             if path in ("/health", "/v1/health"):
                 h = predictor.holder
                 state = "failed" if h.error else ("ready" if h.engine is not None else "loading")
@@ -179,28 +397,33 @@ def make_server(host: str, port: int, predictor: Predictor) -> ThreadingHTTPServ
         def do_POST(self) -> None:
             path = self.path.split("?")[0].rstrip("/")
             try:
+                self._check(post=True)
                 if path not in ("/v1/completions", "/completions"):
                     raise RequestError(404, f"no POST {path}; the endpoint is /v1/completions", "not_found")
-                try:
-                    n = int(self.headers.get("Content-Length") or 0)
-                except ValueError:
-                    raise RequestError(400, "Content-Length is not a number") from None
+                n = self._unread
                 if n <= 0:
                     raise RequestError(400, "empty body; send a JSON object with 'prompt'")
-                limit = predictor.opts.max_prompt_chars * 4
+                limit = opts.max_prompt_chars * 4
                 if n > limit:
                     raise RequestError(413, f"request body of {n} bytes is over the {limit}-byte limit")
-                req = parse_request(self.rfile.read(n), predictor.opts.max_prompt_chars)
+                self._arm(opts.body_timeout_s, "the request body")
+                try:
+                    body = self.rfile.read(n)
+                finally:
+                    self._disarm()
+                self._unread = 0
+                if len(body) < n:  # the client went away, or was too slow: nothing to answer
+                    self.close_connection = True
+                    return
+                req = parse_request(body, opts.max_prompt_chars)
                 self._send(200, predictor.complete(req))
             except RequestError as exc:
-                self._error(exc)
+                self._error(exc, {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None)
             except Exception as exc:
                 log.exception("request failed")
                 self._error(RequestError(500, f"prediction failed: {exc}; see the dlm-lsp http log", "server_error"))
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    return server
+    return EndpointServer((host, port), Handler, host, opts)
 
 
 # -- CLI -------------------------------------------------------------------------
@@ -211,7 +434,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="checkpoint directory (default: the embedded model)")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where the model runs")
     parser.add_argument("--remote", default=None, help="HOST:PORT of a `dlm-lsp serve` GPU box instead of a local model")
-    parser.add_argument("--token-file", default=None, help="shared token for --remote (or DLM_TOKEN)")
+    parser.add_argument("--token-file", default=None, metavar="FILE",
+                        help="shared token (default: $DLM_TOKEN): clients must send 'Authorization: Bearer TOKEN'; "
+                        "required to listen on a non-loopback address; also sent to --remote")
+    parser.add_argument("--max-connections", type=int, default=EndpointOptions.max_connections,
+                        help="open connections served at once; more get 503 (default %(default)s)")
     parser.add_argument("--tls", action="store_true", help="use TLS to the --remote server")
     parser.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         metavar="LEVEL", help="DEBUG, INFO, WARNING or ERROR, any case (default INFO)")
@@ -228,14 +455,21 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"dlm-lsp http: --listen {exc}; use e.g. --listen 127.0.0.1:8765", file=sys.stderr)
         return 2
-    if not is_loopback_host(host):
-        # The endpoint has no authentication: anyone who can reach it reads your code's completions.
-        log.warning("listening on %s, which is not a loopback address: the endpoint has no authentication", host)
+    try:
+        token = load_token(args.token_file)  # the file, else $DLM_TOKEN, else None
+        check_bind_allowed(host, token)  # off loopback, anyone who can reach the port could use it
+    except AuthConfigError as exc:
+        print(f"dlm-lsp http: {exc}", file=sys.stderr)
+        return 2
+    if args.max_connections < 1:
+        print("dlm-lsp http: --max-connections must be >= 1", file=sys.stderr)
+        return 2
     if args.deadline_ms < 1 or not 0 <= args.min_confidence <= 1:
         print("dlm-lsp http: --deadline-ms must be >= 1 and --min-confidence in [0, 1]", file=sys.stderr)
         return 2
     holder = EngineHolder(make_engine_factory(args))
-    predictor = Predictor(holder, EndpointOptions(deadline_ms=args.deadline_ms, min_confidence=args.min_confidence))
+    predictor = Predictor(holder, EndpointOptions(deadline_ms=args.deadline_ms, min_confidence=args.min_confidence,
+                                                  max_connections=args.max_connections, token=token))
     try:
         server = make_server(host, port, predictor)
     except OSError as exc:
