@@ -30,8 +30,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from dlm.coder_model.types import Engine, LayoutBudget, Prediction, SamplerParams
-from dlm.lsp import context, convert, framing, gate, postprocess
-from dlm.lsp import copilot_nes
+from dlm.lsp import context, convert, copilot_nes, framing, gate, postprocess
 from dlm.lsp.convert import ACCEPT_COMMAND
 from dlm.lsp.documents import Document, Documents
 from dlm.lsp.engine_holder import EngineHolder
