@@ -3,8 +3,9 @@
 Protocol surface (README "Protocol"): textDocument/inlineCompletion,
 textDocument/completion (fallback), dlm/editPrediction, dlm/stats,
 textDocument/didShowCompletion, textDocument/didPartiallyAcceptCompletion,
-workspace/executeCommand dlm.acceptCompletion, and the dlm/status
-notification. The server answers `initialize` at once; the model loads in a
+workspace/executeCommand dlm.acceptCompletion, Copilot's next-edit methods
+textDocument/copilotInlineEdit and textDocument/didShowInlineEdit
+(lsp.copilot_nes), and the dlm/status notification. The server answers `initialize` at once; the model loads in a
 background thread (lsp.engine_holder) and, until it is ready (or when it
 failed to load), every request returns an empty result, never an error.
 
