@@ -22,6 +22,8 @@ class SlowFakeEngine:
     def __init__(self, step_s: float = 0.02, steps: int = 10) -> None:
         self.step_s, self.steps = step_s, steps
         self.budget = LayoutBudget()  # the Engine contract; the server fits its windows to it
+        # a fixed confidence for the gate tests (FAKE_CONFIDENCE); None: the fake computes none
+        self.confidence = float(os.environ["FAKE_CONFIDENCE"]) if "FAKE_CONFIDENCE" in os.environ else None
         self._lock = threading.Lock()
 
     def predict(
@@ -47,6 +49,7 @@ class SlowFakeEngine:
                 tokens=self.steps,
                 queue_ms=(t1 - t0) * 1000,
                 denoise_ms=(time.monotonic() - t1) * 1000,
+                confidence=self.confidence,
             )
 
     def status(self) -> EngineStatus:

@@ -3,6 +3,8 @@ recently typed. Pure functions: times are plain numbers given by the test."""
 
 from __future__ import annotations
 
+import asyncio
+
 from dlm.lsp.documents import Document
 from dlm.lsp.gate import RecentEdits, deadline_at, decide, replaced_lines
 
@@ -65,3 +67,126 @@ def test_recent_edits_keep_a_bounded_number_of_spans():
     for i in range(9):
         rec.record(doc.apply((i, 0), (i, 0), "x", i + 2))
     assert len(rec.spans) == 4
+
+
+# ---- the gate in the real server (subprocess) with the slow fake engine: scheduling and gating
+# only; the fake's fixed confidence (FAKE_CONFIDENCE) is a number the test chooses.
+
+
+async def _session(env: dict, init: dict):
+    from lsp_helpers import SERVER
+    from lsprotocol import types
+    from pygls.lsp.client import LanguageClient
+
+    client = LanguageClient("gate-test", "1")
+    await client.start_io(*SERVER, env=env)
+    caps = types.ClientCapabilities(text_document=types.TextDocumentClientCapabilities(
+        inline_completion=types.InlineCompletionClientCapabilities()))
+    await client.initialize_async(types.InitializeParams(capabilities=caps, initialization_options=init))
+    client.initialized(types.InitializedParams())
+    for _ in range(400):
+        if (await client.protocol.send_request_async("dlm/stats", {})).state == "ready":
+            return client
+        await asyncio.sleep(0.05)
+    raise AssertionError("the fake engine never became ready")
+
+
+async def _close(client) -> None:
+    await client.shutdown_async(None)
+    client.exit(None)
+    await client.stop()
+
+
+def _open(client, uri: str, text: str) -> None:
+    from lsprotocol import types
+
+    client.text_document_did_open(types.DidOpenTextDocumentParams(
+        types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
+
+
+def _type(client, uri: str, version: int, line: int, ch: int, text: str) -> None:
+    from lsprotocol import types
+
+    pos = types.Position(line, ch)
+    client.text_document_did_change(types.DidChangeTextDocumentParams(
+        text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+        content_changes=[types.TextDocumentContentChangePartial(range=types.Range(pos, pos), text=text)]))
+
+
+async def _inline(client, uri: str, line: int, ch: int):
+    from lsprotocol import types
+
+    return await client.text_document_inline_completion_async(types.InlineCompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(line, ch),
+        context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)))
+
+
+def _env(**extra: str) -> dict:
+    from lsp_helpers import server_env
+
+    return server_env(DLM_ENGINE_FACTORY="fake_engine:slow", **extra)
+
+
+def test_server_shows_only_answers_above_min_confidence_and_says_how_sure():
+    async def scenario():
+        uri = "file:///w/a.py"
+        sure = await _session(_env(FAKE_STEP_S="0.001", FAKE_CONFIDENCE="0.7"), {"minConfidence": 0.6})
+        try:
+            _open(sure, uri, "x = \n")
+            res = await _inline(sure, uri, 0, 4)
+            assert [i.insert_text for i in res.items] == ["FAKE"]
+            assert res.items[0].command.arguments[1] == {"confidence": 0.7, "rewritesRecent": False}
+        finally:
+            await _close(sure)
+        unsure = await _session(_env(FAKE_STEP_S="0.001", FAKE_CONFIDENCE="0.5"), {"minConfidence": 0.6})
+        try:
+            _open(unsure, uri, "x = \n")
+            assert not (await _inline(unsure, uri, 0, 4)).items
+            stats = await unsure.protocol.send_request_async("dlm/stats", {})
+            assert stats.gated_low_confidence == 1 and stats.completed == 1
+        finally:
+            await _close(unsure)
+
+    asyncio.run(scenario())
+
+
+def test_server_never_shows_a_late_answer():
+    async def scenario():
+        # 10 steps of 50 ms against a 100 ms deadline: the fake cannot be on time
+        client = await _session(_env(FAKE_STEP_S="0.05", FAKE_CONFIDENCE="0.99"), {"deadlineMs": 100})
+        try:
+            _open(client, "file:///w/b.py", "x = \n")
+            assert not (await _inline(client, "file:///w/b.py", 0, 4)).items
+            stats = await client.protocol.send_request_async("dlm/stats", {})
+            assert stats.late == 1 and stats.gated_late == 1
+        finally:
+            await _close(client)
+
+    asyncio.run(scenario())
+
+
+def test_edit_predictions_are_off_by_default_and_rewriting_recent_typing_needs_more():
+    async def scenario():
+        uri, text = "file:///w/todo.py", "def g():\n    # TODO\n    return 1\n"
+        params = {"textDocument": {"uri": uri}, "position": {"line": 2, "character": 12}}
+        off = await _session(_env(FAKE_STEP_S="0.001", FAKE_CONFIDENCE="0.99"), {})
+        try:
+            _open(off, uri, text)
+            assert await off.protocol.send_request_async("dlm/editPrediction", params) is None
+        finally:
+            await _close(off)
+        on = await _session(_env(FAKE_STEP_S="0.001", FAKE_CONFIDENCE="0.9"),
+                            {"editPredictions": True, "minConfidence": 0.5, "minConfidenceRewriteRecent": 0.95})
+        try:
+            _open(on, uri, text)
+            res = await on.protocol.send_request_async("dlm/editPrediction", params)
+            assert res.edits[0].newText == "DONE" and res.confidence == 0.9 and res.rewritesRecent is False
+            _type(on, uri, 2, 1, 10, "!")  # the user just typed on the TODO line: "# TODO!"
+            res = await on.protocol.send_request_async("dlm/editPrediction", params)
+            assert res is None  # rewriting what was just typed needs 0.95; the fake is 0.9 sure
+            stats = await on.protocol.send_request_async("dlm/stats", {})
+            assert stats.gated_rewrites_recent == 1
+        finally:
+            await _close(on)
+
+    asyncio.run(scenario())
