@@ -237,3 +237,27 @@ def test_engine_skips_a_request_whose_deadline_passed_in_the_queue(tiny_model):
         assert not pred.late and pred.confidence is not None and engine.runs == 1
     finally:
         engine.close()
+
+
+def test_remote_backend_plans_to_the_deadline_the_client_sent(tiny_model):
+    """`deadline_ms` of a predict frame reaches the batched backend's decoder, measured from the
+    request's arrival; a request with no time left stops before its first step, late."""
+    from dlm.coder_model.remote.backend import ModelBackend
+    from dlm.coder_model.remote.scheduler import Request
+
+    model, tok = tiny_model
+    backend = ModelBackend(model, tok)
+    params = SamplerParams(block_len=8, steps=8, max_blocks=1)
+    roomy = Request("owner", 1, PROMPT, params, lambda p, e: None, deadline_ms=60_000.0)
+    roomy.prepared = backend.prepare(PROMPT, params)
+    job = backend.begin(roomy)
+    assert job.dec.deadline == roomy.received + 60.0 and not backend.is_done(job)
+    backend.release(job)
+    hurried = Request("owner", 2, PROMPT, params, lambda p, e: None, deadline_ms=0.001)
+    hurried.prepared = backend.prepare(PROMPT, params)
+    job = backend.begin(hurried)  # the prefill alone takes longer than 1 microsecond
+    assert backend.is_done(job) and job.dec.stats.steps == 0
+    pred = backend.finish(job)
+    assert pred.late and pred.text == PROMPT.region
+    backend.release(job)
+    assert Request("o", 3, PROMPT, params, lambda p, e: None).deadline() is None
