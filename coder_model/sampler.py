@@ -390,11 +390,13 @@ class BlockDecoder:
         return self.done and not self.stats.cancelled and not self.stats.out_of_time
 
     def left_part(self) -> tuple[list[int], list[float]]:
-        """The committed left part of the answer: finished blocks, then the current block's slots
-        from its start up to the first one not committed or below `threshold` (tokens, probs)."""
-        ids, probs = list(self.output), list(self.output_probs)
+        """The committed left part of the answer: the finished blocks' tokens, then the current
+        block's, from the start up to the first one not committed or below `threshold` (tokens,
+        probs)."""
+        ids: list[int] = []
+        probs: list[float] = []
         enders = (self.tok.eom_id, self.tok.pad_id)
-        for s, prob in zip(self.slots, self.slot_probs):
+        for s, prob in zip(self.output + self.slots, self.output_probs + self.slot_probs):
             if s == UNSET or s in enders or prob < self.params.threshold:
                 break
             ids.append(s)
