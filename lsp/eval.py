@@ -44,6 +44,7 @@ import argparse
 import asyncio
 import gzip
 import json
+import logging
 import math
 import random
 import sys
@@ -565,6 +566,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    # the server's window/logMessage notifications are for editors; pygls' client warns on each
+    logging.getLogger("pygls.protocol.json_rpc").setLevel(logging.ERROR)
     t0 = time.monotonic()
     replay = EvalReplay(args, cases)
     res = asyncio.run(replay.run())
