@@ -35,6 +35,7 @@ class RawServer:
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True).start()
         self.seen: list[dict] = []
+        self.responses: dict = {}  # id -> response, until reply() takes it
         self._ids = iter(range(1, 10**9))
 
     def _read(self) -> None:
@@ -66,6 +67,8 @@ class RawServer:
     def next_message(self, timeout: float = 30.0) -> dict:
         msg = self.messages.get(timeout=timeout)
         self.seen.append(msg)
+        if "method" not in msg and "id" in msg:
+            self.responses[msg["id"]] = msg
         return msg
 
     def next_response(self, timeout: float = 30.0) -> dict:
@@ -77,10 +80,9 @@ class RawServer:
     def reply(self, msg_id, timeout: float = 30.0) -> dict:
         """The response to `msg_id` (messages before it are kept in `seen`)."""
         deadline = time.monotonic() + timeout
-        while True:
-            msg = self.next_message(max(0.1, deadline - time.monotonic()))
-            if msg.get("id") == msg_id and "method" not in msg:
-                return msg
+        while msg_id not in self.responses:
+            self.next_message(max(0.1, deadline - time.monotonic()))
+        return self.responses.pop(msg_id)
 
     def call(self, method: str, params, timeout: float = 30.0) -> dict:
         return self.reply(self.request(method, params), timeout)
