@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from typing import Literal
+from typing import Literal, Protocol
 
 Mode = Literal["typing", "wide"]
 Span = Callable[[int, int], "tuple[int, int] | None"]
@@ -61,6 +61,23 @@ class RegionBudget:
     chars_per_token: float = 3.5
 
 
+class RegionLimits(Protocol):
+    """What region_rows reads: a RegionBudget here, the server's ContextOptions there."""
+
+    @property
+    def typing_region_tokens(self) -> int: ...
+    @property
+    def typing_region_lines(self) -> int: ...
+    @property
+    def wide_region_lines_before(self) -> int: ...
+    @property
+    def wide_region_lines_after(self) -> int: ...
+    @property
+    def wide_region_tokens(self) -> int: ...
+    @property
+    def chars_per_token(self) -> float: ...
+
+
 def split_lines(text: str) -> list[str]:
     """Lines with their terminators; the last one is unterminated (maybe empty)."""
     out: list[str] = []
@@ -86,7 +103,7 @@ def _chars(lines: list[str], a: int, b: int) -> int:
 
 
 def region_rows(
-    lines: list[str], row: int, col: int, mode: Mode, budget: RegionBudget, span: Span | None = None
+    lines: list[str], row: int, col: int, mode: Mode, budget: RegionLimits, span: Span | None = None
 ) -> tuple[int, int]:
     """First and last (inclusive) line of the region for a cursor at (row, col).
 
@@ -140,7 +157,8 @@ def is_block(node_type: str) -> bool:
     return node_type in BLOCKS or node_type.endswith(("_block", "_body"))
 
 
-def _nbytes(s: str) -> int:
+def utf8_length(s: str) -> int:
+    """Length in UTF-8 bytes (tree-sitter's columns); lone surrogates count as 3, as encoded."""
     return len(s) if s.isascii() else len(s.encode("utf-8", "surrogatepass"))
 
 
@@ -159,7 +177,7 @@ def statement_span(root, lines: list[str], row: int, col: int = -1) -> tuple[int
     # Look at a character of this line's code: between tokens (end of line, indentation)
     # tree-sitter answers with the enclosing block instead of the statement on the line.
     col = first if col < 0 or col <= first else min(col, last)
-    point = (row, _nbytes(text[:col]))
+    point = (row, utf8_length(text[:col]))
     node = root.descendant_for_point_range(point, point)
     if node is None:
         return None

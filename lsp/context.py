@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Literal
 
+from dlm.coder_model import regions
 from dlm.coder_model.languages import language_name
+from dlm.coder_model.regions import Mode
 from dlm.coder_model.types import Prompt
 from dlm.lsp.documents import Document, content
 from dlm.lsp.options import ContextOptions
-
-Mode = Literal["typing", "wide"]
 
 
 @dataclass(frozen=True)
@@ -68,33 +67,10 @@ def _chars(lines: list[str], a: int, b: int) -> int:
 
 
 def region_rows(doc: Document, row: int, col: int, mode: Mode, opts: ContextOptions) -> tuple[int, int]:
-    lines = doc.lines
-    last = len(lines) - 1
-    cpt = opts.chars_per_token
-    syntax = doc.syntax
-
-    def span(r: int, c: int = -1) -> tuple[int, int]:
-        s = syntax.statement_span(r, c) if syntax is not None else None
-        return s if s is not None else (r, r)
-
-    if mode == "typing":
-        end = min(max(span(row, col)[1], row), row + opts.typing_region_lines - 1, last)
-        budget = opts.typing_region_tokens * cpt
-        while end > row and _chars(lines, row, end + 1) > budget:
-            end -= 1
-        return row, end
-    start = max(0, row - opts.wide_region_lines_before)
-    end = min(last, row + opts.wide_region_lines_after)
-    start = min(start, max(span(start)[0], row - 2 * opts.wide_region_lines_before))
-    end = max(end, min(span(end)[1], row + 2 * opts.wide_region_lines_after, last))
-    budget = opts.wide_region_tokens * cpt
-    while _chars(lines, start, end + 1) > budget and (start < row or end > row):
-        # shrink from the side farther from the cursor
-        if end - row >= row - start and end > row:
-            end -= 1
-        else:
-            start += 1
-    return start, end
+    """First and last (inclusive) line of the region: the rules of coder_model.regions, which
+    the training example builders cut by too, over the document's incremental tree."""
+    span = doc.syntax.statement_span if doc.syntax is not None else None
+    return regions.region_rows(doc.lines, row, col, mode, opts, span)
 
 
 def _prefix_start(doc: Document, start: int, opts: ContextOptions) -> int:

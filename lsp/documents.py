@@ -20,23 +20,12 @@ import re
 import time
 from dataclasses import dataclass
 
+from dlm.coder_model.regions import content, split_lines  # one line splitter for server and training
 from dlm.lsp import positions
 from dlm.lsp.history import History
 from dlm.lsp.syntax import SyntaxTree, language_for
 
-_BREAK = re.compile(r"\r\n|\r|\n")
-
-
-def split_lines(text: str) -> list[str]:
-    """Split into lines keeping terminators; the result always ends with an unterminated line."""
-    out: list[str] = []
-    pos = 0
-    for m in _BREAK.finditer(text):
-        out.append(text[pos : m.end()])
-        pos = m.end()
-    out.append(text[pos:])
-    return out
-
+__all__ = ["Change", "Document", "Documents", "clean", "content", "split_lines"]
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -45,15 +34,6 @@ def clean(text: str) -> str:
     """Replace lone surrogates (JSON allows "\\ud800") by U+FFFD: both are one UTF-16 unit,
     so positions stay in step with the client, and the text can always be encoded."""
     return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
-
-
-def content(line: str) -> str:
-    """A line without its terminator."""
-    if line.endswith("\r\n"):
-        return line[:-2]
-    if line.endswith(("\n", "\r")):
-        return line[:-1]
-    return line
 
 
 @dataclass(frozen=True)

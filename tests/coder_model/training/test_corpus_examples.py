@@ -3,6 +3,7 @@ cursor line plus the rest of its statement while typing), and <eom> right after 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -109,26 +110,22 @@ def test_typing_region_is_the_cursor_line_plus_the_rest_of_its_statement():
     assert region_rows(lines, 1, 4, "typing", budget, None) == (1, 1)  # no tree: the line
 
 
-def test_the_same_regions_as_the_server():
-    """The builders' rules and the server's (dlm.lsp.context) cut the same rows."""
-    from dlm.lsp.context import region_rows as server_rows
+def test_the_server_cuts_with_the_same_sizes_and_statements():
+    """The server (dlm.lsp.context) cuts by these same rules; what could still differ is the
+    sizes (its ContextOptions) and the tree (its incrementally kept one, lsp.syntax)."""
     from dlm.lsp.documents import Document
     from dlm.lsp.options import ContextOptions
 
-    opts = ContextOptions()
-    budget = RegionBudget()
-    for name in ("typing_region_tokens", "typing_region_lines", "wide_region_lines_before",
-                 "wide_region_lines_after", "wide_region_tokens", "chars_per_token"):
-        assert getattr(budget, name) == getattr(opts, name), name
+    for field in dataclasses.fields(RegionBudget):
+        assert getattr(RegionBudget(), field.name) == getattr(ContextOptions(), field.name), field.name
     for text, language, uri in ((PYTHON_FILE, "python", "file:///a.py"), (JS, "javascript", "file:///a.js")):
         doc = Document(uri, text, language_id=language)
-        lines = split_lines(text)
-        assert lines == doc.lines
-        spans = statement_spans(text, language)
         rng = random.Random(0)
-        for _ in range(300):
-            row = rng.randrange(len(lines))
-            col = rng.randint(0, len(lines[row].rstrip("\n")))
-            for mode in ("typing", "wide"):
-                assert region_rows(lines, row, col, mode, budget, spans) == server_rows(doc, row, col, mode, opts), (
-                    row, col, mode)
+        for edit in range(3):  # as opened, then after edits the tree followed incrementally
+            spans = statement_spans(doc.text, language)
+            for _ in range(300):
+                row = rng.randrange(len(doc.lines))
+                col = rng.randint(-1, len(doc.line(row)))
+                assert doc.syntax.statement_span(row, col) == spans(row, col), (edit, row, col)
+            row = rng.randrange(len(doc.lines))
+            doc.apply((row, 0), (row + 1, 0), "total = 1\n", doc.version + 1)
