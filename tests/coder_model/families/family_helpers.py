@@ -53,31 +53,38 @@ def _randomize(model, seed: int) -> None:
                 p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
 
 
-def make_dream_checkpoint(directory, seed: int = 0):
+def _tiny_hf_model(config_class, model_class, seed: int, **config):
+    """A 2-layer transformers model of the shape both families' checkpoints share, with
+    randomized biases and norms; `config` holds what differs per family."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    tok = build_tokenizer()
-    eos, mask = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|mask|>")
     torch.manual_seed(seed)
-    cfg = Qwen2Config(
+    cfg = config_class(
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=96,
         num_hidden_layers=2,
         num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=512,
         rope_theta=10000.0,
-        rms_norm_eps=1e-6,
         tie_word_embeddings=False,
         initializer_range=0.2,
-        eos_token_id=eos,
-        pad_token_id=eos,
-        bos_token_id=eos,
+        **config,
     )
-    model = Qwen2ForCausalLM(cfg).eval()
+    model = model_class(cfg).eval()
     _randomize(model, seed)
+    return model
+
+
+def make_dream_checkpoint(directory, seed: int = 0):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tok = build_tokenizer()
+    eos, mask = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|mask|>")
+    model = _tiny_hf_model(
+        Qwen2Config, Qwen2ForCausalLM, seed,
+        num_key_value_heads=2, rms_norm_eps=1e-6, eos_token_id=eos, pad_token_id=eos, bos_token_id=eos,
+    )  # fmt: skip
     model.save_pretrained(directory, safe_serialization=True, max_shard_size="60KB")
     c = json.loads((directory / "config.json").read_text())
     c.update(model_type="Dream", architectures=["DreamModel"], mask_token_id=mask)
@@ -171,29 +178,14 @@ def write_llada(
 
 
 def make_llada_checkpoint(directory, seed: int = 1):
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = build_tokenizer()
     eos, mask = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|mask|>")
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=512,
-        rope_theta=10000.0,
-        rms_norm_eps=1e-5,
-        tie_word_embeddings=False,
-        initializer_range=0.2,
-        attention_bias=False,
-        mlp_bias=False,
-    )
-    model = LlamaForCausalLM(cfg).eval()
-    _randomize(model, seed)
+    model = _tiny_hf_model(
+        LlamaConfig, LlamaForCausalLM, seed,
+        num_key_value_heads=4, rms_norm_eps=1e-5, attention_bias=False, mlp_bias=False,
+    )  # fmt: skip
     state = {llada_name(k): v for k, v in model.state_dict().items()}
     write_llada(directory, state, 64, 4, 4, 2, 96, VOCAB, mask, eos)
     tok.save(str(directory / "tokenizer.json"))
