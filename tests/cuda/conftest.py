@@ -9,7 +9,8 @@ for the duration of these tests, redefines the kernels compiled, and puts both
 back afterwards.
 
 The dream/llada tiny checkpoints come from tests/coder_model/families/family_helpers.py
-(its folder is put on sys.path here, as pytest does for its own tests).
+and the kernel criterion from tests/kernels/kernel_checks.py (their folders are put on
+sys.path here, as pytest does for its own tests).
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ import pytest
 import torch
 
 HERE = Path(__file__).resolve().parent
-FAMILY_TESTS = HERE.parent / "coder_model" / "families"
-if str(FAMILY_TESTS) not in sys.path:
-    sys.path.insert(0, str(FAMILY_TESTS))
+# family_helpers (tiny checkpoints) and kernel_checks (the kernel-vs-reference criterion)
+for _folder in (HERE.parent / "coder_model" / "families", HERE.parent / "kernels"):
+    if str(_folder) not in sys.path:
+        sys.path.insert(0, str(_folder))
+
+from kernel_checks import poisoned_empty, seed_torch  # after the path above
 
 HAS_CUDA = torch.cuda.is_available()
 NEEDS_CUDA = "needs a CUDA GPU (torch.cuda.is_available() is False); run on a GPU box, e.g. via the GPU runbook"
@@ -65,23 +69,13 @@ def cuda_ops():
 @pytest.fixture
 def gpu_tops(cuda_ops, monkeypatch):
     """cuda_ops with every output buffer poisoned (NaN / -7777): an unwritten element fails the comparison."""
-
-    def poisoned(shape, dtype, device):
-        t = torch.empty(shape, dtype=dtype, device=device)
-        t.fill_(float("nan") if dtype.is_floating_point else -7777)
-        return t
-
-    monkeypatch.setattr(cuda_ops, "_empty", poisoned)
+    monkeypatch.setattr(cuda_ops, "_empty", poisoned_empty)
     return cuda_ops
 
 
 @pytest.fixture(autouse=True)
 def _seeded():
-    # fresh random inputs per test, reproducible from the printed seed on failure
-    seed = int(os.environ.get("DLM_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
-    torch.manual_seed(seed)
-    print(f"torch seed {seed} (rerun with DLM_TEST_SEED={seed})")
-    yield seed
+    yield seed_torch()
 
 
 @pytest.fixture(scope="session")

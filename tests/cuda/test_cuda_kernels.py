@@ -6,7 +6,7 @@ Qwen2.5-0.5B (dim 896, 14/2 heads of 64, vocab 151,936); dtype bf16 as served
 the kernel's max error against the reference on fp32-upcast inputs may be at
 most twice plain PyTorch's error in the same dtype plus a small atol, and the
 relative error stays inside METHOD.md's band for the dtype. Output buffers are
-poisoned (NaN), so an unwritten element fails.
+poisoned (NaN), so an unwritten element fails. The checks are tests/kernels/kernel_checks.py's.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import math
 
 import pytest
 import torch
-from cuda_helpers import SHAPES, assert_close, attention_lowp, rms_norm_lowp, rotary_lowp
+from cuda_helpers import SHAPES
+from kernel_checks import assert_close, check_attention, check_rms_norm, check_rotary
 
 DEV = "cuda"
 BF16 = torch.bfloat16
@@ -29,18 +30,11 @@ def rnd(*shape, dtype=BF16, scale=1.0):
 @pytest.mark.parametrize("rows", [1, 32, 2048])
 @pytest.mark.parametrize("with_residual", [True, False])
 def test_rms_norm(gpu_tops, shape, rows, with_residual):
-    from dlm.kernels import reference as ref
 
     d = SHAPES[shape][0]
     x, w = rnd(rows, d), (1 + 0.3 * torch.randn(d, device=DEV)).to(BF16)
     r = rnd(rows, d) if with_residual else None
-    normed, summed = gpu_tops.rms_norm(x, w, 1e-6, r)
-    t_normed, t_summed = ref.rms_norm(x.float(), w.float(), 1e-6, None if r is None else r.float())
-    b_normed, b_summed = rms_norm_lowp(x, w, 1e-6, r)
-    assert normed.dtype == BF16 and summed.dtype == BF16
-    assert_close(normed, t_normed, b_normed, 1e-5, "rms_norm normed")
-    assert_close(summed, t_summed, b_summed, 1e-6, "rms_norm summed")
-    assert torch.equal(summed, ref.rms_norm(x, w, 1e-6, r)[1])  # the residual stream is exactly x + r in bf16
+    check_rms_norm(gpu_tops, x, w, 1e-6, r, relative_band=True)
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
@@ -53,11 +47,7 @@ def test_rotary(gpu_tops, shape, T):
     q = rnd(1, T, Hq, D).transpose(1, 2)  # (1, Hq, T, D), a view as the model makes it
     k = rnd(1, T, Hk, D).transpose(1, 2)
     pos = torch.arange(T, device=DEV) + 5
-    qo, ko = gpu_tops.apply_rotary(q, k, cos, sin, pos)
-    tq, tk = ref.apply_rotary(q.float(), k.float(), cos, sin, pos)
-    bq, bk = rotary_lowp(q, k, cos, sin, pos)
-    assert_close(qo, tq, bq, 1e-6, "rotary q")
-    assert_close(ko, tk, bk, 1e-6, "rotary k")
+    check_rotary(gpu_tops, q, k, cos, sin, pos, relative_band=True)
 
 
 # (label, Tq, Tc, context_len, bidirectional, n_splits): n_splits None = the launcher's choice (split-K
@@ -76,7 +66,6 @@ ATTN = [
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("Tq,Tc,context_len,bidirectional,n_splits", ATTN)
 def test_attention(gpu_tops, shape, Tq, Tc, context_len, bidirectional, n_splits):
-    from dlm.kernels import reference as ref
 
     _dim, Hq, Hk, D, _V = SHAPES[shape]  # GQA 4 (embedded) and 7 (0.5B)
     q = rnd(1, Tq, Hq, D).transpose(1, 2)
@@ -85,14 +74,7 @@ def test_attention(gpu_tops, shape, Tq, Tc, context_len, bidirectional, n_splits
     if Tc:
         buf = rnd(2, 1, Hk, Tc + 64, D)  # the cache as a view of a longer buffer, as PrefixCache grows
         cache = (buf[0, :, :, :Tc], buf[1, :, :, :Tc])
-    out = gpu_tops.attention(q, k, v, context_len=context_len, kv_cache=cache, bidirectional=bidirectional,
-                             n_splits=n_splits)
-    up = None if cache is None else (cache[0].float(), cache[1].float())
-    truth = ref.attention(q.float(), k.float(), v.float(), context_len=context_len, kv_cache=up,
-                          bidirectional=bidirectional)
-    base = attention_lowp(q, k, v, context_len, cache, bidirectional)
-    assert out.dtype == BF16
-    assert_close(out, truth, base, 1e-4, "attention")
+    check_attention(gpu_tops, q, k, v, cache, context_len, bidirectional, n_splits, atol=1e-4, relative_band=True)
 
 
 def test_attention_fp32_step_matches_reference_closely(gpu_tops):
@@ -130,7 +112,7 @@ def test_unmask_scores(gpu_tops, shape, rule, M):
     assert bool(((tok == top.indices[:, 0]) | (tok == top.indices[:, 1])).all()), "token not in the reference top 2"
     _t, t_conf = ref.unmask_scores(hidden.float(), w.float(), pos, rule)
     base = ref.confidence_from_logits((hidden[pos] @ w.t()).float(), rule)[1]  # logits in bf16, then stats
-    assert_close(conf, t_conf, base, 2e-5, f"unmask_scores {rule}")
+    assert_close(conf, t_conf, base, 2e-5, f"unmask_scores {rule}", relative_band=True)
 
 
 def test_dispatch_auto_picks_triton_on_cuda(cuda_ops, monkeypatch):

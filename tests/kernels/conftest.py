@@ -17,7 +17,7 @@ import sys
 os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest
-import torch
+from kernel_checks import poisoned_empty, seed_torch
 
 
 def _interpreted_triton_ops():
@@ -41,23 +41,10 @@ def tops(tops_module, monkeypatch):
 
     An element the kernel forgets to write stays NaN (or -7777) and fails the comparison.
     """
-
-    def poisoned(shape, dtype, device):
-        t = torch.empty(shape, dtype=dtype, device=device)
-        if dtype.is_floating_point:
-            t.fill_(float("nan"))
-        else:
-            t.fill_(-7777)
-        return t
-
-    monkeypatch.setattr(tops_module, "_empty", poisoned)
+    monkeypatch.setattr(tops_module, "_empty", poisoned_empty)
     return tops_module
 
 
 @pytest.fixture(autouse=True)
 def _seeded():
-    # fresh random inputs per test, reproducible from the printed seed on failure
-    seed = int(os.environ.get("DLM_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
-    torch.manual_seed(seed)
-    print(f"torch seed {seed} (rerun with DLM_TEST_SEED={seed})")  # shown on failure
-    yield seed
+    yield seed_torch()

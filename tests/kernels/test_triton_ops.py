@@ -1,8 +1,9 @@
 """Triton kernels vs the PyTorch reference, in the Triton interpreter on CPU tensors.
 
-Comparison as in flash-attention's tests: the truth is the reference op on the
-inputs upcast to fp32; the kernel's max error against it may be at most twice
-the error of a plain PyTorch computation in the same dtype, plus a small atol.
+Comparison as in flash-attention's tests (kernel_checks, shared with tests/cuda): the
+truth is the reference op on the inputs upcast to fp32; the kernel's max error against
+it may be at most twice the error of a plain PyTorch computation in the same dtype,
+plus a small atol.
 Output buffers are poisoned (conftest `tops`), so an unwritten element fails.
 Inputs are fresh random tensors at odd sizes: non-power-of-two lengths,
 1-slot blocks, empty context, GQA ratios 1/4/8.
@@ -15,27 +16,12 @@ import math
 import pytest
 import torch
 from dlm.kernels import reference as ref
+from kernel_checks import assert_close, attention_lowp, check_attention, check_rms_norm, check_rotary
 
 DTYPES = [torch.float32, torch.bfloat16]
 
 
-def assert_close(out: torch.Tensor, truth: torch.Tensor, baseline: torch.Tensor, atol: float, what: str):
-    assert out.shape == truth.shape, f"{what}: shape {tuple(out.shape)} != {tuple(truth.shape)}"
-    out32 = out.float()
-    n_bad = int((~torch.isfinite(out32)).sum())
-    assert n_bad == 0, f"{what}: {n_bad} elements not finite (unwritten poison?)"
-    err = (out32 - truth.float()).abs().max().item() if out.numel() else 0.0
-    base = (baseline.float() - truth.float()).abs().max().item() if out.numel() else 0.0
-    assert err <= 2 * base + atol, f"{what}: kernel error {err:.3g} > 2 x torch-{out.dtype} error {base:.3g} + {atol}"
-
-
 # ----------------------------------------------------------------------------- rms_norm
-
-
-def torch_rms_norm_lowp(x, w, eps, r):
-    """RMSNorm the plain way, every op in the input dtype (the baseline)."""
-    s = x if r is None else x + r
-    return s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * w, s
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -46,16 +32,7 @@ def test_rms_norm(tops, dtype, shape, with_residual):
     x = torch.randn(shape).to(dtype)
     r = torch.randn(shape).to(dtype) if with_residual else None
     w = (1 + 0.3 * torch.randn(d)).to(dtype)
-    eps = 1e-6
-    normed, summed = tops.rms_norm(x, w, eps, r)
-    t_normed, t_summed = ref.rms_norm(x.float(), w.float(), eps, None if r is None else r.float())
-    b_normed, b_summed = torch_rms_norm_lowp(x, w, eps, r)
-    assert normed.dtype == dtype and summed.dtype == dtype
-    assert_close(normed, t_normed, b_normed, 1e-5, "rms_norm normed")
-    assert_close(summed, t_summed, b_summed, 1e-6, "rms_norm summed")
-    # the residual stream must be exactly `x + residual` in the dtype (it is carried to the next layer)
-    _r_normed, r_summed = ref.rms_norm(x, w, eps, r)
-    assert torch.equal(summed, r_summed)
+    check_rms_norm(tops, x, w, 1e-6, r)
 
 
 def test_rms_norm_rejects_mismatched_residual(tops):
@@ -64,17 +41,6 @@ def test_rms_norm_rejects_mismatched_residual(tops):
 
 
 # ----------------------------------------------------------------------------- rotary
-
-
-def torch_rotary_lowp(q, k, cos, sin, positions):
-    c, s = cos[positions].to(q.dtype), sin[positions].to(q.dtype)
-    c, s = (c[None, None], s[None, None]) if c.dim() == 2 else (c[:, None], s[:, None])
-
-    def rot(x):
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
-
-    return rot(q), rot(k)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -88,30 +54,10 @@ def test_apply_rotary(tops, dtype, B, Hq, Hk, T, D, pos2d):
     q = torch.randn(B, T, Hq, D).to(dtype).transpose(1, 2)
     k = torch.randn(B, T, Hk, D).to(dtype).transpose(1, 2)
     positions = torch.randint(0, 300, (B, T) if pos2d else (T,))
-    qo, ko = tops.apply_rotary(q, k, cos, sin, positions)
-    tq, tk = ref.apply_rotary(q.float(), k.float(), cos, sin, positions)
-    bq, bk = torch_rotary_lowp(q, k, cos, sin, positions)
-    assert qo.dtype == dtype and ko.dtype == dtype
-    assert_close(qo, tq, bq, 1e-6, "rotary q")
-    assert_close(ko, tk, bk, 1e-6, "rotary k")
+    check_rotary(tops, q, k, cos, sin, positions)
 
 
 # ----------------------------------------------------------------------------- attention
-
-
-def torch_attention_lowp(q, k, v, context_len, kv_cache, bidirectional, scale=None):
-    """Attention the plain way in the input dtype (flash-attention's attention_ref, upcast=False)."""
-    if kv_cache is not None:
-        k = torch.cat([kv_cache[0], k], dim=2)
-        v = torch.cat([kv_cache[1], v], dim=2)
-    g = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(g, dim=1)
-    v = v.repeat_interleave(g, dim=1)
-    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = (q * scale) @ k.transpose(-1, -2)
-    mask = ref.attention_mask(q.shape[2], k.shape[2], context_len, bidirectional)
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.softmax(scores, dim=-1).to(v.dtype) @ v
 
 
 # (B, Hq, Hk, Tq, Tc, D, context_len, bidirectional, n_splits)
@@ -151,21 +97,14 @@ def _attn_inputs(B, Hq, Hk, Tq, Tc, D, dtype):
 @pytest.mark.parametrize("B,Hq,Hk,Tq,Tc,D,context_len,bidirectional,n_splits", ATTN_CASES)
 def test_attention(tops, dtype, B, Hq, Hk, Tq, Tc, D, context_len, bidirectional, n_splits):
     q, k, v, cache = _attn_inputs(B, Hq, Hk, Tq, Tc, D, dtype)
-    out = tops.attention(q, k, v, context_len=context_len, kv_cache=cache, bidirectional=bidirectional,
-                         n_splits=n_splits)
-    up = None if cache is None else (cache[0].float(), cache[1].float())
-    truth = ref.attention(q.float(), k.float(), v.float(), context_len=context_len, kv_cache=up,
-                          bidirectional=bidirectional)
-    base = torch_attention_lowp(q, k, v, context_len, cache, bidirectional)
-    assert out.dtype == dtype
-    assert_close(out, truth, base, 1e-5, "attention")
+    check_attention(tops, q, k, v, cache, context_len, bidirectional, n_splits, atol=1e-5)
 
 
 def test_attention_custom_scale_matches_reference(tops):
     q, k, v, cache = _attn_inputs(1, 4, 2, 3, 10, 32, torch.float32)
     out = tops.attention(q, k, v, context_len=10, kv_cache=cache, scale=0.3)
     truth = ref.attention(q, k, v, context_len=10, kv_cache=cache, scale=0.3)
-    base = torch_attention_lowp(q, k, v, 10, cache, False, scale=0.3)
+    base = attention_lowp(q, k, v, 10, cache, False, scale=0.3)
     assert_close(out, truth, base, 1e-5, "attention scale=0.3")
 
 
