@@ -46,7 +46,9 @@ INVALID_REQUEST = -32600
 
 _HEADER_END = b"\r\n\r\n"
 _CONTENT_LENGTH = re.compile(rb"content-length[ \t]*:", re.IGNORECASE)
-_HEADER_LINES = re.compile(rb"(?:[A-Za-z0-9-]+[ \t]*:[^\r\n]*\r\n)*")  # e.g. Content-Type before Content-Length
+_HEADER_LINES = re.compile(
+    rb"(?:[A-Za-z0-9-]+[ \t]*:[^\r\n]*\r\n)*"
+)  # e.g. Content-Type before Content-Length
 _KEEP_TAIL = 32  # bytes kept when dropping junk: a "Content-Length:" may straddle two reads
 
 
@@ -111,8 +113,10 @@ class FrameReader:
                         return None
                 elif not await self._fill():
                     if self._buf.strip():
-                        log.warning("the client closed the stream inside a frame header (%d bytes dropped)",
-                                    len(self._buf))
+                        log.warning(
+                            "the client closed the stream inside a frame header (%d bytes dropped)",
+                            len(self._buf),
+                        )
                     return None
                 end = self._buf.find(_HEADER_END)
             header = bytes(self._buf[:end])
@@ -144,8 +148,11 @@ class FrameReader:
             body_start = end + len(_HEADER_END)
             while len(self._buf) < body_start + length:
                 if not await self._fill():
-                    log.warning("the client closed the stream inside a frame body (%d of %d bytes)",
-                                len(self._buf) - body_start, length)
+                    log.warning(
+                        "the client closed the stream inside a frame body (%d of %d bytes)",
+                        len(self._buf) - body_start,
+                        length,
+                    )
                     return None
             body = bytes(self._buf[body_start : body_start + length])
             del self._buf[: body_start + length]
@@ -159,7 +166,11 @@ def error_response(msg_id: Any, code: int, message: str) -> dict:
 def usable_id(obj: Any) -> Any:
     """The message's id when it is one JSON-RPC allows (string or integer), else None."""
     msg_id = obj.get("id") if isinstance(obj, dict) else None
-    return msg_id if isinstance(msg_id, str) or (isinstance(msg_id, int) and not isinstance(msg_id, bool)) else None
+    return (
+        msg_id
+        if isinstance(msg_id, str) or (isinstance(msg_id, int) and not isinstance(msg_id, bool))
+        else None
+    )
 
 
 def check_message(obj: Any) -> str | None:
@@ -176,7 +187,9 @@ def check_message(obj: Any) -> str | None:
         if obj.get("params") is not None and not isinstance(obj["params"], (dict, list)):  # null: shutdown
             return f"'params' must be an object or an array, got {type(obj['params']).__name__}"
     elif "id" not in obj or ("result" not in obj and "error" not in obj):
-        return "a message needs 'method' (a request or notification) or 'id' with 'result'/'error' (a response)"
+        return (
+            "a message needs 'method' (a request or notification) or 'id' with 'result'/'error' (a response)"
+        )
     return None
 
 
@@ -188,12 +201,18 @@ def decode(body: bytes, reader: FrameReader) -> tuple[Any, dict | None]:
         m = _CONTENT_LENGTH.search(body, 1)
         if m is not None:  # the declared length ran past the body into the next frame
             reader.push_back(body[m.start() :])
-            log.warning("bad frame from the client: its body is shorter than its Content-Length "
-                        "(the next header starts inside it); resynchronised on that header")
+            log.warning(
+                "bad frame from the client: its body is shorter than its Content-Length "
+                "(the next header starts inside it); resynchronised on that header"
+            )
         why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         log.warning("a message that is not JSON (%s); answered with a parse error", why)
-        return None, error_response(None, PARSE_ERROR, f"parse error: the message body is not valid JSON ({why}); "
-                                    "send one JSON-RPC object per frame, UTF-8 encoded")
+        return None, error_response(
+            None,
+            PARSE_ERROR,
+            f"parse error: the message body is not valid JSON ({why}); "
+            "send one JSON-RPC object per frame, UTF-8 encoded",
+        )
     problem = check_message(obj)
     if problem is not None:
         log.warning("an invalid JSON-RPC message (%s); answered with invalid request", problem)

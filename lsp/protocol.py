@@ -165,8 +165,8 @@ class ClientLogHandler(logging.Handler):
         if self.connected():
             try:
                 self.server.protocol.notify(types.WINDOW_LOG_MESSAGE, params)
-            except Exception:  # noqa: BLE001 - the client went away: drop the record
-                pass
+            except Exception:  # the client went away: drop the record (stderr may be gone too)
+                logging.getLogger("pygls").debug("could not send a log record", exc_info=True)
 
 
 class NotSentToClient(logging.Filter):

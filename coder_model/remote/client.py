@@ -268,7 +268,7 @@ class RemoteEngine:
         if callback is not None and not self._closing:
             try:
                 callback()
-            except Exception:  # noqa: BLE001 - the listener's failure must not stop reconnecting
+            except Exception:  # the listener's failure must not stop reconnecting
                 log.exception("on_status_change callback failed")
 
     def _run_loop(self) -> None:

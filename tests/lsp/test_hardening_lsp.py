@@ -88,8 +88,10 @@ class RawServer:
         return self.reply(self.request(method, params), timeout)
 
     def initialize(self, options: dict | None = None) -> dict:
-        res = self.call("initialize", {"processId": None, "rootUri": None, "capabilities": {},
-                                       "initializationOptions": options or {}})
+        res = self.call(
+            "initialize",
+            {"processId": None, "rootUri": None, "capabilities": {}, "initializationOptions": options or {}},
+        )
         self.notify("initialized", {})
         for _ in range(200):
             if self.call("dlm/stats", {})["result"]["state"] == "ready":
@@ -98,13 +100,23 @@ class RawServer:
         raise AssertionError("the fake engine never became ready")
 
     def open(self, uri: str, text: str, version: int = 1) -> None:
-        self.notify("textDocument/didOpen", {"textDocument": {"uri": uri, "languageId": "python",
-                                                              "version": version, "text": text}})
+        self.notify(
+            "textDocument/didOpen",
+            {"textDocument": {"uri": uri, "languageId": "python", "version": version, "text": text}},
+        )
 
     def change(self, uri: str, version: int, start, end, text: str) -> None:
-        rng = {"start": {"line": start[0], "character": start[1]}, "end": {"line": end[0], "character": end[1]}}
-        self.notify("textDocument/didChange", {"textDocument": {"uri": uri, "version": version},
-                                               "contentChanges": [{"range": rng, "text": text}]})
+        rng = {
+            "start": {"line": start[0], "character": start[1]},
+            "end": {"line": end[0], "character": end[1]},
+        }
+        self.notify(
+            "textDocument/didChange",
+            {
+                "textDocument": {"uri": uri, "version": version},
+                "contentChanges": [{"range": rng, "text": text}],
+            },
+        )
 
     def inline(self, uri: str, line: int, ch: int) -> dict:
         return self.call("textDocument/inlineCompletion", {
@@ -140,10 +152,10 @@ BAD_FRAMES = {
     "no Content-Length": b"Content-Type: application/vscode-jsonrpc\r\n\r\n"
     + json.dumps({"jsonrpc": "2.0", "id": 9000, "method": "dlm/stats"}).encode(),
     "negative length": b"Content-Length: -5\r\n\r\n{}",
-    "non-numeric length": b"Content-Length: twelve\r\n\r\n{\"jsonrpc\": \"2.0\"}",
+    "non-numeric length": b'Content-Length: twelve\r\n\r\n{"jsonrpc": "2.0"}',
     "body shorter than declared": b"Content-Length: 200\r\n\r\n"
     + json.dumps({"jsonrpc": "2.0", "id": 9001, "method": "dlm/stats"}).encode(),
-    "length over the limit": b"Content-Length: 1000000000000\r\n\r\n{\"jsonrpc\": \"2.0\", \"id\": 9002}",
+    "length over the limit": b'Content-Length: 1000000000000\r\n\r\n{"jsonrpc": "2.0", "id": 9002}',
     "junk line": b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
 }
 
@@ -161,8 +173,11 @@ def test_bad_frame_then_fifty_requests_are_answered(server, kind):
     assert all("result" in m for m in answered.values())
     assert server.proc.poll() is None
     server.call("dlm/stats", {})  # the warnings were queued before this answer
-    warnings = [m["params"]["message"] for m in server.seen
-                if m.get("method") == "window/logMessage" and m["params"]["type"] == 2]
+    warnings = [
+        m["params"]["message"]
+        for m in server.seen
+        if m.get("method") == "window/logMessage" and m["params"]["type"] == 2
+    ]
     assert any("bad frame" in w or "not JSON" in w for w in warnings), warnings
 
 
@@ -182,7 +197,9 @@ def test_invalid_json_and_jsonrpc_get_error_responses_and_no_popup(server):
     server.send(frame({"jsonrpc": "2.0", "id": 78, "method": 5, "params": {}}))
     msg = server.next_response()
     assert msg["id"] == 78 and msg["error"]["code"] == -32600
-    assert "Traceback" not in msg["error"]["message"] and "'method' must be a string" in msg["error"]["message"]
+    assert (
+        "Traceback" not in msg["error"]["message"] and "'method' must be a string" in msg["error"]["message"]
+    )
     assert server.call("dlm/stats", {})["result"]["state"] == "ready"
     assert not [m for m in server.seen if m.get("method") == "window/showMessage"]
 

@@ -45,7 +45,7 @@ def test_typing_soak_memory_is_bounded():
         server.initialize()
         server.open(uri, header)
         pid = server.proc.pid
-        version, row, col, src = 1, 3, 0, 0
+        version, row, col = 1, 3, 0
         pending: list[int] = []
         samples: list[tuple[int, int]] = []
         rss_start = None
@@ -53,11 +53,12 @@ def test_typing_soak_memory_is_bounded():
         for k in range(1, keystrokes + 1):
             if k % RESET_EVERY == 0:  # back to the header (a full-text change)
                 version += 1
-                server.notify("textDocument/didChange", {"textDocument": {"uri": uri, "version": version},
-                                                         "contentChanges": [{"text": header}]})
+                server.notify(
+                    "textDocument/didChange",
+                    {"textDocument": {"uri": uri, "version": version}, "contentChanges": [{"text": header}]},
+                )
                 row, col = 3, 0
-            ch = SOURCE[src % len(SOURCE)]
-            src += 1
+            ch = SOURCE[(k - 1) % len(SOURCE)]
             version += 1
             server.change(uri, version, (row, col), (row, col), ch)
             if ch == "\n":
@@ -89,6 +90,8 @@ def test_typing_soak_memory_is_bounded():
             Path(os.environ["DLM_SOAK_OUT"]).write_text(json.dumps(figures, indent=1))
         assert stats["completed"] > 0, "the model never ran: the soak measured nothing"
         assert stats["pending_futures"] <= 2
-        assert rss_end - rss_start < MAX_GROWTH_KB, f"RSS grew {rss_end - rss_start} kB after warm-up: {samples}"
+        assert rss_end - rss_start < MAX_GROWTH_KB, (
+            f"RSS grew {rss_end - rss_start} kB after warm-up: {samples}"
+        )
     finally:
         server.close()
