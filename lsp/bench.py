@@ -158,8 +158,7 @@ class Bench:
             client.initialized(types.InitializedParams())
             await self._wait_ready(client, log_file)
             await self._replay(client, types)
-            stats = await client.protocol.send_request_async("dlm/stats", {})
-            self.res.server = _plain(stats)
+            self.res.server = await request(client, "dlm/stats", {})
         finally:
             try:
                 await asyncio.wait_for(client.shutdown_async(None), 10)
@@ -176,7 +175,7 @@ class Bench:
     async def _wait_ready(self, client, log_file: str) -> None:
         deadline = time.monotonic() + self.args.load_timeout
         while time.monotonic() < deadline:
-            st = _plain(await client.protocol.send_request_async("dlm/stats", {}))
+            st = await request(client, "dlm/stats", {})
             if st["state"] == "ready":
                 return
             if st["state"] == "failed":
@@ -309,14 +308,23 @@ class Bench:
         return min(0.4, max(0.03, self.rng.gauss(1.0 / self.args.cps, 0.4 / self.args.cps)))
 
 
-def _plain(obj):
+def plain(obj):
+    """pygls' client hands back custom results as namedtuples; make them dicts/lists."""
     if hasattr(obj, "_asdict"):
-        return {k: _plain(v) for k, v in obj._asdict().items()}
+        return {k: plain(v) for k, v in obj._asdict().items()}
     if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
+        return {k: plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
+        return [plain(v) for v in obj]
     return obj
+
+
+_plain = plain  # the name dlm.lsp.eval imports
+
+
+async def request(client, method: str, params):
+    """A custom request (dlm/stats, ...) through a pygls client; its result as dicts/lists."""
+    return plain(await client.protocol.send_request_async(method, params))
 
 
 def summarize(res: Result, args: argparse.Namespace, wall_s: float) -> dict:

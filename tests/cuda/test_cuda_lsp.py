@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("pytest_lsp")
 
 from cuda_helpers import subprocess_env
+from dlm.lsp.bench import plain, request
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, client_capabilities
 
@@ -18,18 +19,8 @@ SERVER = [sys.executable, "-m", "dlm.lsp.cli", "--stdio", "--device", "cuda"]
 TEXT = "import os\n\n\ndef list_files(path):\n    return [name for name in os.listdir(path)]\n\n\ndef main():\n    \n"
 
 
-def _plain(obj):
-    if hasattr(obj, "_asdict"):
-        return {k: _plain(v) for k, v in obj._asdict().items()}
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    return obj
-
-
 async def _stats(client) -> dict:
-    return _plain(await client.protocol.send_request_async("dlm/stats", {}))
+    return await request(client, "dlm/stats", {})
 
 
 @pytest.mark.asyncio
@@ -39,7 +30,7 @@ async def test_inline_completion_on_cuda(cuda_ops):
 
     @client.feature("dlm/status")
     def _status(params):
-        statuses.append(_plain(params))
+        statuses.append(plain(params))
 
     try:
         await client.initialize_session(types.InitializeParams(capabilities=client_capabilities("neovim")))

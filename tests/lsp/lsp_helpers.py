@@ -1,4 +1,5 @@
-"""Helpers for the LSP end-to-end tests: the real server as a subprocess.
+"""Helpers for the LSP end-to-end tests: the real server as a subprocess, the fixture that
+starts it with the slow fake engine, and the client messages the tests send.
 
 A plain module (imported as `lsp_helpers`: pytest puts this folder on sys.path
 for the tests in it), not a conftest, so that no test imports a conftest by name.
@@ -6,9 +7,15 @@ for the tests in it), not a conftest, so that no test imports a conftest by name
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from pathlib import Path
+
+import pytest_lsp
+from dlm.lsp.bench import plain, request  # noqa: F401  (the tests' names for them)
+from lsprotocol import types
+from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 
 HERE = Path(__file__).resolve().parent
 
@@ -24,16 +31,77 @@ def server_env(**extra: str) -> dict[str, str]:
 SERVER = [sys.executable, "-m", "dlm.lsp.cli", "--stdio"]
 
 
-def plain(obj):
-    """pygls' client hands back custom results as namedtuples; make them dicts/lists."""
-    if hasattr(obj, "_asdict"):
-        return {k: plain(v) for k, v in obj._asdict().items()}
-    if isinstance(obj, dict):
-        return {k: plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [plain(v) for v in obj]
-    return obj
+async def wait_state(client, states=("ready",), timeout_s: float = 10.0, poll_s: float = 0.05) -> dict:
+    """Poll dlm/stats until the engine's state is one of `states`; the stats then."""
+    for _ in range(int(timeout_s / poll_s)):
+        stats = await request(client, "dlm/stats", {})
+        if stats["state"] in states:
+            return stats
+        await asyncio.sleep(poll_s)
+    raise AssertionError(f"the engine's state never reached {states} in {timeout_s:.0f} s")
 
 
-async def request(client, method: str, params):
-    return plain(await client.protocol.send_request_async(method, params))
+def fake_server_client(step_s: str, capabilities: str = "visual-studio-code", **initialize):
+    """A module-scoped pytest-lsp `client` fixture (assign it to a module's `client`): the real
+    server over stdio with the slow fake engine (tests/lsp/fake_engine.py; FAKE_STEP_S=step_s a
+    step), initialized with `initialize` (InitializeParams fields) and ready. The
+    InitializeResult is kept as `client.init_result`."""
+
+    @pytest_lsp.fixture(
+        scope="module",
+        loop_scope="module",
+        config=ClientServerConfig(
+            server_command=SERVER,
+            server_env=server_env(DLM_ENGINE_FACTORY="fake_engine:slow", FAKE_STEP_S=step_s),
+        ),
+    )
+    async def client(lsp_client: LanguageClient):  # pytest-lsp hands its client by this annotation
+        params = types.InitializeParams(capabilities=client_capabilities(capabilities), **initialize)
+        lsp_client.init_result = await lsp_client.initialize_session(params)
+        await wait_state(lsp_client)
+        yield
+        await lsp_client.shutdown_session()
+
+    return client
+
+
+def open_document(client, uri: str, text: str, version: int = 1, language_id: str = "python") -> None:
+    client.text_document_did_open(
+        types.DidOpenTextDocumentParams(
+            types.TextDocumentItem(uri=uri, language_id=language_id, version=version, text=text)
+        )
+    )
+
+
+def change(client, uri: str, version: int, start: tuple[int, int], end: tuple[int, int], text: str) -> None:
+    """An incremental didChange replacing (line, character) `start`..`end` by `text`."""
+    client.text_document_did_change(
+        types.DidChangeTextDocumentParams(
+            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
+            content_changes=[
+                types.TextDocumentContentChangePartial(
+                    range=types.Range(types.Position(*start), types.Position(*end)), text=text
+                )
+            ],
+        )
+    )
+
+
+def inline_params(
+    uri: str, line: int, character: int,
+    trigger: types.InlineCompletionTriggerKind = types.InlineCompletionTriggerKind.Invoked,
+) -> types.InlineCompletionParams:  # fmt: skip
+    return types.InlineCompletionParams(
+        text_document=types.TextDocumentIdentifier(uri=uri),
+        position=types.Position(line=line, character=character),
+        context=types.InlineCompletionContext(trigger_kind=trigger),
+    )
+
+
+def rss_kb(pid: int) -> int:
+    """Resident memory of a process (Linux /proc), in kB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no VmRSS line in /proc/{pid}/status")

@@ -8,49 +8,24 @@ model would suggest. The translation's merging of several edits is checked on it
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
-import pytest_lsp
 from dlm.lsp import copilot_nes, positions
 from dlm.lsp.documents import Document
-from lsp_helpers import SERVER, request, server_env
+from lsp_helpers import fake_server_client, open_document, request
 from lsprotocol import types
-from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
+from pytest_lsp import LanguageClient
 
 URI = "file:///work/proj/todo.py"
 TEXT = "def g():\n    # TODO\n    return 1\n"
 
 
-@pytest_lsp.fixture(
-    scope="module",
-    loop_scope="module",
-    config=ClientServerConfig(
-        server_command=SERVER,
-        server_env=server_env(DLM_ENGINE_FACTORY="fake_engine:slow", FAKE_STEP_S="0.01"),
-    ),
+client = fake_server_client(
+    "0.01",
+    workspace_folders=[types.WorkspaceFolder(uri="file:///work/proj", name="proj")],
+    # edit predictions are off by default; a deadline far beyond the fake's run time keeps
+    # this about the protocol, not timing
+    initialization_options={"editPredictions": True, "deadlineMs": 60_000},
 )
-async def client(lsp_client: LanguageClient):
-    params = types.InitializeParams(
-        capabilities=client_capabilities("visual-studio-code"),
-        workspace_folders=[types.WorkspaceFolder(uri="file:///work/proj", name="proj")],
-        # edit predictions are off by default; a deadline far beyond the fake's run time keeps
-        # this about the protocol, not timing
-        initialization_options={"editPredictions": True, "deadlineMs": 60_000},
-    )
-    await lsp_client.initialize_session(params)
-    for _ in range(200):
-        if (await request(lsp_client, "dlm/stats", {}))["state"] == "ready":
-            break
-        await asyncio.sleep(0.05)
-    yield
-    await lsp_client.shutdown_session()
-
-
-def _open(client: LanguageClient, uri: str, text: str, version: int = 1) -> None:
-    client.text_document_did_open(
-        types.DidOpenTextDocumentParams(types.TextDocumentItem(uri=uri, language_id="python", version=version, text=text))
-    )
 
 
 def _apply(text: str, rng: dict, new_text: str) -> str:
@@ -65,7 +40,7 @@ def _apply(text: str, rng: dict, new_text: str) -> str:
 
 @pytest.mark.asyncio(loop_scope="module")
 async def test_copilot_client_gets_the_next_edit_shows_and_accepts_it(client: LanguageClient):
-    _open(client, URI, TEXT)
+    open_document(client, URI, TEXT)
     # copilot.el: (list :textDocument (list :uri uri :version version) :position pos)
     res = await request(client, "textDocument/copilotInlineEdit",
                         {"textDocument": {"uri": URI, "version": 1}, "position": {"line": 2, "character": 12}})
@@ -93,7 +68,7 @@ async def test_copilot_client_gets_the_next_edit_shows_and_accepts_it(client: La
 @pytest.mark.asyncio(loop_scope="module")
 async def test_no_edits_for_another_version_or_an_unknown_document(client: LanguageClient):
     uri = "file:///work/proj/stale.py"
-    _open(client, uri, TEXT, version=7)
+    open_document(client, uri, TEXT, version=7)
     res = await request(client, "textDocument/copilotInlineEdit",
                         {"textDocument": {"uri": uri, "version": 6}, "position": {"line": 2, "character": 0}})
     assert res == {"edits": []}
@@ -102,7 +77,7 @@ async def test_no_edits_for_another_version_or_an_unknown_document(client: Langu
                          "position": {"line": 0, "character": 0}})
     assert res == {"edits": []}
     # a region with nothing to change (the fake inserts at the cursor): no next edit either
-    _open(client, "file:///work/proj/plain.py", "x = 1\n")
+    open_document(client, "file:///work/proj/plain.py", "x = 1\n")
     res = await request(client, "textDocument/copilotInlineEdit",
                         {"textDocument": {"uri": "file:///work/proj/plain.py", "version": 1},
                          "position": {"line": 0, "character": 5}})
@@ -111,7 +86,7 @@ async def test_no_edits_for_another_version_or_an_unknown_document(client: Langu
 
 @pytest.mark.asyncio(loop_scope="module")
 async def test_a_request_without_a_position_is_an_invalid_params_error(client: LanguageClient):
-    _open(client, "file:///work/proj/bad.py", TEXT)
+    open_document(client, "file:///work/proj/bad.py", TEXT)
     with pytest.raises(Exception, match="position must be"):
         await request(client, "textDocument/copilotInlineEdit",
                       {"textDocument": {"uri": "file:///work/proj/bad.py", "version": 1}})

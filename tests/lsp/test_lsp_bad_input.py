@@ -8,64 +8,29 @@ import subprocess
 import time
 
 import pytest
-import pytest_lsp
-from lsp_helpers import SERVER, request, server_env
-from lsprotocol import types
-from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
-
-
-@pytest_lsp.fixture(
-    scope="module",
-    loop_scope="module",
-    config=ClientServerConfig(
-        server_command=SERVER,
-        server_env=server_env(DLM_ENGINE_FACTORY="fake_engine:slow", FAKE_STEP_S="0.002"),
-    ),
+from lsp_helpers import (
+    SERVER,
+    change,
+    fake_server_client,
+    inline_params,
+    open_document,
+    request,
+    rss_kb,
+    server_env,
 )
-async def client(lsp_client: LanguageClient):
-    await lsp_client.initialize_session(types.InitializeParams(capabilities=client_capabilities("neovim")))
-    for _ in range(200):
-        if (await request(lsp_client, "dlm/stats", {}))["state"] == "ready":
-            break
-        await asyncio.sleep(0.05)
-    yield
-    await lsp_client.shutdown_session()
+from lsprotocol import types
+from pytest_lsp import LanguageClient
 
-
-def _open(client, uri, text, version=1):
-    client.text_document_did_open(
-        types.DidOpenTextDocumentParams(
-            types.TextDocumentItem(uri=uri, language_id="python", version=version, text=text)
-        )
-    )
-
-
-def _change(client, uri, version, start, end, text):
-    client.text_document_did_change(
-        types.DidChangeTextDocumentParams(
-            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
-            content_changes=[
-                types.TextDocumentContentChangePartial(
-                    range=types.Range(types.Position(*start), types.Position(*end)), text=text
-                )
-            ],
-        )
-    )
+client = fake_server_client("0.002", capabilities="neovim")
 
 
 async def _inline(client, uri, line, ch):
-    return await client.text_document_inline_completion_async(
-        types.InlineCompletionParams(
-            text_document=types.TextDocumentIdentifier(uri=uri),
-            position=types.Position(line=line, character=ch),
-            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Invoked),
-        )
-    )
+    return await client.text_document_inline_completion_async(inline_params(uri, line, ch))
 
 
 @pytest.mark.asyncio(loop_scope="module")
 async def test_unknown_uri_change_and_requests(client: LanguageClient):
-    _change(client, "file:///never/opened.py", 2, (0, 0), (0, 0), "x")
+    change(client, "file:///never/opened.py", 2, (0, 0), (0, 0), "x")
     assert not (await _inline(client, "file:///never/opened.py", 0, 0)).items
     assert (
         await request(
@@ -76,20 +41,20 @@ async def test_unknown_uri_change_and_requests(client: LanguageClient):
         is None
     )
     # the server is fine
-    _open(client, "file:///ok.py", "x = \n")
+    open_document(client, "file:///ok.py", "x = \n")
     assert (await _inline(client, "file:///ok.py", 0, 4)).items[0].insert_text == "FAKE"
 
 
 @pytest.mark.asyncio(loop_scope="module")
 async def test_surrogate_positions(client: LanguageClient):
     uri = "file:///emoji.py"
-    _open(client, uri, "s = '😀😀'\n")
+    open_document(client, uri, "s = '😀😀'\n")
     # character 6 is between the two UTF-16 halves of the first emoji: snapped to its start
-    _change(client, uri, 2, (0, 6), (0, 6), "x")
+    change(client, uri, 2, (0, 6), (0, 6), "x")
     res = await _inline(client, uri, 0, 7)
     assert res.items and res.items[0].insert_text == "FAKE"
     # a change whose range splits both emoji; the server stays consistent and answers
-    _change(client, uri, 3, (0, 7), (0, 10), "")
+    change(client, uri, 3, (0, 7), (0, 10), "")
     res = await _inline(client, uri, 0, 9)
     assert res.items and res.items[0].insert_text == "FAKE"
 
@@ -97,8 +62,8 @@ async def test_surrogate_positions(client: LanguageClient):
 @pytest.mark.asyncio(loop_scope="module")
 async def test_positions_past_the_end(client: LanguageClient):
     uri = "file:///past.py"
-    _open(client, uri, "a\nb")
-    _change(client, uri, 2, (50, 3), (70, 1), "c")  # clamped to the end of the document
+    open_document(client, uri, "a\nb")
+    change(client, uri, 2, (50, 3), (70, 1), "c")  # clamped to the end of the document
     res = await _inline(client, uri, 1000, 1000)
     assert res.items and res.items[0].insert_text == "FAKE"
     res = await request(
@@ -115,41 +80,33 @@ async def test_ten_megabyte_document(client: LanguageClient):
     line = "value_%07d = compute(%d)  # padding padding padding padding\n"
     text = "".join(line % (i, i) for i in range(160_000))
     assert len(text) > 10_000_000
-    _open(client, uri, text)
-    _change(client, uri, 2, (80_000, 0), (80_000, 0), "x = ")
+    open_document(client, uri, text)
+    change(client, uri, 2, (80_000, 0), (80_000, 0), "x = ")
     res = await _inline(client, uri, 80_000, 4)
     assert res.items and res.items[0].insert_text == "FAKE"
     client.text_document_did_close(types.DidCloseTextDocumentParams(types.TextDocumentIdentifier(uri)))
-
-
-def _rss_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 @pytest.mark.asyncio(loop_scope="module")
 async def test_thousand_changes_per_second_for_five_seconds(client: LanguageClient):
     uri = "file:///storm.py"
     text = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(300))
-    _open(client, uri, text)
+    open_document(client, uri, text)
     pid = client._server.pid
     await request(client, "dlm/stats", {})
-    rss0 = _rss_kb(pid)
+    rss0 = rss_kb(pid)
     version, t0 = 1, time.monotonic()
     for burst in range(50):  # 50 x 100 changes, one burst every 0.1 s = 1,000 per second
         for k in range(100):
             version += 1
             row = 3 * ((burst * 100 + k) % 300) + 1
             if k % 2 == 0:
-                _change(client, uri, version, (row, 4), (row, 4), "yy")
+                change(client, uri, version, (row, 4), (row, 4), "yy")
             else:
-                _change(client, uri, version, (row, 4), (row, 6), "")
+                change(client, uri, version, (row, 4), (row, 6), "")
         await asyncio.sleep(max(0.0, t0 + 0.1 * (burst + 1) - time.monotonic()))
     stats = await request(client, "dlm/stats", {})  # answered after all 5,000 changes
-    rss1 = _rss_kb(pid)
+    rss1 = rss_kb(pid)
     assert stats["documents"] >= 1
     assert rss1 - rss0 < 60_000, f"server memory grew by {rss1 - rss0} kB over 5,000 changes"
     # the text is what the changes say (every "yy" was removed again): a completion lands where expected

@@ -6,11 +6,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import pytest_lsp
-from lsp_helpers import SERVER, request, server_env
+from lsp_helpers import change, fake_server_client, inline_params, open_document, request
 from lsprotocol import types
 from pygls.exceptions import JsonRpcRequestCancelled
-from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
+from pytest_lsp import LanguageClient
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -18,71 +17,28 @@ URI = "file:///work/proj/a.py"
 TEXT = "import os\n\n\ndef main(x):\n    y = x + 1\n    return y\n"
 
 
-@pytest_lsp.fixture(
-    scope="module",
-    loop_scope="module",
-    config=ClientServerConfig(
-        server_command=SERVER,
-        server_env=server_env(DLM_ENGINE_FACTORY="fake_engine:slow", FAKE_STEP_S="0.03"),
-    ),
+client = fake_server_client(
+    "0.03",
+    workspace_folders=[
+        types.WorkspaceFolder(uri="file:///work/proj", name="proj"),
+        types.WorkspaceFolder(uri="file:///work/other", name="other"),
+    ],
+    # The fake takes 300 ms a run and queues runs of many documents: a deadline far
+    # beyond that keeps these scheduling tests about scheduling. Edit predictions are
+    # off by default; test_edit_prediction_away_from_cursor needs them.
+    initialization_options={"deadlineMs": 60_000, "editPredictions": True},
 )
-async def client(lsp_client: LanguageClient):
-    params = types.InitializeParams(
-        capabilities=client_capabilities("visual-studio-code"),
-        workspace_folders=[
-            types.WorkspaceFolder(uri="file:///work/proj", name="proj"),
-            types.WorkspaceFolder(uri="file:///work/other", name="other"),
-        ],
-        # The fake takes 300 ms a run and queues runs of many documents: a deadline far
-        # beyond that keeps these scheduling tests about scheduling. Edit predictions are
-        # off by default; test_edit_prediction_away_from_cursor needs them.
-        initialization_options={"deadlineMs": 60_000, "editPredictions": True},
-    )
-    result = await lsp_client.initialize_session(params)
-    lsp_client.init_result = result
-    await _wait_ready(lsp_client)
-    yield
-    await lsp_client.shutdown_session()
-
-
-async def _wait_ready(client: LanguageClient) -> None:
-    for _ in range(200):
-        st = await request(client, "dlm/stats", {})
-        if st["state"] == "ready":
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("engine never became ready")
-
-
-def _open(client: LanguageClient, uri: str, text: str, version: int = 1, lang: str = "python") -> None:
-    client.text_document_did_open(
-        types.DidOpenTextDocumentParams(
-            types.TextDocumentItem(uri=uri, language_id=lang, version=version, text=text)
-        )
-    )
 
 
 def _insert(client: LanguageClient, uri: str, version: int, line: int, ch: int, text: str) -> None:
-    pos = types.Position(line=line, character=ch)
-    client.text_document_did_change(
-        types.DidChangeTextDocumentParams(
-            text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
-            content_changes=[types.TextDocumentContentChangePartial(range=types.Range(pos, pos), text=text)],
-        )
-    )
+    change(client, uri, version, (line, ch), (line, ch), text)
 
 
 def _inline(client: LanguageClient, uri: str, line: int, ch: int) -> asyncio.Future:
     # ensure_future: the request goes out now, in order with the notifications around it
     return asyncio.ensure_future(
         client.text_document_inline_completion_async(
-            types.InlineCompletionParams(
-                text_document=types.TextDocumentIdentifier(uri=uri),
-                position=types.Position(line=line, character=ch),
-                context=types.InlineCompletionContext(
-                    trigger_kind=types.InlineCompletionTriggerKind.Automatic
-                ),
-            )
+            inline_params(uri, line, ch, types.InlineCompletionTriggerKind.Automatic)
         )
     )
 
@@ -100,7 +56,7 @@ async def test_capabilities(client: LanguageClient):
 
 
 async def test_completion_after_open_and_change(client: LanguageClient):
-    _open(client, URI, TEXT)
+    open_document(client, URI, TEXT)
     _insert(client, URI, 2, 4, 13, " * 2")  # "    y = x + 1 * 2"
     res = await _inline(client, URI, 4, 17)
     assert len(res.items) == 1
@@ -118,7 +74,7 @@ async def test_completion_after_open_and_change(client: LanguageClient):
 
 async def test_burst_latest_wins(client: LanguageClient):
     uri = "file:///work/proj/burst.py"
-    _open(client, uri, "x = 1\n")
+    open_document(client, uri, "x = 1\n")
     before = await _stats(client)
     futures = []
     for i in range(20):
@@ -140,7 +96,7 @@ async def test_burst_latest_wins(client: LanguageClient):
 
 async def test_cancel_request(client: LanguageClient):
     uri = "file:///work/proj/cancel.py"
-    _open(client, uri, "def f():\n    pass\n")
+    open_document(client, uri, "def f():\n    pass\n")
     before = await _stats(client)
     params = types.InlineCompletionParams(
         text_document=types.TextDocumentIdentifier(uri=uri),
@@ -168,7 +124,7 @@ async def test_cancel_request(client: LanguageClient):
 
 async def test_accept_and_partial_accept_counters(client: LanguageClient):
     uri = "file:///work/proj/acc.py"
-    _open(client, uri, "value = \n")
+    open_document(client, uri, "value = \n")
     res = await _inline(client, uri, 0, 8)
     item = res.items[0]
     before = await _stats(client)
@@ -190,7 +146,7 @@ async def test_accept_and_partial_accept_counters(client: LanguageClient):
 
 async def test_typing_through_uses_prefix_cache(client: LanguageClient):
     uri = "file:///work/proj/cache.py"
-    _open(client, uri, "name = \n")
+    open_document(client, uri, "name = \n")
     res = await _inline(client, uri, 0, 7)
     assert res.items[0].insert_text == "FAKE"
     before = await _stats(client)
@@ -205,7 +161,7 @@ async def test_typing_through_uses_prefix_cache(client: LanguageClient):
 async def test_edit_prediction_away_from_cursor(client: LanguageClient):
     uri = "file:///work/other/todo.py"
     text = "def g():\n    # TODO\n    return 1\n"
-    _open(client, uri, text)
+    open_document(client, uri, text)
     res = await request(
         client, "dlm/editPrediction", {"textDocument": {"uri": uri}, "position": {"line": 2, "character": 12}}
     )
@@ -224,7 +180,7 @@ async def test_edit_prediction_away_from_cursor(client: LanguageClient):
 async def test_many_documents_independent(client: LanguageClient):
     uris = [f"file:///work/{'proj' if i % 2 else 'other'}/m{i}.py" for i in range(12)]
     for u in uris:
-        _open(client, u, "a = \n")
+        open_document(client, u, "a = \n")
     results = await asyncio.gather(*[_inline(client, u, 0, 4) for u in uris])
     assert all(r.items and r.items[0].insert_text == "FAKE" for r in results)
 
@@ -233,7 +189,7 @@ async def test_unknown_uri_and_positions_past_end(client: LanguageClient):
     res = await _inline(client, "file:///nowhere/never-opened.py", 0, 0)
     assert not res.items
     uri = "file:///work/proj/past.py"
-    _open(client, uri, "ab\ncd\n")
+    open_document(client, uri, "ab\ncd\n")
     res = await _inline(client, uri, 99, 99)  # clamped to the end of the document
     assert res.items and res.items[0].insert_text == "FAKE"
     res = await _inline(client, uri, 0, 500)  # clamped to the end of line 0

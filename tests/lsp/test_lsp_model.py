@@ -6,7 +6,7 @@ import asyncio
 import sys
 
 import pytest
-from lsp_helpers import SERVER, request, server_env
+from lsp_helpers import SERVER, inline_params, open_document, request, server_env, wait_state
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, client_capabilities
 
@@ -26,28 +26,9 @@ async def _start(extra_args, **env):
     return client, statuses, result
 
 
-async def _wait_state(client, states, timeout_s=120.0) -> dict:
-    for _ in range(int(timeout_s / 0.1)):
-        st = await request(client, "dlm/stats", {})
-        if st["state"] in states:
-            return st
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"state never reached {states}")
-
-
 def _open_and_ask(client, uri="file:///m.py", text="def add(a, b):\n    return \n", line=1, ch=11):
-    client.text_document_did_open(
-        types.DidOpenTextDocumentParams(
-            types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)
-        )
-    )
-    return client.text_document_inline_completion_async(
-        types.InlineCompletionParams(
-            text_document=types.TextDocumentIdentifier(uri=uri),
-            position=types.Position(line=line, character=ch),
-            context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Invoked),
-        )
-    )
+    open_document(client, uri, text)
+    return client.text_document_inline_completion_async(inline_params(uri, line, ch))
 
 
 @pytest.mark.asyncio
@@ -63,7 +44,7 @@ async def test_model_that_fails_to_load(args, env):
     client, statuses, result = await _start(args, **env)
     try:
         assert result.capabilities.inline_completion_provider is not None  # initialize answered anyway
-        await _wait_state(client, ("failed",))
+        await wait_state(client, ("failed",), timeout_s=120.0, poll_s=0.1)
         res = await _open_and_ask(client)
         assert not res.items  # empty, not an error
         assert (
@@ -90,7 +71,7 @@ async def test_model_that_fails_to_load(args, env):
 async def test_tiny_real_checkpoint(tiny_checkpoint):
     client, statuses, _ = await _start(["--model", tiny_checkpoint, "--device", "cpu"])
     try:
-        await _wait_state(client, ("ready", "failed"))
+        await wait_state(client, ("ready", "failed"), timeout_s=120.0, poll_s=0.1)
         st = await request(client, "dlm/stats", {})
         assert st["state"] == "ready", statuses
         res = await _open_and_ask(client)
@@ -135,7 +116,7 @@ async def test_utf8_position_encoding_negotiated():
     try:
         result = await client.initialize_session(types.InitializeParams(capabilities=caps))
         assert result.capabilities.position_encoding == "utf-8"
-        await _wait_state(client, ("ready",))
+        await wait_state(client, ("ready",), timeout_s=120.0, poll_s=0.1)
         uri = "file:///u.py"
         client.text_document_did_open(
             types.DidOpenTextDocumentParams(
