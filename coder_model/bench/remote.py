@@ -29,6 +29,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from dlm.coder_model.evaluation.metrics import percentile
+from dlm.coder_model.remote.client import parse_host_port
+from dlm.coder_model.remote.serve_cli import read_listening_address
 from dlm.coder_model.types import CancelToken, Prompt, SamplerParams
 
 SAMPLE = '''import os
@@ -142,16 +144,11 @@ def _start_server(model_dir: str, device: str) -> tuple[subprocess.Popen, int]:
     cmd = [sys.executable, "-m", "dlm.lsp.cli", "serve", "--listen", "127.0.0.1:0", "--model", model_dir,
            "--device", device, "--log-level", "warning"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        if "listening on" in line:
-            port = int(line.split("listening on ")[1].split()[0].rsplit(":", 1)[1])
-            # keep draining stderr so the server never blocks on a full pipe
-            threading.Thread(target=proc.stderr.read, daemon=True).start()
-            return proc, port
+    address = read_listening_address(proc.stderr, 300)
+    if address is not None:
+        # keep draining stderr so the server never blocks on a full pipe
+        threading.Thread(target=proc.stderr.read, daemon=True).start()
+        return proc, parse_host_port(address)[1]
     proc.kill()
     raise RuntimeError("`dlm-lsp serve` did not start; run it by hand to see why")
 

@@ -13,8 +13,26 @@ import asyncio
 import logging
 import ssl
 import sys
+import time
 
 DEFAULT_PORT = 7341
+# What `dlm-lsp serve` (and `dlm-lsp http`) print on stderr once bound, before the address;
+# read_listening_address finds a port-0 server's address by it: keep the format.
+LISTENING = "listening on "
+
+
+def read_listening_address(stream, timeout_s: float) -> str | None:
+    """The address a starting `dlm-lsp serve` ("HOST:PORT") or `dlm-lsp http` (its URL) prints
+    on stderr, read line by line from `stream` (the process's stderr pipe, text mode); None when
+    the stream ends first or `timeout_s` has passed (checked between lines)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            return None
+        if LISTENING in line:
+            return line.split(LISTENING, 1)[1].split()[0]
+    return None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,8 +115,8 @@ def run(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         bound = await server.start()
-        # Parsed by tests and `dlm-lsp bench --remote` to find a port-0 server: keep the format.
-        print(f"dlm-lsp serve: listening on {host}:{bound} (model {name} on {device}, "
+        # read_listening_address (tests, `dlm-lsp bench --remote`) finds a port-0 server by this line
+        print(f"dlm-lsp serve: {LISTENING}{host}:{bound} (model {name} on {device}, "
               f"auth {'token' if token else 'none (loopback only)'}, tls {'on' if ssl_context else 'off'})",
               file=sys.stderr, flush=True)
         try:

@@ -18,12 +18,12 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 from dlm.coder_model.edit_history import render_event
+from dlm.coder_model.remote.serve_cli import read_listening_address
 from dlm.lsp import http_endpoint as he
 from dlm.lsp import zed_prompts as zed
 
@@ -381,15 +381,7 @@ def test_cli_serves_zed_requests(tiny_checkpoint):
         stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     try:
-        url = None
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            if "listening on" in line:
-                url = line.split("listening on ", 1)[1].strip()
-                break
+        url = read_listening_address(proc.stderr, 120)
         assert url, "dlm-lsp http did not print its address"
         status, body = post(url, {"model": "dlm", "prompt": zed_fim("qwen", "def f(x):\n    re", "\n"), "stop": []})
         assert status == 200, body

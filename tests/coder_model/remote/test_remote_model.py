@@ -11,10 +11,10 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
-from dlm.coder_model.remote.client import RemoteEngine
+from dlm.coder_model.remote.client import RemoteEngine, parse_host_port
+from dlm.coder_model.remote.serve_cli import read_listening_address
 from dlm.coder_model.remote.server import ServerOptions, ServerThread
 from dlm.coder_model.types import CancelToken, Prompt, SamplerParams
 
@@ -150,16 +150,9 @@ def test_serve_cli_end_to_end(sharp_checkpoint, local, tmp_path):
         stderr=subprocess.PIPE, text=True, env=env,
     )
     try:
-        port = None
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            if not line:
-                break
-            if "listening on" in line:
-                port = int(line.split("listening on ")[1].split()[0].rsplit(":", 1)[1])
-                break
-        assert port, "dlm-lsp serve did not report its port"
+        address = read_listening_address(proc.stderr, 120)
+        assert address, "dlm-lsp serve did not report its port"
+        port = parse_host_port(address)[1]
         eng = RemoteEngine("127.0.0.1", port, token=token_file.read_text().strip())
         try:
             assert eng.wait_connected(20)
