@@ -20,6 +20,17 @@ from dlm.coder_model.layout import LayoutBudget
 from dlm.coder_model.types import Prediction
 
 
+def wait_until(condition, timeout_s: float = 10.0, poll_s: float = 0.01) -> bool:
+    """Poll `condition()` until it holds or `timeout_s` passes; whether it held. The caller
+    asserts what it needs afterwards, with its own message."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
 def fake_text(prompt) -> str:
     return prompt.region[::-1] + "|" + prompt.path
 

@@ -18,7 +18,7 @@ import pytest
 from dlm.coder_model.remote.client import RemoteEngine
 from dlm.coder_model.remote.protocol import PARAM_CAPS, Limits
 from dlm.coder_model.types import CancelToken, Engine, Prompt, SamplerParams
-from remote_fakes import fake_text, start_fake_server
+from remote_fakes import fake_text, start_fake_server, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 FAKES = Path(__file__).with_name("remote_fakes.py")
@@ -44,9 +44,7 @@ def test_remote_engine_is_an_engine_and_returns_at_once_without_server():
         pred = eng.predict(prompt(1), SamplerParams(), CancelToken())
         assert pred.cancelled and pred.text == ""
         assert eng.connects == 0 and eng.status().extra["in_flight"] == 0  # returned before any connection
-        deadline = time.monotonic() + 5
-        while eng.status().state != "disconnected" and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: eng.status().state == "disconnected", 5, 0.02)
         st = eng.status()
         assert st.state == "disconnected" and "refused" in st.message.lower()
     finally:
@@ -80,9 +78,7 @@ def test_killed_server_gives_empty_result_then_reconnect():
         t.join(10)
         assert not t.is_alive(), "predict blocked after the server died"
         assert out["p"].cancelled and out["p"].text == ""
-        deadline = time.monotonic() + 5
-        while eng.connected and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: not eng.connected, 5, 0.02)
         assert eng.status().state == "disconnected"
         assert eng.predict(prompt(2), SamplerParams(steps=1), CancelToken()).cancelled  # empty, at once
 

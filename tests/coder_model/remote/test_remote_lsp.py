@@ -23,21 +23,6 @@ TEXT = "import os\n\n\ndef add(a, b):\n    return a + b\n\n\nclass Point:\n    d
 POSITIONS = [(9, 17), (4, 10), (8, 10)]
 
 
-@pytest.fixture(scope="module")
-def sharp_checkpoint(tiny_checkpoint, tmp_path_factory):
-    import torch
-    from dlm.coder_model.checkpoint import load_model, save_checkpoint
-
-    model, tok = load_model(tiny_checkpoint, "cpu")
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if not name.endswith("norm.weight"):
-                p.mul_(10.0)
-    d = tmp_path_factory.mktemp("sharp_lsp_ckpt")
-    save_checkpoint(model, tok, d)
-    return str(d)
-
-
 async def _session(args: list[str]) -> list:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("DLM_ENGINE_FACTORY", None)

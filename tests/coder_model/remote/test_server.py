@@ -24,7 +24,7 @@ from dlm.coder_model.remote.protocol import (
 )
 from dlm.coder_model.remote.scheduler import BatchScheduler, Request
 from dlm.coder_model.types import CancelToken, Prompt, SamplerParams
-from remote_fakes import FakeBackend, fake_text, start_fake_server
+from remote_fakes import FakeBackend, fake_text, start_fake_server, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -161,9 +161,7 @@ def test_silent_connection_is_dropped_after_handshake_timeout(server, bystander)
     raw = Raw(server.port)
     assert raw.recv_frame()["stage"] == "challenge"  # ... and then the client says nothing
     raw.expect_closed_with("timeout")
-    deadline = time.monotonic() + 5
-    while server.server.active_connections > before and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: server.server.active_connections <= before, 5, 0.02)
     assert server.server.active_connections == before  # nothing held for it
     assert_still_served(bystander, 6)
 
@@ -258,9 +256,7 @@ def test_idle_close_then_immediate_reconnect():
     eng = RemoteEngine("127.0.0.1", srv.port, backoff_initial=0.05)
     try:
         assert eng.wait_connected(10)
-        deadline = time.monotonic() + 10
-        while eng.connects < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: eng.connects >= 2, poll_s=0.05)
         assert eng.connects >= 2  # the server closed the idle connection; the client came back
         assert eng.wait_connected(5)
         pred = eng.predict(prompt(2), SamplerParams(steps=2), CancelToken())
@@ -281,27 +277,34 @@ def _request(i: int, steps: int, sink: dict, owner: str = "conn1", region: str |
     return Request(owner, i, p, SamplerParams(steps=steps), done, prepared=len(p.region))
 
 
+def _after_step(backend: FakeBackend, n: int, action) -> None:
+    """Run `action` as the backend's n-th batched step ends (as if it came during that step)."""
+    original_step = backend.step
+
+    def step(jobs):
+        errors = original_step(jobs)
+        if len(backend.batch_sizes) == n:
+            action()
+        return errors
+
+    backend.step = step
+
+
+def _run_until(sched: BatchScheduler, condition) -> None:
+    sched.start()
+    wait_until(condition)
+    sched.stop()
+
+
 def test_requests_join_and_leave_the_batch_between_steps():
     backend = FakeBackend(step_s=0.0)
     sched = BatchScheduler(backend, max_batch=8)
     results: dict = {}
     late = _request(3, 2, results)
-    original_step = backend.step
-
-    def step(jobs):
-        errors = original_step(jobs)
-        if len(backend.batch_sizes) == 2:  # a request arrives while others are mid-decode
-            sched.submit(late)
-        return errors
-
-    backend.step = step
+    _after_step(backend, 2, lambda: sched.submit(late))  # a request arrives while others are mid-decode
     sched.submit(_request(1, 1, results))
     sched.submit(_request(2, 4, results))
-    sched.start()
-    deadline = time.monotonic() + 10
-    while len(results) < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    sched.stop()
+    _run_until(sched, lambda: len(results) >= 3)
     assert {i: r[0].text for i, r in results.items()} == {i: fake_text(prompt(i)) for i in (1, 2, 3)}
     # step 1: {1, 2}; 1 leaves; step 2: {2}; 3 joins; steps 3-4: {2, 3}
     assert backend.batch_sizes == [2, 1, 2, 2]
@@ -314,22 +317,10 @@ def test_cancel_stops_a_request_within_one_step():
     sched = BatchScheduler(backend, max_batch=8)
     results: dict = {}
     victim = _request(1, 1000, results)
-    original_step = backend.step
-
-    def step(jobs):
-        errors = original_step(jobs)
-        if len(backend.batch_sizes) == 5:
-            victim.cancel.cancel()  # arrives during step 5
-        return errors
-
-    backend.step = step
+    _after_step(backend, 5, victim.cancel.cancel)  # arrives during step 5
     sched.submit(victim)
     sched.submit(_request(2, 10, results))
-    sched.start()
-    deadline = time.monotonic() + 10
-    while len(results) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    sched.stop()
+    _run_until(sched, lambda: len(results) >= 2)
     pred, err = results[1]
     assert err is None and pred.cancelled and pred.text == ""
     assert victim.steps_run == 5  # no step after the one during which it was cancelled
@@ -348,14 +339,11 @@ def test_cancel_frame_stops_server_work():
         t = threading.Thread(target=lambda: out.setdefault("p", eng.predict(prompt(), SamplerParams(steps=PARAM_CAPS["steps"]),
                                                                             cancel)))
         t.start()
-        deadline = time.monotonic() + 10
-        while srv.stats.request_steps < 3 and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_until(lambda: srv.stats.request_steps >= 3, poll_s=0.005)
         cancel.cancel()
         t.join(5)
         assert out["p"].cancelled and out["p"].text == ""
-        while srv.stats.cancelled < 1 and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_until(lambda: srv.stats.cancelled >= 1, poll_s=0.005)
         assert srv.stats.cancelled == 1
         steps = srv.stats.request_steps
         time.sleep(0.2)  # ~40 steps' worth of time
@@ -374,12 +362,9 @@ def test_disconnected_client_cancels_its_requests():
         raw = Raw(srv.port)
         raw.hello()
         raw.send(predict_message(1, prompt(), SamplerParams(steps=PARAM_CAPS["steps"])))
-        deadline = time.monotonic() + 10
-        while srv.stats.request_steps < 2 and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_until(lambda: srv.stats.request_steps >= 2, poll_s=0.005)
         raw.close()
-        while srv.stats.cancelled < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: srv.stats.cancelled >= 1)
         assert srv.stats.cancelled == 1
     finally:
         srv.stop()
@@ -405,9 +390,7 @@ def test_bad_requests_of_one_client_fail_only_themselves():
         a.hello(), b.hello()
         for i in range(8):
             a.send(predict_message(1 + i, prompt(i), SamplerParams(steps=300)))
-        deadline = time.monotonic() + 10
-        while 8 not in srv.backend.batch_sizes and time.monotonic() < deadline:  # all of A's are mid-decode
-            time.sleep(0.005)
+        wait_until(lambda: 8 in srv.backend.batch_sizes, poll_s=0.005)  # all of A's are mid-decode
         nan = predict_message(1, prompt(), SamplerParams(steps=5))
         nan["params"]["temperature"] = float("nan")
         b.send(nan)
@@ -495,9 +478,7 @@ def test_client_label_is_not_an_identity_and_not_logged(caplog):
             assert raw.recv_frame()["t"] == "result"
             raw.close()
         assert len(owners) == 2 and owners[0] != owners[1] and "victim-label-1234" not in owners
-        deadline = time.monotonic() + 10
-        while len(srv.backend.forgotten) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: len(srv.backend.forgotten) >= 2)
         assert srv.backend.forgotten == owners  # each connection's caches dropped when it closed
         assert caplog.records and "victim-label-1234" not in caplog.text
     finally:
@@ -517,9 +498,7 @@ def test_connection_cap_refuses_with_a_clear_error():
         assert srv.server.stats["refused_connections"] == 1
         assert_still_served(engines[0], 50)  # the held ones go on
         engines.pop().close()
-        deadline = time.monotonic() + 10
-        while srv.server.active_connections > 1 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: srv.server.active_connections <= 1, poll_s=0.02)
         assert Raw(srv.port).hello()["stage"] == "welcome"  # a freed slot is usable again
     finally:
         for e in engines:
