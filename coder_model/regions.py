@@ -64,18 +64,12 @@ class RegionBudget:
 class RegionLimits(Protocol):
     """What region_rows reads: a RegionBudget here, the server's ContextOptions there."""
 
-    @property
-    def typing_region_tokens(self) -> int: ...
-    @property
-    def typing_region_lines(self) -> int: ...
-    @property
-    def wide_region_lines_before(self) -> int: ...
-    @property
-    def wide_region_lines_after(self) -> int: ...
-    @property
-    def wide_region_tokens(self) -> int: ...
-    @property
-    def chars_per_token(self) -> float: ...
+    typing_region_tokens: int
+    typing_region_lines: int
+    wide_region_lines_before: int
+    wide_region_lines_after: int
+    wide_region_tokens: int
+    chars_per_token: float
 
 
 def split_lines(text: str) -> list[str]:
