@@ -221,6 +221,9 @@ def evaluate(opts: EvalOptions, engine=None, log=print) -> dict:
     report: dict = {"model": opts.model or "embedded", "limit": opts.limit, "seed": opts.seed,
                     "params": {"diffusion": dataclasses.asdict(diff_params), "ar": dataclasses.asdict(ar_params)},
                     "kinds": {}, "skipped": {}}
+    if opts.oracle and not native:
+        report["skipped"]["oracle"] = ("oracle-length decoding drives the native model's block decoder; "
+                                       f"{type(engine).__name__} has none (evaluate a native checkpoint)")
     try:
         corpus = corpus_dir(opts.corpus)
         for kind in opts.kinds:
