@@ -21,21 +21,32 @@ from dlm.coder_model.types import CancelToken, EngineStatus, LayoutBudget, Predi
 log = logging.getLogger("dlm.engine")
 
 
-class LocalEngine:
-    def __init__(self, model, tok, *, device: str = "cpu", name: str = "", max_caches: int = 8,
-                 budget: LayoutBudget | None = None, calibration=None) -> None:
+class NativeModel:
+    """A loaded native checkpoint as a runner of requests holds it: model and tokenizer, the
+    layout budget, the calibration of its confidence and its measured step time. LocalEngine
+    (in-process, one request at a time) and the remote ModelBackend (batched steps) are both one."""
+
+    def __init__(self, model, tok, *, device: str, name: str, max_caches: int, budget: LayoutBudget | None,
+                 calibration) -> None:
         from dlm.coder_model.calibration import Calibration
         from dlm.coder_model.sampler import StepTimer
 
         self.model, self.tok = model, tok
-        # Deadline planning (sampler): this engine's measured step time; confidence: its calibration.
+        # Deadline planning (sampler): this runner's measured step time; confidence: its calibration.
         self.step_timer = StepTimer()
         self.calibration = calibration if calibration is not None else Calibration.identity()
         self.device = device
         self.name = name
         # The context the checkpoint was trained on (DESIGN §3): the LSP fits its windows to it.
         self.budget = budget or LayoutBudget.for_window(model.config.context_window)
-        self.max_caches = max_caches
+        self.max_caches = max_caches  # prefix KV caches kept, least recently used evicted
+
+
+class LocalEngine(NativeModel):
+    def __init__(self, model, tok, *, device: str = "cpu", name: str = "", max_caches: int = 8,
+                 budget: LayoutBudget | None = None, calibration=None) -> None:
+        super().__init__(model, tok, device=device, name=name, max_caches=max_caches, budget=budget,
+                         calibration=calibration)
         self._caches: OrderedDict[str, object] = OrderedDict()
         self._jobs: queue.Queue = queue.Queue()
         self._closed = False
@@ -111,22 +122,36 @@ def load_engine(model: str | Path | None = None, device: str = "auto", impl: str
     The family comes from config.json: "dlm" is the native model; the open
     diffusion coder families are loaded by dlm.coder_model.families.
     """
-    from dlm.coder_model.checkpoint import embedded_checkpoint_dir, load_model, read_config, resolve_device
+    d, family, dev = open_checkpoint(model, device)
+    if family != "dlm":
+        from dlm.coder_model.families import load_family_engine
+        from dlm.coder_model.families.engine import FamilyEngineOptions
+
+        return load_family_engine(d, dev, FamilyEngineOptions(impl=impl))
+    m, tok, calibration = load_native(d, dev, impl)
+    log.info("loaded %s on %s (confidence: %s)", d, dev,
+             "identity" if calibration.is_identity else f"calibrated {calibration.kind}")
+    return LocalEngine(m, tok, device=dev, name=d.name, calibration=calibration)
+
+
+def open_checkpoint(model: str | Path | None, device: str) -> tuple[Path, str, str]:
+    """(directory, family, device) for a checkpoint directory (None: the embedded one) and a
+    --device value (auto, cpu, cuda, cuda:N); the family is config.json's model_type."""
+    from dlm.coder_model.checkpoint import embedded_checkpoint_dir, read_config, resolve_device
 
     d = Path(model) if model is not None else embedded_checkpoint_dir()
     if not d.is_dir():
         raise FileNotFoundError(f"model directory {d} does not exist; pass --model DIR of a checkpoint")
     family = read_config(d).get("model_type", "dlm")
-    dev = resolve_device(device)
-    if family != "dlm":
-        from dlm.coder_model.families import load_family_engine
-        from dlm.coder_model.families.engine import FamilyEngineOptions
+    return d, family, str(resolve_device(device))
 
-        return load_family_engine(d, str(dev), FamilyEngineOptions(impl=impl))
+
+def load_native(d: Path, device: str, impl: str = "auto"):
+    """(model, tokenizer, calibration) of a native ("dlm") checkpoint directory; the calibration
+    is the identity when the checkpoint has no calibration.json."""
     from dlm.coder_model.calibration import Calibration
+    from dlm.coder_model.checkpoint import load_model
 
-    calibration = Calibration.load(d)  # identity when the checkpoint has no calibration.json
-    m, tok = load_model(d, device=str(dev), impl=impl)
-    log.info("loaded %s on %s (confidence: %s)", d, dev,
-             "identity" if calibration.is_identity else f"calibrated {calibration.kind}")
-    return LocalEngine(m, tok, device=str(dev), name=d.name, calibration=calibration)
+    calibration = Calibration.load(d)
+    model, tok = load_model(d, device=device, impl=impl)
+    return model, tok, calibration

@@ -18,10 +18,10 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from dlm.coder_model.cache import PrefixCache
+from dlm.coder_model.engine import NativeModel
 from dlm.coder_model.layout import LayoutBudget, encode_prompt
 from dlm.coder_model.remote.scheduler import Request
 from dlm.coder_model.sampler import BlockDecoder
@@ -75,7 +75,7 @@ class _Job:
     shared: bool  # the cache lives in the LRU (False: a throwaway for a concurrent request on the same doc)
 
 
-class ModelBackend:
+class ModelBackend(NativeModel):
     """Batched denoising steps of the native model, with per-(owner, document) prefix caches.
 
     The owner is the server-assigned identity of a connection, so a client
@@ -87,17 +87,8 @@ class ModelBackend:
 
     def __init__(self, model, tok, *, device: str = "cpu", name: str = "", max_caches: int = 64,
                  max_cache_bytes: int = 4 << 30, budget: LayoutBudget | None = None, calibration=None):
-        from dlm.coder_model.calibration import Calibration
-        from dlm.coder_model.sampler import StepTimer
-
-        self.model, self.tok = model, tok
-        # Deadline planning: the measured (batched) step time; confidence: the checkpoint's calibration.
-        self.step_timer = StepTimer()
-        self.calibration = calibration if calibration is not None else Calibration.identity()
-        self.device = device
-        self.name = name
-        self.budget = budget or LayoutBudget.for_window(model.config.context_window)
-        self.max_caches = max_caches
+        super().__init__(model, tok, device=device, name=name, max_caches=max_caches, budget=budget,
+                         calibration=calibration)
         self.max_cache_bytes = max_cache_bytes
         self._caches: OrderedDict[tuple[str, str], PrefixCache] = OrderedDict()
         self._busy: set[tuple[str, str]] = set()
@@ -187,22 +178,13 @@ def load_scheduler(model_dir: str | None, device: str = "auto", *, max_batch: in
     The native family gets the batching scheduler; other families (dream,
     llada) are served one request at a time through their Engine.
     """
-    from dlm.coder_model.checkpoint import embedded_checkpoint_dir, load_model, read_config, resolve_device
+    from dlm.coder_model.engine import load_engine, load_native, open_checkpoint
     from dlm.coder_model.remote.scheduler import BatchScheduler, EngineScheduler
 
-    d = Path(model_dir) if model_dir is not None else embedded_checkpoint_dir()
-    if not d.is_dir():
-        raise FileNotFoundError(f"model directory {d} does not exist; pass --model DIR of a checkpoint")
-    family = read_config(d).get("model_type", "dlm")
-    dev = resolve_device(device)
+    d, family, dev = open_checkpoint(model_dir, device)
     if family != "dlm":
-        from dlm.coder_model.engine import load_engine
-
         log.warning("%s is a %r checkpoint: served without step batching (one request at a time)", d, family)
-        return EngineScheduler(load_engine(str(d), str(dev))), d.name, str(dev)
-    from dlm.coder_model.calibration import Calibration
-
-    calibration = Calibration.load(d)  # identity when the checkpoint has no calibration.json
-    model, tok = load_model(d, device=str(dev))
-    backend = ModelBackend(model, tok, device=str(dev), name=d.name, max_caches=max_caches, calibration=calibration)
-    return BatchScheduler(backend, max_batch=max_batch), d.name, str(dev)
+        return EngineScheduler(load_engine(str(d), dev)), d.name, dev
+    model, tok, calibration = load_native(d, dev)
+    backend = ModelBackend(model, tok, device=dev, name=d.name, max_caches=max_caches, calibration=calibration)
+    return BatchScheduler(backend, max_batch=max_batch), d.name, dev
