@@ -4,7 +4,7 @@ An `Example` is layout-independent: `dlm.coder_model.layout` turns its prompt
 into context tokens and its target into the masked block's answer
 (target tokens, then <eom>, then <pad>). The builders for each kind live in
 their own modules: completion and fill-in-the-middle here, edits in
-`edit_examples`.
+`synthetic_edits` (made from real code) and `commit_edits` (real commits), on `hunks`.
 
 Completion and FIM regions are cut the way the server cuts them while the user
 types (dlm.coder_model.regions, the rules of dlm.lsp.context): whole lines,
