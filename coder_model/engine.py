@@ -21,6 +21,55 @@ from dlm.coder_model.types import CancelToken, EngineStatus, LayoutBudget, Predi
 log = logging.getLogger("dlm.engine")
 
 
+class InferenceThread:
+    """One thread owns the model; `predict` hands it a job and waits, so requests from any
+    thread are serialised and the time a job waited is its `queue_ms`. A failure is raised
+    again in the caller; the thread lives on. Subclasses run a job in `_run`."""
+
+    def _start_inference_thread(self, name: str) -> None:
+        self._jobs: queue.Queue = queue.Queue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def predict(
+        self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, deadline: float | None = None
+    ) -> Prediction:
+        if self._closed:
+            raise RuntimeError(f"{type(self).__name__} is closed; load the model again for a new engine")
+        fut: Future = Future()
+        self._jobs.put((time.perf_counter(), prompt, params, cancel, deadline, fut))
+        return fut.result()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._jobs.put(None)
+            # join: a process that exits while the inference thread is still
+            # unwinding can abort in torch's C++ teardown ("terminate called ...")
+            if threading.current_thread() is not self._thread:
+                self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            t_submit, prompt, params, cancel, deadline, fut = job
+            if not fut.set_running_or_notify_cancel():
+                continue
+            queue_ms = (time.perf_counter() - t_submit) * 1000
+            try:
+                fut.set_result(self._run(prompt, params, cancel, queue_ms, deadline))
+            except BaseException as exc:  # hand every failure to the caller: the thread must live on
+                log.exception("prediction failed")
+                fut.set_exception(exc)
+
+    def _run(self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, queue_ms: float,
+             deadline: float | None) -> Prediction:
+        raise NotImplementedError
+
+
 class NativeModel:
     """A loaded native checkpoint as a runner of requests holds it: model and tokenizer, the
     layout budget, the calibration of its confidence and its measured step time. LocalEngine
@@ -42,39 +91,18 @@ class NativeModel:
         self.max_caches = max_caches  # prefix KV caches kept, least recently used evicted
 
 
-class LocalEngine(NativeModel):
+class LocalEngine(InferenceThread, NativeModel):
     def __init__(self, model, tok, *, device: str = "cpu", name: str = "", max_caches: int = 8,
                  budget: LayoutBudget | None = None, calibration=None) -> None:
         super().__init__(model, tok, device=device, name=name, max_caches=max_caches, budget=budget,
                          calibration=calibration)
         self._caches: OrderedDict[str, object] = OrderedDict()
-        self._jobs: queue.Queue = queue.Queue()
-        self._closed = False
-        self._thread = threading.Thread(target=self._loop, name="dlm-inference", daemon=True)
-        self._thread.start()
         self.runs = 0  # model runs started (not skipped as cancelled while queued)
+        self._start_inference_thread("dlm-inference")
 
-    # -- Engine protocol -------------------------------------------------------
-    def predict(
-        self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, deadline: float | None = None
-    ) -> Prediction:
-        if self._closed:
-            raise RuntimeError("LocalEngine is closed; create a new engine")
-        fut: Future = Future()
-        self._jobs.put((time.perf_counter(), prompt, params, cancel, deadline, fut))
-        return fut.result()
-
+    # -- Engine protocol (predict and close: InferenceThread) -----------------
     def status(self) -> EngineStatus:
         return EngineStatus(state="ready", device=self.device, model=self.name)
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._jobs.put(None)
-            # join: a process that exits while the inference thread is still
-            # unwinding can abort in torch's C++ teardown ("terminate called ...")
-            if threading.current_thread() is not self._thread:
-                self._thread.join(timeout=10)
 
     # -- inference thread -------------------------------------------------------
     def _cache_for(self, key: str):
@@ -85,19 +113,6 @@ class LocalEngine(NativeModel):
         while len(self._caches) > self.max_caches:
             self._caches.popitem(last=False)
         return cache
-
-    def _loop(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            t_submit, prompt, params, cancel, deadline, fut = job
-            queue_ms = (time.perf_counter() - t_submit) * 1000
-            try:
-                fut.set_result(self._run(prompt, params, cancel, queue_ms, deadline))
-            except BaseException as exc:  # hand every failure to the caller: the thread must live on
-                log.exception("prediction failed")
-                fut.set_exception(exc)
 
     def _run(self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, queue_ms: float,
              deadline: float | None = None) -> Prediction:

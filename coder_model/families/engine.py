@@ -7,25 +7,21 @@ text is inserted at the cursor, so Prediction.text = region[:cursor] + infill
 + region[cursor:]. Edit history, language and path are not part of these
 models' training format and are not shown to them.
 
-One inference thread owns the model; `predict` blocks its caller until its
-request is done, cancelled, or has failed (the error is re-raised in the
-caller; the thread lives on).
+One inference thread owns the model (dlm.coder_model.engine.InferenceThread,
+as for the native model): `predict` blocks its caller until its request is
+done, cancelled, or has failed (the error is re-raised in the caller; the
+thread lives on).
 """
 
 from __future__ import annotations
 
-import logging
-import queue
-import threading
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from dlm.coder_model.engine import InferenceThread
 from dlm.coder_model.families.arch import FamilyArch, FamilyTokens
 from dlm.coder_model.families.infill import InfillDecoder, InfillOptions
 from dlm.coder_model.types import CancelToken, EngineStatus, LayoutBudget, Prediction, Prompt, SamplerParams
-
-log = logging.getLogger("dlm.coder_model.families")
 
 # Characters kept per token of budget before tokenizing, so a 10 MB buffer is
 # never tokenized whole (code averages 3-4 characters per token).
@@ -58,7 +54,7 @@ def clip_suffix(text: str, max_tokens: int) -> str:
     return head[: nl + 1] if nl >= 3 * len(head) // 4 else head
 
 
-class FamilyEngine:
+class FamilyEngine(InferenceThread):
     def __init__(
         self,
         model,
@@ -85,23 +81,9 @@ class FamilyEngine:
             max_history=0,
             max_suffix=infill.max_suffix_tokens,
         )
-        self._jobs: queue.Queue = queue.Queue()
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="dlm-family-inference", daemon=True)
-        self._thread.start()
+        self._start_inference_thread("dlm-family-inference")
 
-    # -- Engine protocol ----------------------------------------------------------------------
-    def predict(
-        self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, deadline: float | None = None
-    ) -> Prediction:
-        # The infill decoder does not plan its steps to the deadline (yet): a request whose
-        # time ran out in the queue is skipped, and one that finishes after it is marked late.
-        if self._closed:
-            raise RuntimeError("engine is closed; load the model again")
-        fut: Future = Future()
-        self._jobs.put((prompt, params, cancel, fut, time.perf_counter(), deadline))
-        return fut.result()
-
+    # -- Engine protocol (predict and close: InferenceThread) ---------------------------------
     def status(self) -> EngineStatus:
         return EngineStatus(
             state="ready",
@@ -114,32 +96,16 @@ class FamilyEngine:
             },
         )
 
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._jobs.put(None)
-            self._thread.join(timeout=30)
-
     # -- inference thread ---------------------------------------------------------------------
-    def _run(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            prompt, params, cancel, fut, submitted, deadline = job
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                queue_ms = (time.perf_counter() - submitted) * 1e3
-                if deadline is not None and time.monotonic() >= deadline:
-                    fut.set_result(Prediction(text=prompt.region, late=True, queue_ms=queue_ms))
-                    continue
-                pred = self._predict(prompt, params, cancel, queue_ms)
-                pred.late = deadline is not None and time.monotonic() > deadline
-                fut.set_result(pred)
-            except BaseException as e:
-                log.exception("prediction failed")
-                fut.set_exception(e)
+    def _run(self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, queue_ms: float,
+             deadline: float | None) -> Prediction:
+        # The infill decoder does not plan its steps to the deadline (yet): a request whose
+        # time ran out in the queue is skipped, and one that finishes after it is marked late.
+        if deadline is not None and time.monotonic() >= deadline:
+            return Prediction(text=prompt.region, late=True, queue_ms=queue_ms)
+        pred = self._predict(prompt, params, cancel, queue_ms)
+        pred.late = deadline is not None and time.monotonic() > deadline
+        return pred
 
     def encode_prompt(self, prompt: Prompt) -> tuple[list[int], list[int]]:
         opt = self.options.infill
