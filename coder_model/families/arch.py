@@ -61,6 +61,25 @@ def require(cfg: dict, key: str, model_type: str):
     return cfg[key]
 
 
+def tensor_name_map(
+    arch: FamilyArch, *, embed: str, norm: str, lm_head: str, layer: str, layer_modules: dict[str, str]
+) -> dict[str, str]:
+    """Our parameter name -> the checkpoint's tensor name, for a family whose checkpoint calls
+    the embedding `embed`, the final norm `norm`, the LM head `lm_head` (absent when tied), and
+    the modules of layer i `layer.format(i=i)` + `layer_modules[ours]`. q/k/v have biases when
+    `arch.qkv_bias`."""
+    names = {"embed.weight": f"{embed}.weight", "norm.weight": f"{norm}.weight"}
+    for i in range(arch.num_layers):
+        prefix = layer.format(i=i)
+        for ours, theirs in layer_modules.items():
+            names[f"layers.{i}.{ours}.weight"] = f"{prefix}{theirs}.weight"
+            if arch.qkv_bias and ours in ("q", "k", "v"):
+                names[f"layers.{i}.{ours}.bias"] = f"{prefix}{theirs}.bias"
+    if not arch.tie_embeddings:
+        names["lm_head.weight"] = f"{lm_head}.weight"
+    return names
+
+
 def as_id_tuple(value) -> tuple[int, ...]:
     if value is None:
         return ()

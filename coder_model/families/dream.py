@@ -13,7 +13,7 @@ predict the token at i+1 (their samplers shift logits right by one).
 
 from __future__ import annotations
 
-from dlm.coder_model.families.arch import FamilyArch, require
+from dlm.coder_model.families.arch import FamilyArch, require, tensor_name_map
 
 MODEL_TYPES = ("dream", "qwen2")
 DEFAULT_MASK_ID = {"dream": 151666}  # "<|mask|>" in Dream's tokenizer
@@ -47,20 +47,15 @@ def parse_config(cfg: dict) -> FamilyArch:
     )
 
 
+# our module in a layer -> Qwen2's
+_LAYER_MODULES = {
+    "attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm",
+    "q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
+    "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj",
+}  # fmt: skip
+
+
 def tensor_names(arch: FamilyArch) -> dict[str, str]:
     """Our parameter name -> the checkpoint's tensor name."""
-    names = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
-    for i in range(arch.num_layers):
-        p, c = f"layers.{i}.", f"model.layers.{i}."
-        names[p + "attn_norm.weight"] = c + "input_layernorm.weight"
-        names[p + "mlp_norm.weight"] = c + "post_attention_layernorm.weight"
-        for ours, theirs in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj")):
-            names[p + ours + ".weight"] = c + f"self_attn.{theirs}.weight"
-            names[p + ours + ".bias"] = c + f"self_attn.{theirs}.bias"
-        names[p + "o.weight"] = c + "self_attn.o_proj.weight"
-        names[p + "gate.weight"] = c + "mlp.gate_proj.weight"
-        names[p + "up.weight"] = c + "mlp.up_proj.weight"
-        names[p + "down.weight"] = c + "mlp.down_proj.weight"
-    if not arch.tie_embeddings:
-        names["lm_head.weight"] = "lm_head.weight"
-    return names
+    return tensor_name_map(arch, embed="model.embed_tokens", norm="model.norm", lm_head="lm_head",
+                           layer="model.layers.{i}.", layer_modules=_LAYER_MODULES)

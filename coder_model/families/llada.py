@@ -13,7 +13,7 @@ Mask token `<|mdm_mask|>` = 126336.
 
 from __future__ import annotations
 
-from dlm.coder_model.families.arch import FamilyArch, require
+from dlm.coder_model.families.arch import FamilyArch, require, tensor_name_map
 
 MODEL_TYPES = ("llada",)
 DEFAULT_MASK_ID = {"llada": 126336}
@@ -67,22 +67,16 @@ def parse_config(cfg: dict) -> FamilyArch:
     )
 
 
+# our module in a layer -> LLaDA's (a Llama layer under OLMo's names)
+_LAYER_MODULES = {
+    "attn_norm": "attn_norm", "mlp_norm": "ff_norm",
+    "q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "attn_out",
+    "gate": "ff_proj", "up": "up_proj", "down": "ff_out",
+}  # fmt: skip
+
+
 def tensor_names(arch: FamilyArch) -> dict[str, str]:
     """Our parameter name -> the checkpoint's tensor name."""
     t = "model.transformer."
-    names = {"embed.weight": t + "wte.weight", "norm.weight": t + "ln_f.weight"}
-    for i in range(arch.num_layers):
-        p, c = f"layers.{i}.", f"{t}blocks.{i}."
-        names[p + "attn_norm.weight"] = c + "attn_norm.weight"
-        names[p + "mlp_norm.weight"] = c + "ff_norm.weight"
-        for ours, theirs in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj")):
-            names[p + ours + ".weight"] = c + f"{theirs}.weight"
-            if arch.qkv_bias:
-                names[p + ours + ".bias"] = c + f"{theirs}.bias"
-        names[p + "o.weight"] = c + "attn_out.weight"
-        names[p + "gate.weight"] = c + "ff_proj.weight"
-        names[p + "up.weight"] = c + "up_proj.weight"
-        names[p + "down.weight"] = c + "ff_out.weight"
-    if not arch.tie_embeddings:
-        names["lm_head.weight"] = t + "ff_out.weight"
-    return names
+    return tensor_name_map(arch, embed=t + "wte", norm=t + "ln_f", lm_head=t + "ff_out",
+                           layer=t + "blocks.{i}.", layer_modules=_LAYER_MODULES)
