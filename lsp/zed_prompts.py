@@ -160,25 +160,11 @@ def _parse_zeta(prompt: str) -> ZedPrompt:
     editable, found_end, after = rest.partition(REGION_END)
     if not found_end:
         raise PromptFormatError("zeta prompt has <|editable_region_start|> but no <|editable_region_end|>")
-    editable = editable.removesuffix("\n")
-    if editable.count(CURSOR) != 1:
-        raise PromptFormatError(
-            f"zeta prompt has {editable.count(CURSOR)} cursor markers in the editable region; expected 1"
-        )
-    ed_before, _, ed_after = editable.partition(CURSOR)
     edits_at = prompt.find(ZETA_EDITS_HEADER)
     events = prompt[edits_at + len(ZETA_EDITS_HEADER) : hdr] if 0 <= edits_at < hdr else ""
-    text = before + ed_before + ed_after + after
-    start = len(before)
-    return ZedPrompt(
-        format="zeta",
-        text=text,
-        cursor=start + len(ed_before),
-        editable=(start, start + len(ed_before) + len(ed_after)),
-        history=parse_zeta_events(events),
-        path=path,
-        start_of_file=sof,
-    )
+    ed_before, ed_after = _split_at_cursor("zeta", editable.removesuffix("\n"), CURSOR)
+    return _with_editable_region("zeta", before, ed_before, ed_after, after,
+                                 history=parse_zeta_events(events), path=path, start_of_file=sof)
 
 
 def _parse_zeta2(prompt: str) -> ZedPrompt:
@@ -224,23 +210,36 @@ def _parse_zeta2(prompt: str) -> ZedPrompt:
     else:
         raise PromptFormatError("zeta2 prompt with neither <<<<<<< CURRENT nor <|fim_middle|>current around "
                                 'the editable region; set "prompt_format": "zeta2" (or "qwen") in Zed')
-    if editable.count(ZETA2_CURSOR) != 1:
-        raise PromptFormatError(f"zeta2 prompt has {editable.count(ZETA2_CURSOR)} cursor markers in the editable "
-                                "region; expected 1")
-    ed_before, _, ed_after = editable.partition(ZETA2_CURSOR)
+    ed_before, ed_after = _split_at_cursor("zeta2", editable, ZETA2_CURSOR)
     if prefill and not ed_before.startswith(prefill):
         raise PromptFormatError("zeta2 prompt ends with text that does not start the editable region")
-    text = before + ed_before + ed_after + after
+    # Zed's prefill (the region's first lines, after <|fim_middle|>) is fixed: the answer continues it
+    return _with_editable_region("zeta2", before, ed_before, ed_after, after, fixed_start=len(prefill),
+                                 history=history, path=path.strip(), end_marker=end_marker)
+
+
+def _split_at_cursor(name: str, editable: str, cursor_marker: str) -> tuple[str, str]:
+    """The editable region before and after its one cursor marker."""
+    if editable.count(cursor_marker) != 1:
+        raise PromptFormatError(
+            f"{name} prompt has {editable.count(cursor_marker)} cursor markers in the editable region; expected 1"
+        )
+    ed_before, _, ed_after = editable.partition(cursor_marker)
+    return ed_before, ed_after
+
+
+def _with_editable_region(
+    name: str, before: str, ed_before: str, ed_after: str, after: str, fixed_start: int = 0, **fields
+) -> ZedPrompt:
+    """The ZedPrompt of a file cut as `before` + the editable region (`ed_before` + the cursor +
+    `ed_after`) + `after`; the region's first `fixed_start` characters are not to be rewritten."""
     start = len(before)
     return ZedPrompt(
-        format="zeta2",
-        text=text,
+        format=name,
+        text=before + ed_before + ed_after + after,
         cursor=start + len(ed_before),
-        # Zed's prefill (the region's first lines, after <|fim_middle|>) is fixed: the answer continues it
-        editable=(start + len(prefill), start + len(ed_before) + len(ed_after)),
-        history=history,
-        path=path.strip(),
-        end_marker=end_marker,
+        editable=(start + fixed_start, start + len(ed_before) + len(ed_after)),
+        **fields,
     )
 
 
