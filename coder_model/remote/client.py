@@ -349,12 +349,17 @@ class RemoteEngine:
                 pass
             delay = min(delay * 2, self.backoff_max)
 
-    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Session:
-        where = f"{self.host}:{self.port}"
+    async def _read_handshake_frame(self, reader: asyncio.StreamReader, where: str) -> dict:
+        """The server's next hello frame; an error frame instead (a refusal) raises RemoteRefused."""
         msg = await read_frame(reader, max_bytes=1 << 20, first_byte_timeout=self.connect_timeout,
                                frame_timeout=self.connect_timeout)
         if msg["t"] == "error":
             raise RemoteRefused(f"{where} refused the connection: {msg.get('code')}: {msg.get('message')}")
+        return msg
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Session:
+        where = f"{self.host}:{self.port}"
+        msg = await self._read_handshake_frame(reader, where)
         if msg["t"] != "hello" or msg.get("stage") != "challenge":
             raise RemoteRefused(f"{where} did not greet with a dlm-lsp hello; is it a `dlm-lsp serve` port?")
         if msg.get("v") != PROTOCOL_VERSION:
@@ -376,10 +381,7 @@ class RemoteEngine:
         writer.write(encode_frame({"t": "hello", "id": 0, "stage": "response", "v": PROTOCOL_VERSION,
                                    "nonce": client_nonce, "proof": proof, "client": self.client_id}))
         await writer.drain()
-        msg = await read_frame(reader, max_bytes=1 << 20, first_byte_timeout=self.connect_timeout,
-                               frame_timeout=self.connect_timeout)
-        if msg["t"] == "error":
-            raise RemoteRefused(f"{where} refused the connection: {msg.get('code')}: {msg.get('message')}")
+        msg = await self._read_handshake_frame(reader, where)
         if msg["t"] != "hello" or msg.get("stage") != "welcome":
             raise RemoteRefused(f"{where} sent {msg['t']!r} instead of the welcome hello")
         if self._token is not None and not auth.proofs_match(
