@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -105,3 +106,18 @@ def rss_kb(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     raise AssertionError(f"no VmRSS line in /proc/{pid}/status")
+
+
+async def edit_prediction(client, uri: str, line: int, character: int):
+    """dlm/editPrediction at (line, character): {version, edits, ...}, or None for no edit."""
+    return await request(
+        client,
+        "dlm/editPrediction",
+        {"textDocument": {"uri": uri}, "position": {"line": line, "character": character}},
+    )
+
+
+def run_cli(*args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
+    """`dlm-lsp ARGS` run to its end as a user runs it, its output captured as text."""
+    return subprocess.run([sys.executable, "-m", "dlm.lsp.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=server_env(**env), check=False)  # fmt: skip

@@ -11,6 +11,7 @@ import pytest
 from lsp_helpers import (
     SERVER,
     change,
+    edit_prediction,
     fake_server_client,
     inline_params,
     open_document,
@@ -32,14 +33,7 @@ async def _inline(client, uri, line, ch):
 async def test_unknown_uri_change_and_requests(client: LanguageClient):
     change(client, "file:///never/opened.py", 2, (0, 0), (0, 0), "x")
     assert not (await _inline(client, "file:///never/opened.py", 0, 0)).items
-    assert (
-        await request(
-            client,
-            "dlm/editPrediction",
-            {"textDocument": {"uri": "file:///never.py"}, "position": {"line": 0, "character": 0}},
-        )
-        is None
-    )
+    assert await edit_prediction(client, "file:///never.py", 0, 0) is None
     # the server is fine
     open_document(client, "file:///ok.py", "x = \n")
     assert (await _inline(client, "file:///ok.py", 0, 4)).items[0].insert_text == "FAKE"
@@ -66,11 +60,7 @@ async def test_positions_past_the_end(client: LanguageClient):
     change(client, uri, 2, (50, 3), (70, 1), "c")  # clamped to the end of the document
     res = await _inline(client, uri, 1000, 1000)
     assert res.items and res.items[0].insert_text == "FAKE"
-    res = await request(
-        client,
-        "dlm/editPrediction",
-        {"textDocument": {"uri": uri}, "position": {"line": 10**6, "character": 10**6}},
-    )
+    res = await edit_prediction(client, uri, 10**6, 10**6)
     assert res is None  # the fake proposes no edit away from the cursor
 
 

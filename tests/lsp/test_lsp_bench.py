@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from lsp_helpers import server_env
+from lsp_helpers import run_cli, server_env
 
 
 def test_bench_json_with_fake_engine(tmp_path):
@@ -49,12 +49,5 @@ def test_bench_json_with_fake_engine(tmp_path):
 
 
 def test_bench_rejects_bad_arguments(tmp_path):
-    out = subprocess.run(
-        [sys.executable, "-m", "dlm.lsp.cli", "bench", "--files", str(tmp_path / "missing.py")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=server_env(),
-        check=False,
-    )
+    out = run_cli("bench", "--files", str(tmp_path / "missing.py"))
     assert out.returncode == 2 and "is not a file" in out.stderr

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from lsp_helpers import change, fake_server_client, inline_params, open_document, request
+from lsp_helpers import change, edit_prediction, fake_server_client, inline_params, open_document, request
 from lsprotocol import types
 from pygls.exceptions import JsonRpcRequestCancelled
 from pytest_lsp import LanguageClient
@@ -162,9 +162,7 @@ async def test_edit_prediction_away_from_cursor(client: LanguageClient):
     uri = "file:///work/other/todo.py"
     text = "def g():\n    # TODO\n    return 1\n"
     open_document(client, uri, text)
-    res = await request(
-        client, "dlm/editPrediction", {"textDocument": {"uri": uri}, "position": {"line": 2, "character": 12}}
-    )
+    res = await edit_prediction(client, uri, 2, 12)
     assert res is not None and res["version"] == 1
     assert res["edits"] == [
         {

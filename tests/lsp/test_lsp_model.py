@@ -6,7 +6,16 @@ import asyncio
 import sys
 
 import pytest
-from lsp_helpers import SERVER, inline_params, open_document, request, server_env, wait_state
+from lsp_helpers import (
+    SERVER,
+    edit_prediction,
+    inline_params,
+    open_document,
+    request,
+    run_cli,
+    server_env,
+    wait_state,
+)
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, client_capabilities
 
@@ -47,14 +56,7 @@ async def test_model_that_fails_to_load(args, env):
         await wait_state(client, ("failed",), timeout_s=120.0, poll_s=0.1)
         res = await _open_and_ask(client)
         assert not res.items  # empty, not an error
-        assert (
-            await request(
-                client,
-                "dlm/editPrediction",
-                {"textDocument": {"uri": "file:///m.py"}, "position": {"line": 0, "character": 0}},
-            )
-            is None
-        )
+        assert await edit_prediction(client, "file:///m.py", 0, 0) is None
         for _ in range(50):
             if any(s["state"] == "failed" for s in statuses):
                 break
@@ -82,11 +84,7 @@ async def test_tiny_real_checkpoint(tiny_checkpoint):
         assert len(res.items) <= 1
         if res.items:
             assert isinstance(res.items[0].insert_text, str) and res.items[0].insert_text
-        edits = await request(
-            client,
-            "dlm/editPrediction",
-            {"textDocument": {"uri": "file:///m.py"}, "position": {"line": 1, "character": 11}},
-        )
+        edits = await edit_prediction(client, "file:///m.py", 1, 11)
         if edits is not None:  # None is "no edit"; an answer holds at least one
             assert edits["edits"]
             for e in edits["edits"]:
@@ -166,16 +164,7 @@ async def test_tcp_mode():
 
 
 def test_bad_remote_address_is_refused():
-    import subprocess
-
-    out = subprocess.run(
-        [sys.executable, "-m", "dlm.lsp.cli", "--stdio", "--remote", "nohostport"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=server_env(),
-        check=False,
-    )
+    out = run_cli("--stdio", "--remote", "nohostport")
     assert out.returncode == 2 and "HOST:PORT" in out.stderr
 
 
