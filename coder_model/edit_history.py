@@ -9,6 +9,16 @@ diff of one hunk, its lines counted from 1 in the file at the time of the edit.
 from __future__ import annotations
 
 
+def patch_lines(text: str) -> list[str]:
+    """Lines as git and patch see them: split after every "\\n", terminators kept
+    (a lone "\\r" is no break; a last line without "\\n" is kept as it is)."""
+    parts = text.split("\n")
+    lines = [p + "\n" for p in parts[:-1]]
+    if parts[-1]:
+        lines.append(parts[-1])
+    return lines
+
+
 def _line(text: str) -> str:
     """A line with exactly one "\\n" ending (any of \\r\\n, \\r, \\n normalised)."""
     return text.rstrip("\r\n") + "\n"

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from dlm.coder_model.edit_history import patch_lines
 from dlm.coder_model.types import CancelToken, LayoutBudget, Prompt, SamplerParams
 from dlm.lsp import context, positions
 from dlm.lsp.documents import Document
@@ -195,15 +196,6 @@ def token_counter(engine) -> Callable[[str], int] | None:
 # -- output -----------------------------------------------------------------------------------
 
 
-def _file_lines(text: str) -> list[str]:
-    """Lines as patch sees them: split after each "\\n", terminators kept (a lone "\\r" is no break)."""
-    parts = text.split("\n")
-    out = [p + "\n" for p in parts[:-1]]
-    if parts[-1]:
-        out.append(parts[-1])
-    return out
-
-
 def _span(start: int, stop: int) -> str:
     # GNU diff: "first,count", the count omitted when 1, and an empty side names the line before it
     n = stop - start
@@ -218,7 +210,7 @@ def unified_diff(old: str, new: str, name: str, context_lines: int = 3) -> str:
     Not coder_model.edit_history (the -U0 hunks the model reads as history): this one is for
     `patch`, so it has context lines and marks a last line without a newline.
     """
-    a, b = _file_lines(old), _file_lines(new)
+    a, b = patch_lines(old), patch_lines(new)
     if a == b:
         return ""
     out = [f"--- a/{name}\n", f"+++ b/{name}\n"]

@@ -23,6 +23,7 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from dlm.coder_model.edit_history import patch_lines as split_lines  # git lines, the one splitter
 from dlm.coder_model.edit_history import render_event
 from dlm.coder_model.training.examples import Example, window
 from dlm.coder_model.types import Prompt
@@ -50,15 +51,6 @@ DEFAULT_OPTIONS = EditOptions()
 
 # ---------------------------------------------------------------------------
 # lines and hunks
-
-
-def split_lines(text: str) -> list[str]:
-    """git lines: split after every "\\n" only (not str.splitlines())."""
-    parts = text.split("\n")
-    lines = [p + "\n" for p in parts[:-1]]
-    if parts[-1]:
-        lines.append(parts[-1])
-    return lines
 
 
 @dataclass(frozen=True)
