@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from lsp_helpers import rss_kb
 from test_hardening_lsp import RawServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(7200)]
@@ -25,14 +26,6 @@ SOURCE = (Path(__file__).resolve().parents[2] / "lsp" / "context.py").read_text(
 WARMUP = 1_000  # keystrokes before the first sample (at most a fifth of the run)
 RESET_EVERY = 2_000
 MAX_GROWTH_KB = 50_000
-
-
-def _rss_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 def test_typing_soak_memory_is_bounded():
@@ -74,12 +67,12 @@ def test_typing_soak_memory_is_bounded():
                 pending.clear()
                 server.seen.clear()  # the client keeps nothing: only the server's memory is measured
             if k == warmup:
-                rss_start = _rss_kb(pid)
+                rss_start = rss_kb(pid)
             if k % every == 0:
-                samples.append((k, _rss_kb(pid)))
+                samples.append((k, rss_kb(pid)))
         stats = server.call("dlm/stats", {})["result"]
         wall = time.monotonic() - t0
-        rss_end = _rss_kb(pid)
+        rss_end = rss_kb(pid)
         figures = {
             "keystrokes": keystrokes, "wall_s": round(wall, 1), "rss_start_kb": rss_start, "rss_end_kb": rss_end,
             "rss_max_kb": max(r for _, r in samples), "samples": samples, "completed": stats["completed"],
