@@ -112,6 +112,14 @@ def _prompt(text: str, cut: Cut, current: str, cursor: int, path: str, language:
     )
 
 
+def _draw_region(text: str, rng: random.Random, language: str, wide_share: float) -> tuple[Cut, str] | None:
+    """A server-shaped region of `text` (typing, or wide with probability `wide_share`)."""
+    if len(text) < 20:
+        return None
+    cut = server_region(text, rng, language, "wide" if rng.random() < wide_share else "typing")
+    return None if cut is None else (cut, text[cut.a : cut.b])
+
+
 def completion_example(
     text: str, rng: random.Random, path: str = "", language: str = "python",
     prefix_chars: int = 1500, suffix_chars: int = 600, wide_share: float = 0.2,
@@ -119,12 +127,10 @@ def completion_example(
     """Cursor in a server-shaped region (typing, or wide with probability `wide_share`); the
     text after the cursor is cut up to a random point (end of token, line or region) and
     the target restores it."""
-    if len(text) < 20:
+    drawn = _draw_region(text, rng, language, wide_share)
+    if drawn is None:
         return None
-    cut = server_region(text, rng, language, "wide" if rng.random() < wide_share else "typing")
-    if cut is None:
-        return None
-    region = text[cut.a : cut.b]
+    cut, region = drawn
     cursor = cut.cursor
     rest = region[cursor:]
     # how much of the text after the cursor the user "has not typed yet"
@@ -152,12 +158,10 @@ def fim_example(
     prefix_chars: int = 1500, suffix_chars: int = 600, max_span: int = 120, wide_share: float = 0.25,
 ) -> Example | None:
     """A random span removed at the cursor of a server-shaped region; the target restores it."""
-    if len(text) < 20:
+    drawn = _draw_region(text, rng, language, wide_share)
+    if drawn is None:
         return None
-    cut = server_region(text, rng, language, "wide" if rng.random() < wide_share else "typing")
-    if cut is None:
-        return None
-    region = text[cut.a : cut.b]
+    cut, region = drawn
     s = cut.cursor
     if s >= len(region) or len(region.strip()) < 4:
         return None
