@@ -108,6 +108,27 @@ class NextEdit:
     hunk_del: int
 
 
+def replay(path: str, lines: list[str], applied: list[Hunk]) -> tuple[list[str], list[str]]:
+    """Apply `applied` (in `lines` coordinates) one by one: (history events, the text after).
+
+    Each event is rendered in the coordinates of the text at the time it was made."""
+    events: list[str] = []
+    done: list[Hunk] = []
+    for h in applied:
+        start = h.start + _shift(h, done)
+        events.append(render_event(path, start, lines[h.start : h.start + h.n_del], list(h.add)))
+        done.append(h)
+    return events, apply_hunks(lines, applied)
+
+
+def shrink_to(lines: list[str], a: int, b: int, max_chars: int) -> str | None:
+    """Text of lines[a:b], dropping lines from the end to fit `max_chars`; None if blank or too long."""
+    while b - a > 1 and len("".join(lines[a:b])) > max_chars:
+        b -= 1
+    region = "".join(lines[a:b])
+    return region if region.strip() and len(region) <= max_chars else None
+
+
 def build_next_edit(
     before: str,
     hunks: list[Hunk],
@@ -128,14 +149,7 @@ def build_next_edit(
     lines = split_lines(before)
     applied_idx = order[:k]
     applied = [hunks[i] for i in applied_idx]
-    events: list[str] = []
-    done: list[Hunk] = []
-    for h in applied:
-        # the event in the coordinates of the text at the time it was made
-        start = h.start + _shift(h, done)
-        events.append(render_event(path, start, lines[h.start : h.start + h.n_del], list(h.add)))
-        done.append(h)
-    cur = apply_hunks(lines, applied)
+    events, cur = replay(path, lines, applied)
     target = hunks[order[k]]
     t_start = target.start + _shift(target, applied)
     t_end = t_start + target.n_del
@@ -215,13 +229,7 @@ def build_finished_noop(
     """All hunks applied and in the history; region near the last one; nothing left to do."""
     lines = split_lines(before)
     applied = [hunks[i] for i in order]
-    events: list[str] = []
-    done: list[Hunk] = []
-    for h in applied:
-        s = h.start + _shift(h, done)
-        events.append(render_event(path, s, lines[h.start : h.start + h.n_del], list(h.add)))
-        done.append(h)
-    cur = apply_hunks(lines, applied)
+    events, cur = replay(path, lines, applied)
     if not cur:
         return None
     last = applied[-1]
@@ -229,10 +237,8 @@ def build_finished_noop(
     center = min(len(cur) - 1, max(0, l_start + rng.randint(-3, max(0, len(last.add)) + 2)))
     a = max(0, center - rng.randint(0, 2))
     b = min(len(cur), center + 1 + rng.randint(0, 2))
-    while b - a > 1 and len("".join(cur[a:b])) > opts.max_region_chars:
-        b -= 1
-    region = "".join(cur[a:b])
-    if not region.strip() or len(region) > opts.max_region_chars:
+    region = shrink_to(cur, a, b, opts.max_region_chars)
+    if region is None:
         return None
     cur_text = "".join(cur)
     a_char = len("".join(cur[:a]))

@@ -32,6 +32,7 @@ from dlm.coder_model.training.hunks import (
     Hunk,
     build_finished_noop,
     build_next_edit,
+    shrink_to,
     split_lines,
 )
 from dlm.coder_model.types import Prompt
@@ -673,10 +674,8 @@ def noop_example(
     lines = split_lines(text)
     i = rng.randrange(len(lines))
     j = min(len(lines), i + 1 + rng.randint(0, 3))
-    while j - i > 1 and len("".join(lines[i:j])) > opts.max_region_chars:
-        j -= 1
-    region = "".join(lines[i:j])
-    if not region.strip() or len(region) > opts.max_region_chars:
+    region = shrink_to(lines, i, j, opts.max_region_chars)
+    if region is None:
         return None
     a = len("".join(lines[:i]))
     b = a + len(region)
