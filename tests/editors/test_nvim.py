@@ -212,9 +212,13 @@ def nvim011():
 def test_nvim_ghost_text_from_the_real_server_fake_engine(nvim011, tmp_path):
     """The fixed insertion of the fake engine: ghost text 'FAKE' appears and <Tab> inserts it."""
     cmd = [sys.executable, "-m", "dlm.lsp.cli", "--stdio"]
-    nv = Nvim(nvim011, tmp_path, cmd, fake_env(tmp_path), extra="edit_predictions = false")
+    nv = Nvim(nvim011, tmp_path, cmd, fake_env(tmp_path),
+              extra="edit_predictions = false, min_confidence = 0.25, server_options = { deadlineMs = 60000 }")
     try:
         nv.wait("require('dlm').status and require('dlm').status.state == 'ready'", 60, "dlm/status ready")
+        # the plugin's options reach the server as initializationOptions
+        sent = nv.lua("require('dlm').client(0).config.init_options")
+        assert sent == {"editPredictions": False, "minConfidence": 0.25, "deadlineMs": 60000}, sent
         nv.send("Go")  # a new line in insert mode
         item, typed = type_until_ghost(nv, "    re", 10)
         assert item is not None, "no ghost text after typing"
@@ -252,7 +256,10 @@ def test_nvim_ghost_text_from_the_real_server_with_a_model(nvim011, tmp_path, ti
     emb = embedded_checkpoint_dir()
     model = str(emb) if emb is not None and (emb / "config.json").exists() else tiny_checkpoint
     cmd = [sys.executable, "-m", "dlm.lsp.cli", "--stdio", "--model", model, "--device", "cpu"]
-    nv = Nvim(nvim011, tmp_path, cmd, env_with(tmp_path), extra="edit_predictions = false")
+    # the gate at 0 and a long deadline: this test is about what the plugin draws of the
+    # model's answers, and the confidence gate holds back everything the embedded model says
+    nv = Nvim(nvim011, tmp_path, cmd, env_with(tmp_path),
+              extra="edit_predictions = false, min_confidence = 0, deadline_ms = 60000")
     try:
         nv.wait("require('dlm').status and require('dlm').status.state == 'ready'", 120, "dlm/status ready")
         nv.send("Go")

@@ -25,6 +25,7 @@ import {
   SettingsError,
   acceptedLength,
   buildServerCommand,
+  initializationOptions,
   chooseEditPredictionDisplay,
   inlineEditFor,
   inlineResultSource,
@@ -59,6 +60,8 @@ function readSettings(): DlmSettings {
     editPredictions: c.get<boolean>("editPredictions", d.editPredictions),
     editPredictionDelayMs: c.get<number>("editPredictionDelayMs", d.editPredictionDelayMs),
     editPredictionDisplay: c.get<DlmSettings["editPredictionDisplay"]>("editPredictionDisplay", d.editPredictionDisplay),
+    minConfidence: c.get<number | null>("minConfidence", d.minConfidence),
+    deadlineMs: c.get<number | null>("deadlineMs", d.deadlineMs),
   };
 }
 
@@ -206,6 +209,7 @@ class DlmExtension implements vscode.Disposable {
     const clientOptions: LanguageClientOptions = {
       documentSelector: [{ scheme: "file" }, { scheme: "untitled" }],
       outputChannel: this.log,
+      initializationOptions: initializationOptions(this.settings),
       middleware: {
         provideInlineCompletionItems: async (document, position, context, token, next) => {
           if (!this.settings.enable) return null;

@@ -16,6 +16,8 @@ export interface DlmSettings {
   editPredictions: boolean;
   editPredictionDelayMs: number;
   editPredictionDisplay: EditPredictionDisplaySetting;
+  minConfidence: number | null; // null: the server's default (chosen by measurement)
+  deadlineMs: number | null; // null: the server's default (250 ms from the keystroke)
 }
 
 export const DEFAULT_SETTINGS: DlmSettings = {
@@ -27,10 +29,26 @@ export const DEFAULT_SETTINGS: DlmSettings = {
   remoteAddress: "",
   remoteTokenFile: "",
   remoteTls: false,
-  editPredictions: true,
+  editPredictions: false, // off until the model earns them (README: the measured figure)
   editPredictionDelayMs: 300,
   editPredictionDisplay: "auto",
+  minConfidence: null,
+  deadlineMs: null,
 };
+
+/**
+ * Settings -> the server's initializationOptions (README "Protocol"), sent at start: a change restarts the server. Unset numbers are
+ * left out so that the server's measured defaults apply; edit predictions are asked for
+ * only when the user wants them shown (the server keeps them off otherwise).
+ */
+export function initializationOptions(s: DlmSettings): Record<string, unknown> {
+  const out: Record<string, unknown> = { editPredictions: s.editPredictions };
+  if (s.minConfidence !== null && Number.isFinite(s.minConfidence)) {
+    out.minConfidence = Math.min(1, Math.max(0, s.minConfidence));
+  }
+  if (s.deadlineMs !== null && Number.isFinite(s.deadlineMs) && s.deadlineMs > 0) out.deadlineMs = s.deadlineMs;
+  return out;
+}
 
 export interface ServerCommand {
   command: string;
@@ -92,7 +110,8 @@ export function buildServerCommand(s: DlmSettings): ServerCommand {
 export function needsRestart(a: DlmSettings, b: DlmSettings): boolean {
   const x = buildServerCommandOrNull(a);
   const y = buildServerCommandOrNull(b);
-  return JSON.stringify(x) !== JSON.stringify(y);
+  const optionsChanged = JSON.stringify(initializationOptions(a)) !== JSON.stringify(initializationOptions(b));
+  return optionsChanged || JSON.stringify(x) !== JSON.stringify(y);
 }
 
 function buildServerCommandOrNull(s: DlmSettings): ServerCommand | string {

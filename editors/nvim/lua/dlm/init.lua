@@ -28,7 +28,10 @@ M.defaults = {
   filetypes = nil, -- nil: every normal file buffer
   native = nil, -- nil: use vim.lsp.inline_completion when it exists (0.12+)
   debounce_ms = 30, -- own ghost text: wait this long after a keystroke
-  edit_predictions = true,
+  edit_predictions = false, -- off until the model earns them (README); sent to the server too
+  min_confidence = nil, -- show only suggestions at least this confident (0..1); nil: the server's measured default
+  deadline_ms = nil, -- a suggestion not ready this long after the keystroke is not shown; nil: 250
+  server_options = nil, -- any other initializationOptions (README "Protocol"), e.g. { context = { idleMs = 400 } }
   edit_prediction_delay_ms = 300,
   keymaps = { accept = "<Tab>", next = "<M-]>", dismiss = "<C-]>", accept_edit = "<M-CR>" },
 }
@@ -44,6 +47,19 @@ function M.log_file(o)
     return nil
   end
   return o.log_file or (vim.fn.stdpath("log") .. "/dlm-lsp.log")
+end
+
+--- Options -> the server's initializationOptions (README "Protocol").
+function M.init_options(o)
+  local opts = vim.deepcopy(o.server_options or {})
+  opts.editPredictions = o.edit_predictions and true or false
+  if o.min_confidence ~= nil then
+    opts.minConfidence = o.min_confidence
+  end
+  if o.deadline_ms ~= nil then
+    opts.deadlineMs = o.deadline_ms
+  end
+  return opts
 end
 
 --- Options -> server command line (the same rules as the VS Code extension).
@@ -192,6 +208,7 @@ local function attach(bufnr)
     name = "dlm",
     cmd = cmd,
     root_dir = vim.fn.getcwd(),
+    init_options = M.init_options(M.config),
     handlers = {
       ["dlm/status"] = function(_, result)
         M.on_status(result)

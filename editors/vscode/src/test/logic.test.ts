@@ -8,6 +8,7 @@ import {
   MAX_INLINE_EDIT_LINES,
   acceptedLength,
   buildServerCommand,
+  initializationOptions,
   chooseEditPredictionDisplay,
   inlineEditFor,
   inlineResultSource,
@@ -215,4 +216,13 @@ test("inline result: a completion at the cursor wins unless the request is our t
   assert.equal(inlineResultSource({ editPending: true, ourTrigger: false, completionCount: 0 }), "inlineEdit");
   assert.equal(inlineResultSource({ editPending: false, ourTrigger: false, completionCount: 2 }), "completions");
   assert.equal(inlineResultSource({ editPending: false, ourTrigger: true, completionCount: 0 }), "none");
+});
+
+test("settings become the server's initializationOptions; unset numbers keep the server's defaults", () => {
+  assert.deepEqual(initializationOptions(DEFAULT_SETTINGS), { editPredictions: false });
+  const s = { ...DEFAULT_SETTINGS, editPredictions: true, minConfidence: 1.7, deadlineMs: 400 };
+  assert.deepEqual(initializationOptions(s), { editPredictions: true, minConfidence: 1, deadlineMs: 400 });
+  assert.deepEqual(initializationOptions({ ...DEFAULT_SETTINGS, deadlineMs: -5 }), { editPredictions: false });
+  assert.equal(needsRestart(DEFAULT_SETTINGS, { ...DEFAULT_SETTINGS, minConfidence: 0.3 }), true);
+  assert.equal(needsRestart(DEFAULT_SETTINGS, { ...DEFAULT_SETTINGS }), false);
 });
