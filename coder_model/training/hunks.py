@@ -129,6 +129,23 @@ def shrink_to(lines: list[str], a: int, b: int, max_chars: int) -> str | None:
     return region if region.strip() and len(region) <= max_chars else None
 
 
+def region_prompt(cur: list[str], a: int, region: str, cursor: int, events: list[str], path: str,
+                  language: str, opts: EditOptions) -> Prompt:
+    """The Prompt of a region starting at line `a` of the current lines `cur`, with its history."""
+    cur_text = "".join(cur)
+    a_char = len("".join(cur[:a]))
+    b_char = a_char + len(region)
+    return Prompt(
+        prefix=window(cur_text, 0, a_char, opts.prefix_chars, "before"),
+        region=region,
+        cursor=cursor,
+        suffix=window(cur_text, b_char, len(cur_text), opts.suffix_chars, "after"),
+        history=_trim_history(events, opts),
+        language=language,
+        path=path,
+    )
+
+
 def build_next_edit(
     before: str,
     hunks: list[Hunk],
@@ -201,18 +218,7 @@ def build_next_edit(
                 cursor -= 1  # end of the last edited line, before its newline
         elif not prev.add and a <= p_start <= b:
             cursor = len("".join(cur[a:p_start]))  # where the lines were deleted
-    cur_text = "".join(cur)
-    a_char = len("".join(cur[:a]))
-    b_char = a_char + len(region)
-    prompt = Prompt(
-        prefix=window(cur_text, 0, a_char, opts.prefix_chars, "before"),
-        region=region,
-        cursor=cursor,
-        suffix=window(cur_text, b_char, len(cur_text), opts.suffix_chars, "after"),
-        history=_trim_history(events, opts),
-        language=language,
-        path=path,
-    )
+    prompt = region_prompt(cur, a, region, cursor, events, path, language, opts)
     return NextEdit(Example(kind, prompt, new_region, source or path), a, t_start - a, target.n_del)
 
 
@@ -240,17 +246,6 @@ def build_finished_noop(
     region = shrink_to(cur, a, b, opts.max_region_chars)
     if region is None:
         return None
-    cur_text = "".join(cur)
-    a_char = len("".join(cur[:a]))
-    b_char = a_char + len(region)
     cursor = rng.randint(0, len(region.rstrip("\n")))
-    prompt = Prompt(
-        prefix=window(cur_text, 0, a_char, opts.prefix_chars, "before"),
-        region=region,
-        cursor=cursor,
-        suffix=window(cur_text, b_char, len(cur_text), opts.suffix_chars, "after"),
-        history=_trim_history(events, opts),
-        language=language,
-        path=path,
-    )
+    prompt = region_prompt(cur, a, region, cursor, events, path, language, opts)
     return Example("noop", prompt, region, source or path)
