@@ -35,11 +35,18 @@ class InferenceThread:
     def predict(
         self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, deadline: float | None = None
     ) -> Prediction:
+        return self.submit(prompt, params, cancel, deadline).result()
+
+    def submit(
+        self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, deadline: float | None = None
+    ) -> Future:
+        """Queue a request without waiting: a Future of its Prediction (the LSP awaits it on its
+        event loop, so no thread of its own sits waiting on the inference thread)."""
         if self._closed:
             raise RuntimeError(f"{type(self).__name__} is closed; load the model again for a new engine")
         fut: Future = Future()
         self._jobs.put((time.perf_counter(), prompt, params, cancel, deadline, fut))
-        return fut.result()
+        return fut
 
     def close(self) -> None:
         if not self._closed:

@@ -14,6 +14,7 @@ the first (block diffusion).
 
 from __future__ import annotations
 
+from dlm.coder_model.budget import clip_prompt, plan
 from dlm.coder_model.tokenizer import Tokenizer
 from dlm.coder_model.types import LayoutBudget, Prompt
 
@@ -23,15 +24,21 @@ PREFIX_CUT_QUANTUM = 32
 
 
 def encode_prompt(tok: Tokenizer, prompt: Prompt, budget: LayoutBudget | None = None) -> list[int]:
-    """Context token ids for a prompt, ending with <rewrite>."""
+    """Context token ids for a prompt, ending with <rewrite>; cut by coder_model.budget.plan.
+
+    The text is first cut by characters (coder_model.budget.clip_prompt), here and so on every
+    path (local, remote, training): the prefix's far-end token cut depends on the length of
+    the text it is given, so every path must give it the same text."""
     b = budget or LayoutBudget()
+    cuts = plan(b)
+    prompt = clip_prompt(prompt, b)
     sp = tok.special
     header = [sp["<bos>"], sp["<file>"]] + tok.encode(f"{prompt.language}:{prompt.path}\n")
 
     history: list[int] = []
     for event in reversed(prompt.history):  # newest events are kept first
         ids = tok.encode(event)
-        if len(history) + len(ids) + 1 > b.max_history:
+        if len(history) + len(ids) + 1 > cuts.history:
             break
         history = [sp["<edit>"]] + ids + history
 
@@ -42,13 +49,13 @@ def encode_prompt(tok: Tokenizer, prompt: Prompt, budget: LayoutBudget | None = 
         + tok.encode(prompt.region[prompt.cursor :])
         + [sp["<rewrite>"]]
     )
-    suffix = tok.encode(prompt.suffix)[: b.max_suffix]
+    suffix = tok.encode(prompt.suffix)[: cuts.suffix]
     # The prefix's room must not depend on what changes while typing (the region),
     # or its first token moves every keystroke and the prefix KV cache never hits:
     # reserve a fixed allowance for the region, and cut the prefix's far end in
     # steps of PREFIX_CUT_QUANTUM tokens so that a line moving into the prefix
     # (Enter) shifts the start only once per quantum.
-    region_allowance = max(len(region), b.max_context // 4)
+    region_allowance = max(len(region), cuts.region)
     room = b.max_context - len(header) - 3 - len(history) - len(suffix) - region_allowance
     prefix = tok.encode(prompt.prefix)
     if len(prefix) > room:

@@ -21,7 +21,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from typing import Literal, Protocol
+from typing import Literal
+
+from dlm.coder_model.budget import CHARS_PER_TOKEN
 
 Mode = Literal["typing", "wide"]
 Span = Callable[[int, int], "tuple[int, int] | None"]
@@ -49,27 +51,16 @@ BLOCKS = {
 _BREAK = re.compile(r"\r\n|\r|\n")
 
 
-@dataclass(frozen=True)
+@dataclass
 class RegionBudget:
-    """Region sizes; the defaults are the server's (dlm.lsp.options.ContextOptions)."""
+    """Region sizes: training cuts by these, and the server's options (dlm.lsp.options.ContextOptions)
+    are a subclass, so both start from the same defaults."""
 
-    typing_region_tokens: int = 48
+    typing_region_tokens: int = 48  # cursor line + rest of its statement, while typing
     typing_region_lines: int = 4
-    wide_region_lines_before: int = 2
+    wide_region_lines_before: int = 2  # after a pause or a jump: a few lines around the cursor
     wide_region_lines_after: int = 4
     wide_region_tokens: int = 160
-    chars_per_token: float = 3.5
-
-
-class RegionLimits(Protocol):
-    """What region_rows reads: a RegionBudget here, the server's ContextOptions there."""
-
-    typing_region_tokens: int
-    typing_region_lines: int
-    wide_region_lines_before: int
-    wide_region_lines_after: int
-    wide_region_tokens: int
-    chars_per_token: float
 
 
 def split_lines(text: str) -> list[str]:
@@ -97,7 +88,7 @@ def _chars(lines: list[str], a: int, b: int) -> int:
 
 
 def region_rows(
-    lines: list[str], row: int, col: int, mode: Mode, budget: RegionLimits, span: Span | None = None
+    lines: list[str], row: int, col: int, mode: Mode, budget: RegionBudget, span: Span | None = None
 ) -> tuple[int, int]:
     """First and last (inclusive) line of the region for a cursor at (row, col).
 
@@ -105,7 +96,7 @@ def region_rows(
     or None where there is none (blank line, a parse error): then the line alone counts.
     """
     last = len(lines) - 1
-    cpt = budget.chars_per_token
+    cpt = CHARS_PER_TOKEN
 
     def stmt(r: int, c: int = -1) -> tuple[int, int]:
         s = span(r, c) if span is not None else None

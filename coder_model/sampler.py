@@ -68,6 +68,9 @@ def raw_confidence(probs: list[float], kind: str) -> float:
     raise ValueError(f"confidence kind {kind!r}: use one of {', '.join(CONFIDENCE_KINDS)}")
 
 
+STARVED_DECAY = 0.7  # StepTimer.starved: a 4x overestimate heals in 4 requests
+
+
 class StepTimer:
     """Running estimate of one denoising step's wall time, per block length (an EMA).
 
@@ -94,6 +97,16 @@ class StepTimer:
     def seed_from_prefill(self, block_len: int, tokens: int, ms: float) -> None:
         if block_len not in self._ms and tokens >= block_len > 0:
             self._ms[block_len] = ms * block_len / tokens
+
+    def starved(self, block_len: int) -> None:
+        """A request had time left but ran no step because the estimate said none fits.
+
+        Only a step that runs updates the estimate, so one slow step (a cold start, a busy
+        machine) would otherwise stop every later request at zero steps, for good. Each
+        starved request shrinks the estimate until a step is tried and measured again.
+        """
+        if block_len in self._ms:
+            self._ms[block_len] *= STARVED_DECAY
 
 
 def partial_region(region: str, cursor: int, left: str) -> str | None:
@@ -246,6 +259,9 @@ class BlockDecoder:
         if not self.done and self.deadline is not None and self.steps_affordable() == 0:
             self.stats.out_of_time = True
             self.done = True
+            left = self.time_left_s()
+            if self.stats.steps == 0 and left is not None and left > 0:
+                self.step_timer.starved(self.params.block_len)
         return self.done
 
     def block_input(self) -> torch.Tensor:

@@ -49,9 +49,11 @@ class LayoutBudget:
     `hello`, so local and remote serving give the model the same token layout.
     """
 
+    # The defaults are for_window(2048): a client that learns no budget (an old remote server)
+    # sizes its windows as a 2048-token model trained with these proportions would expect.
     max_context: int = 2048
-    max_history: int = 384
-    max_suffix: int = 512
+    max_history: int = 2048 // 3
+    max_suffix: int = 2048 // 4
 
     def __post_init__(self) -> None:
         for name in ("max_context", "max_history", "max_suffix"):

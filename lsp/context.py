@@ -7,6 +7,8 @@ The editable region is snapped to syntax:
 - "wide" (after a pause or a jump, and for dlm/editPrediction): a few lines
   around the cursor, widened to whole statements, to look for next edits.
 
+The windows are sized by the one budget (coder_model.budget, `windows_for`),
+so that the layout fills the model's context as training's examples fill it.
 The prefix window ends at the region and starts at a line kept in
 `Document.anchors["prefix"]` (it follows edits above it). It is re-chosen
 only when the window would exceed its budget or no longer precedes the
@@ -18,41 +20,42 @@ prefix KV cache stays valid. The suffix window works the same way.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from dlm.coder_model import regions
+from dlm.coder_model.budget import chars_for, plan
 from dlm.coder_model.languages import language_name
 from dlm.coder_model.regions import Mode
-from dlm.coder_model.types import Prompt
+from dlm.coder_model.types import LayoutBudget, Prompt
 from dlm.lsp.documents import Document, content
 from dlm.lsp.options import ContextOptions
 
 
 @dataclass(frozen=True)
-class Built:
+class BuiltContext:
     prompt: Prompt
     start_line: int  # first line of the region
     end_line: int  # last line of the region (inclusive; its terminator is in the suffix)
     mode: Mode
 
 
-def fit_to_window(
-    opts: ContextOptions, max_context: int, max_history: int, max_suffix: int
-) -> ContextOptions:
-    """Shrink the windows so that a typing-mode prompt fits the model's context window.
+@dataclass(frozen=True)
+class Windows:
+    """Text windows in characters: the model's cuts (coder_model.budget) under the user's caps."""
 
-    The engine (coder_model.layout) cuts a too-long prefix from its far end in 32-token
-    quanta, which keeps the KV cache valid but drops text we windowed and tokenized for
-    nothing, at a token boundary rather than a line. Keeping our (line-snapped, hysteretic)
-    windows inside the model's window means the engine rarely has to cut while the user
-    types. 0.8 covers the error of the chars-per-token estimate (3.2-3.5 measured on this
-    repo's code).
-    """
-    margin = 0.8
-    suffix = min(opts.suffix_tokens, int(max_suffix * margin))
-    room = max_context - max_history - suffix - opts.typing_region_tokens - 16  # 16: header, markers
-    prefix = min(opts.prefix_tokens, max(32, int(room * margin)))
-    return replace(opts, prefix_tokens=prefix, suffix_tokens=suffix)
+    prefix_chars: int
+    suffix_chars: int
+    history_chars: int
+
+
+def windows_for(budget: LayoutBudget, opts: ContextOptions) -> Windows:
+    """The windows that fill the model's layout as training fills it (coder_model.budget.plan):
+    the layout then cuts the far ends exactly, in tokens. `prefix_tokens`/`suffix_tokens`
+    options (when set) cap them, e.g. to trade context for latency."""
+    cuts = plan(budget)
+    prefix = cuts.prefix_room_max if not opts.prefix_tokens else min(opts.prefix_tokens, cuts.prefix_room_max)
+    suffix = cuts.suffix if not opts.suffix_tokens else min(opts.suffix_tokens, cuts.suffix)
+    return Windows(chars_for(prefix), chars_for(suffix), cuts.history_chars)
 
 
 def choose_mode(doc: Document, row: int, opts: ContextOptions, now: float | None = None) -> Mode:
@@ -73,8 +76,8 @@ def region_rows(doc: Document, row: int, col: int, mode: Mode, opts: ContextOpti
     return regions.region_rows(doc.lines, row, col, mode, opts, span)
 
 
-def _prefix_start(doc: Document, start: int, opts: ContextOptions) -> int:
-    budget = opts.prefix_tokens * opts.chars_per_token
+def _prefix_start(doc: Document, start: int, opts: ContextOptions, windows: Windows) -> int:
+    budget = windows.prefix_chars
     anchor = doc.anchors.get("prefix")
     if anchor is not None and anchor <= start and _chars(doc.lines, anchor, start) <= budget:
         return anchor
@@ -86,9 +89,9 @@ def _prefix_start(doc: Document, start: int, opts: ContextOptions) -> int:
     return a
 
 
-def _suffix_end(doc: Document, end: int, opts: ContextOptions) -> int:
+def _suffix_end(doc: Document, end: int, opts: ContextOptions, windows: Windows) -> int:
     """Exclusive end line of the suffix window."""
-    budget = opts.suffix_tokens * opts.chars_per_token
+    budget = windows.suffix_chars
     n = len(doc.lines)
     anchor = doc.anchors.get("suffix")
     if anchor is not None and end + 1 <= anchor <= n and _chars(doc.lines, end + 1, anchor) <= budget:
@@ -102,9 +105,9 @@ def _suffix_end(doc: Document, end: int, opts: ContextOptions) -> int:
 
 
 def build(
-    doc: Document, row: int, col: int, mode: Mode, opts: ContextOptions, path: str = "",
+    doc: Document, row: int, col: int, mode: Mode, opts: ContextOptions, windows: Windows, path: str = "",
     now: float | None = None,
-) -> Built | None:  # fmt: skip
+) -> BuiltContext | None:  # fmt: skip
     """The Prompt for a cursor at (row, code-point col), or None when there is nothing to
     suggest (the cursor line is longer than max_line_chars, e.g. minified code)."""
     lines = doc.lines
@@ -113,14 +116,14 @@ def build(
     start, end = region_rows(doc, row, col, mode, opts)
     region = "".join(lines[start:end]) + content(lines[end])
     cursor = _chars(lines, start, row) + col
-    p0 = _prefix_start(doc, start, opts)
-    s1 = _suffix_end(doc, end, opts)
+    p0 = _prefix_start(doc, start, opts, windows)
+    s1 = _suffix_end(doc, end, opts, windows)
     prefix = "".join(lines[p0:start])
     suffix = lines[end][len(content(lines[end])) :] + "".join(lines[end + 1 : s1])
     history: tuple[str, ...] = ()
     if doc.history is not None:
         doc.history.close_if_idle(time.monotonic() if now is None else now, lines, row)
-        history = doc.history.rendered()
+        history = doc.history.rendered(windows.history_chars)
     prompt = Prompt(
         prefix=prefix,
         region=region,
@@ -130,4 +133,4 @@ def build(
         language=language_name(doc.language_id, doc.uri),
         path=path,
     )
-    return Built(prompt, start, end, mode)
+    return BuiltContext(prompt, start, end, mode)

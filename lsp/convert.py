@@ -1,6 +1,6 @@
 """Plain translations between our types and LSP's (no server state here).
 
-A prediction, post-processed into a `Suggestion` for a `Built` context of a
+A prediction, post-processed into a `Suggestion` for a `BuiltContext` of a
 `Document`, becomes an InlineCompletionItem, a CompletionList or the
 `dlm/editPrediction` result; LSP params (lsprotocol objects, or plain dicts
 for our custom methods) give their position.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlm.lsp.context import Built
+from dlm.lsp.context import BuiltContext
 from dlm.lsp.documents import Document
 from dlm.lsp.postprocess import Suggestion
 from lsprotocol import types
@@ -50,7 +50,7 @@ def cursor_position(doc: Document, row: int, col: int) -> types.Position:
     return types.Position(*doc.to_position(row, col))
 
 
-def region_position(doc: Document, built: Built, offset: int) -> types.Position:
+def region_position(doc: Document, built: BuiltContext, offset: int) -> types.Position:
     """LSP position of a code-point offset inside the region."""
     row, rem = built.start_line, offset
     while row < built.end_line and rem >= len(doc.lines[row]):
@@ -60,7 +60,7 @@ def region_position(doc: Document, built: Built, offset: int) -> types.Position:
     return types.Position(line=line, character=ch)
 
 
-def replace_end(doc: Document, built: Built, sugg: Suggestion) -> types.Position | None:
+def replace_end(doc: Document, built: BuiltContext, sugg: Suggestion) -> types.Position | None:
     """Where the text the suggestion replaces ends (None: a pure insertion)."""
     return region_position(doc, built, sugg.replace_end) if sugg.replace_end is not None else None
 
@@ -88,7 +88,7 @@ def inline_item(
 
 
 def completion_list(
-    doc: Document, row: int, col: int, built: Built, sugg: Suggestion, data: dict | None = None
+    doc: Document, row: int, col: int, built: BuiltContext, sugg: Suggestion, data: dict | None = None
 ) -> types.CompletionList:
     """The suggestion as the one item of a completion list (for clients without inline completion)."""
     start = cursor_position(doc, row, col)
@@ -115,7 +115,7 @@ def position_dict(p: types.Position) -> dict:
     return {"line": p.line, "character": p.character}
 
 
-def edit_prediction(doc: Document, built: Built, sugg: Suggestion, version: int, prediction_id: str) -> dict:
+def edit_prediction(doc: Document, built: BuiltContext, sugg: Suggestion, version: int, prediction_id: str) -> dict:
     """The `dlm/editPrediction` result: the suggestion's edits as LSP ranges of the document."""
     edits = [
         {

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from dlm.coder_model.budget import CHARS_PER_TOKEN
 from dlm.coder_model.edit_history import render_event
 
 
@@ -34,10 +35,9 @@ class _Event:
 @dataclass
 class HistoryOptions:
     max_events: int = 6
-    max_tokens: int = 512  # budget for the rendered events, oldest dropped first
+    max_tokens: int = 512  # at most this many (estimated) tokens of events, and no more than the model takes
     gap_lines: int = 8
     idle_s: float = 1.0
-    chars_per_token: float = 3.5
 
 
 @dataclass
@@ -91,13 +91,13 @@ class History:
         if jumped or now - ev.last_at > self.options.idle_s:
             self._close(lines)
 
-    @property
-    def open_event(self) -> tuple[int, int] | None:
-        return (self._open.start, self._open.end) if self._open else None
-
-    def rendered(self) -> tuple[str, ...]:
-        """Closed events, oldest first, within the token budget (newest kept)."""
-        budget = self.options.max_tokens * self.options.chars_per_token
+    def rendered(self, max_chars: int | None = None) -> tuple[str, ...]:
+        """Closed events, oldest first (newest kept), within the option's `max_tokens` and
+        `max_chars`: the model's history window (coder_model.budget.Plan.history_chars);
+        the layout then cuts it exactly in tokens."""
+        budget = self.options.max_tokens * CHARS_PER_TOKEN
+        if max_chars is not None:
+            budget = min(budget, max_chars)
         out: list[str] = []
         used = 0
         for diff in reversed(self._closed):

@@ -37,6 +37,7 @@ from typing import Any
 
 from dlm.coder_model.remote.auth import AuthConfigError, check_bind_allowed, load_token
 from dlm.coder_model.remote.client import parse_host_port
+from dlm.coder_model import budget as budget_rules
 from dlm.coder_model.types import CancelToken, LayoutBudget, SamplerParams
 from dlm.lsp import gate
 from dlm.lsp.engine_holder import EngineHolder, make_engine_factory
@@ -104,31 +105,13 @@ def parse_request(body: bytes, max_chars: int) -> dict:
     return {"prompt": prompt, "stop": stop, "max_tokens": max_tokens, "model": model if isinstance(model, str) else ""}
 
 
-MAX_PATH_CHARS = 512  # the file header names the path; a longer one keeps its end
-
-
 def fit_to_budget(built: Built, budget: LayoutBudget) -> Built | None:
-    """The prompt cut to what the model takes, or None when its region cannot fit.
-
-    The engine cuts the prefix, suffix and history to its budget (coder_model.layout) but
-    not the region, which the model rewrites: a region of more tokens than the context has
-    room for would overflow the model (a minified line of 20k characters). A token is at
-    least one UTF-8 byte, so a region of at most `room` bytes always fits. Prefix and suffix
-    are cut here in characters too (8 per token is more than code has), so that a megabyte
-    of text is not tokenized to be thrown away.
-    """
-    p = built.prompt
-    room = budget.max_context - budget.max_history - budget.max_suffix - 64  # 64: header, markers
-    if len(p.region.encode("utf-8", "surrogatepass")) > room:
+    """The prompt cut to what the model takes (coder_model.budget), or None when its region
+    cannot fit: the engine cuts prefix, suffix and history in tokens but takes the region,
+    which the model rewrites, whole (a minified line of 20k characters would overflow it)."""
+    if not budget_rules.region_fits(built.prompt.region, budget):
         return None
-    keep_prefix, keep_suffix = budget.max_context * 8, budget.max_suffix * 8
-    prompt = replace(
-        p,
-        prefix=p.prefix[-keep_prefix:] if len(p.prefix) > keep_prefix else p.prefix,
-        suffix=p.suffix[:keep_suffix],
-        path=p.path[-MAX_PATH_CHARS:],
-    )
-    return replace(built, prompt=prompt)
+    return replace(built, prompt=budget_rules.clip_prompt(built.prompt, budget))
 
 
 class Predictor:

@@ -6,11 +6,11 @@ snake_case. Unknown keys and values of the wrong type are reported (the
 server logs them and shows one warning) and the defaults are kept, so a typo
 never stops the server.
 
-Token budgets use a characters-per-token estimate (3.5 for code) instead of
-the model tokenizer: the windows are cut at line boundaries anyway, the
-estimate costs nothing per keystroke, and the server does not need the
-tokenizer before the model has loaded. The model side truncates exactly if
-an estimate ever overshoots.
+Token budgets use the characters-per-token estimate of coder_model.budget
+instead of the model tokenizer: the windows are cut at line boundaries anyway,
+the estimate costs nothing per keystroke, and the server does not need the
+tokenizer before the model has loaded. The layout then cuts exactly, in tokens,
+as it does for training.
 """
 
 from __future__ import annotations
@@ -20,29 +20,28 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from dlm.coder_model.regions import RegionBudget
 from dlm.lsp.history import HistoryOptions
 
 
 @dataclass
-class ContextOptions:
-    prefix_tokens: int = 1024
-    suffix_tokens: int = 256
-    typing_region_tokens: int = 48  # cursor line + rest of its statement, while typing
-    typing_region_lines: int = 4
-    wide_region_lines_before: int = 2  # after a pause or a jump: a few lines around the cursor
-    wide_region_lines_after: int = 4
-    wide_region_tokens: int = 160
+class ContextOptions(RegionBudget):
+    """The region sizes (coder_model.regions.RegionBudget: the fields training cuts by) and the
+    server's windows. The prefix and suffix windows are the model's (coder_model.budget.plan),
+    capped by `prefix_tokens` / `suffix_tokens` when those are set (0: no cap)."""
+
+    prefix_tokens: int = 0
+    suffix_tokens: int = 0
     idle_ms: int = 300  # a pause this long switches to the wide region
     max_line_chars: int = 2000  # longer cursor lines (minified code) get no suggestion
     window_fill: float = 0.75  # a re-anchored window starts this full, leaving room to grow
-    chars_per_token: float = 3.5
 
 
 @dataclass
 class SchedulerOptions:
     throttle_ms: int = 20  # leading edge: at least this long between model runs of one document
     timeout_ms: int = 10_000  # give up waiting for a prediction (the engine is stuck)
-    prefix_cache: bool = True
+    type_through: bool = True  # typing through a shown insertion answers from it, with no model run
 
 
 @dataclass

@@ -31,6 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dlm.coder_model.edit_history import patch_lines
+from dlm.coder_model.budget import LAYOUT_SPECIALS, plan
 from dlm.coder_model.types import CancelToken, LayoutBudget, Prompt, SamplerParams
 from dlm.lsp import context, positions
 from dlm.lsp.documents import Document
@@ -115,18 +116,13 @@ def open_document(path: Path, text: str, line: int, col: int) -> Document:
 
 
 def build_context(doc: Document, line: int, col: int, mode: context.Mode, budget: LayoutBudget,
-                  path: str) -> context.Built | None:
-    """The server's context for the cursor, windows fitted to the engine's budget."""
-    opts = context.fit_to_window(ContextOptions(), budget.max_context, budget.max_history, budget.max_suffix)
-    return context.build(doc, line, col, mode, opts, path)
+                  path: str) -> context.BuiltContext | None:
+    """The server's context for the cursor, in the windows of the engine's budget."""
+    opts = ContextOptions()
+    return context.build(doc, line, col, mode, opts, context.windows_for(budget, opts), path)
 
 
 # -- fitting an oversized prompt to the model's window ---------------------------------------------
-
-# Special tokens of the native layout around the text (coder_model.layout): <bos> <file> <history>
-# <prefix> <suffix> <region> <cursor> <rewrite>.
-LAYOUT_SPECIALS = 8
-
 
 def _longest_start(text: str, count: Callable[[str], int], limit: int) -> str:
     """The longest start of `text` with at most `limit` tokens (binary search on characters)."""
@@ -154,10 +150,11 @@ def fit_prompt(prompt: Prompt, budget: LayoutBudget, count: Callable[[str], int]
     is returned unchanged.
     """
     region, c = prompt.region, prompt.cursor
+    cuts = plan(budget)
     window = budget.max_context
     header = count(f"{prompt.language}:{prompt.path}\n") + LAYOUT_SPECIALS
-    history = min(budget.max_history, sum(count(e) + 1 for e in prompt.history))
-    suffix_tokens = min(budget.max_suffix, count(prompt.suffix))
+    history = min(cuts.history, sum(count(e) + 1 for e in prompt.history))
+    suffix_tokens = min(cuts.suffix, count(prompt.suffix))
     room = window - header - history - suffix_tokens
     if count(region[:c]) + count(region[c:]) <= room:
         return prompt, 0, len(region)
@@ -174,7 +171,7 @@ def fit_prompt(prompt: Prompt, budget: LayoutBudget, count: Callable[[str], int]
         else:
             hi = mid - 1
     first, last = max(0, c - lo), min(len(region), c + lo)
-    suffix_room = max(0, min(budget.max_suffix, window - header - history - region_room))
+    suffix_room = max(0, min(cuts.suffix, window - header - history - region_room))
     cut = replace(
         prompt,
         prefix=prompt.prefix + region[:first],

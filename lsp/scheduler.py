@@ -13,13 +13,18 @@ debounce delay). Documents are independent of each other.
 `$/cancelRequest` cancels the handler's task; the waiter leaves the job, and
 a job nobody waits for any more is cancelled too.
 
-The blocking `engine.predict` runs in a thread pool so the event loop keeps
-reading messages while the model works.
+Work starts one of two ways. `start(cancel)` runs on the event loop when the
+job starts (not when it is submitted: a request that is superseded or joins
+another never builds its context) and returns a concurrent Future: the server
+builds the prompt there and hands it to the engine's own inference queue, so
+no pool thread sits waiting on the inference thread. A blocking `work(cancel)`
+runs in the executor instead (engines without a queue, tests).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from collections.abc import Callable, Hashable
@@ -33,10 +38,14 @@ from dlm.lsp.stats import Stats
 log = logging.getLogger(__name__)
 
 
+Start = Callable[[CancelToken], "concurrent.futures.Future | None"]
+
+
 @dataclass(eq=False)
 class Job:
     key: Hashable
-    work: Callable[[CancelToken], Any]  # blocking; runs in the executor
+    work: Callable[[CancelToken], Any] | None  # blocking; runs in the executor
+    start: Start | None  # non-blocking; runs on the loop when the job starts (None: nothing to run)
     valid: Callable[[], bool]  # still worth running (document version unchanged)?
     future: asyncio.Future
     cancel: CancelToken = field(default_factory=CancelToken)
@@ -53,7 +62,7 @@ class _Slot:
     timer: Any = None  # a pending throttle timer (asyncio.TimerHandle or the injected call_later's)
 
 
-class Scheduler:
+class LatestWins:
     """Latest-wins scheduling of model runs, per document.
 
     `clock` (seconds) and `call_later(delay_s, callback) -> handle with .cancel()` are
@@ -74,10 +83,13 @@ class Scheduler:
         self._slots: dict[str, _Slot] = {}
 
     async def submit(
-        self, doc_id: str, key: Hashable, work: Callable[[CancelToken], Any], valid: Callable[[], bool],
-        timeout_s: float = 10.0,
+        self, doc_id: str, key: Hashable, work: Callable[[CancelToken], Any] | None, valid: Callable[[], bool],
+        timeout_s: float = 10.0, *, start: Start | None = None,
     ) -> Any:  # fmt: skip
-        """Run `work` under the latest-wins policy; None when superseded, cancelled or skipped."""
+        """Run `start` (or `work`) under the latest-wins policy; None when superseded, cancelled,
+        skipped or when `start` found nothing to run."""
+        if (work is None) == (start is None):
+            raise ValueError("LatestWins.submit takes exactly one of work (blocking) and start (non-blocking)")
         loop = asyncio.get_running_loop()
         slot = self._slots.setdefault(doc_id, _Slot())
         job = None
@@ -86,7 +98,7 @@ class Scheduler:
                 job = j
                 break
         if job is None:
-            job = Job(key, work, valid, loop.create_future())
+            job = Job(key, work, start, valid, loop.create_future())
             if slot.pending is not None:
                 self._resolve(slot.pending, None)
                 self.stats.add("superseded")
@@ -161,11 +173,24 @@ class Scheduler:
             self.stats.add("skipped")
             self._kick(doc_id)
             return
+        if job.start is not None:
+            try:
+                started = job.start(job.cancel)
+            except Exception as exc:  # a failure to build the prompt fails this request alone
+                log.error("prediction could not start: %s", exc, exc_info=exc)
+                self.stats.add("failed")
+                started = None
+            if started is None:  # nothing to run (no context at this position)
+                self._resolve(job, None)
+                self._kick(doc_id)
+                return
+            fut = asyncio.wrap_future(started, loop=loop)
+        else:
+            fut = loop.run_in_executor(self.executor, job.work, job.cancel)
         job.started = True
         slot.running = job
         slot.last_start = self._clock()
         self.stats.add("model_runs")
-        fut = loop.run_in_executor(self.executor, job.work, job.cancel)
 
         def done(f: asyncio.Future) -> None:
             if slot.running is job:

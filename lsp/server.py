@@ -26,7 +26,8 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -36,9 +37,9 @@ from dlm.lsp.convert import ACCEPT_COMMAND
 from dlm.lsp.documents import Document, Documents
 from dlm.lsp.engine_holder import EngineHolder
 from dlm.lsp.history import History
-from dlm.lsp.options import ContextOptions, Options, parse_options
+from dlm.lsp.options import Options, parse_options
 from dlm.lsp.protocol import DlmProtocol
-from dlm.lsp.scheduler import Scheduler
+from dlm.lsp.scheduler import LatestWins
 from dlm.lsp.stats import Stats
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
@@ -60,21 +61,20 @@ class DlmServer(LanguageServer):
         self.documents = Documents()
         self.stats = Stats()
         self.pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="dlm-predict")
-        self.scheduler = Scheduler(self.pool, self.stats, self.options.scheduler.throttle_ms)
+        self.scheduler = LatestWins(self.pool, self.stats, self.options.scheduler.throttle_ms)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.holder = EngineHolder(engine_factory, self._status_changed)
         self.roots: list[str] = []
         self.items: OrderedDict[str, dict] = OrderedDict()  # shown inline items by id (bounded)
         self.last: dict[str, dict] = {}  # uri -> last suggestion (for editPrediction reuse + prefix cache)
-        self.prefix_cache: dict[str, dict] = {}  # uri -> the shown insertion (typing through it)
+        self.type_through: dict[str, dict] = {}  # uri -> the shown insertion (typing through it)
         self.recent: dict[str, gate.RecentEdits] = {}  # uri -> lines typed recently (confidence gate)
         self._ids = itertools.count(1)
         self._last_status_at = 0.0
         self._initialized = False
-        # The windows as configured, and the engine budget they were last fitted to: a remote
-        # engine may reconnect to a server whose model takes a different context.
-        self._configured_context: ContextOptions = self.options.context
-        self._fitted_budget: LayoutBudget | None = None
+        # The text windows for the engine's budget (context.windows_for), kept until the budget
+        # changes: a remote engine may reconnect to a server whose model takes another context.
+        self._windows: tuple[LayoutBudget, context.Windows] | None = None
 
     # ---- transport: our framing (lsp.framing) resynchronises after a bad frame --------------------
     def start_io(self, stdin=None, stdout=None) -> None:
@@ -120,26 +120,19 @@ class DlmServer(LanguageServer):
     # ---- configuration ----------------------------------------------------------------------------
     def configure(self, options: Options, position_encoding: str, roots: list[str]) -> None:
         self.options = options
-        self._configured_context = options.context
-        self._fitted_budget = None
+        self._windows = None
         self.documents = Documents(position_encoding, options.max_syntax_chars)
         self.scheduler.throttle_s = options.scheduler.throttle_ms / 1000.0
         self.roots = roots
 
-    def fit_windows(self, budget: LayoutBudget) -> None:
-        """Keep the windows inside the model's context (local and remote engines alike)."""
-        if budget == self._fitted_budget:
-            return
-        self._fitted_budget = budget
-        before = self._configured_context
-        self.options.context = context.fit_to_window(
-            before, budget.max_context, budget.max_history, budget.max_suffix
-        )
-        log.info(
-            "model context %d tokens: prefix window %d -> %d, suffix %d -> %d (estimated tokens)",
-            budget.max_context, before.prefix_tokens, self.options.context.prefix_tokens,
-            before.suffix_tokens, self.options.context.suffix_tokens,
-        )  # fmt: skip
+    def windows(self, budget: LayoutBudget) -> context.Windows:
+        """The text windows that fill the engine's layout (local and remote engines alike)."""
+        if self._windows is None or self._windows[0] != budget:
+            win = context.windows_for(budget, self.options.context)
+            self._windows = (budget, win)
+            log.info("model context %d tokens: windows of %d prefix, %d suffix, %d history characters",
+                     budget.max_context, win.prefix_chars, win.suffix_chars, win.history_chars)
+        return self._windows[1]
 
     # ---- helpers ----------------------------------------------------------------------------------
     def path_of(self, uri: str) -> str:
@@ -168,28 +161,32 @@ class DlmServer(LanguageServer):
             self.stats.add("empty")
             return None
         engine = self.holder.engine
-        self.fit_windows(engine.budget)
-        built = context.build(doc, row, col, mode, self.options.context, self.path_of(doc.uri))
-        t_ctx = time.monotonic()
-        if built is None:
-            self.stats.add("empty")
-            return None
-        version, uri, params = doc.version, doc.uri, self.sampler_params()
-        prompt = built.prompt
+        windows = self.windows(engine.budget)
+        version, uri, params, path = doc.version, doc.uri, self.sampler_params(), self.path_of(doc.uri)
         deadline = gate.deadline_at(doc.last_change_at, t0, self.options.deadline_ms)
+        opts = self.options.context
 
-        def work(cancel) -> Prediction:
-            return engine.predict(prompt, params, cancel, deadline)
+        def start(cancel) -> Future | None:
+            # Runs when the job starts, after latest-wins: a superseded or joining request
+            # builds no context.
+            t_start = time.monotonic()
+            built = context.build(doc, row, col, mode, opts, windows, path)
+            if built is None:
+                return None
+            return engine_future(engine, self.pool, built, (time.monotonic() - t_start) * 1000, params, cancel,
+                                 deadline)
 
         def valid() -> bool:
             return self.documents.get(uri) is doc and doc.version == version
 
-        pred = await self.scheduler.submit(
-            uri, (version, row, col), work, valid, self.options.scheduler.timeout_ms / 1000.0
+        ran = await self.scheduler.submit(
+            uri, (version, row, col), None, valid, self.options.scheduler.timeout_ms / 1000.0, start=start
         )
-        if pred is None or pred.cancelled:
+        if ran is None or ran.prediction.cancelled:
             self.stats.add("empty")
             return None
+        built, pred, t_ctx_ms = ran.built, ran.prediction, ran.context_ms
+        prompt = built.prompt
         if not valid():  # finished, but the document moved on: never show it
             self.stats.add("outdated")
             return None
@@ -202,19 +199,23 @@ class DlmServer(LanguageServer):
         self.stats.add("completed")
         self.stats.add("steps", pred.steps)
         self.stats.add("tokens", pred.tokens)
-        self.stats.latency((t_post - t0) * 1000)
-        self.stats.stage("context_ms", (t_ctx - t0) * 1000)
-        self.stats.stage("queue_ms", pred.queue_ms)
-        self.stats.stage("prefill_ms", pred.prefill_ms)
-        self.stats.stage("denoise_ms", pred.denoise_ms)
-        self.stats.stage("wait_ms", (t_model - t_ctx) * 1000 - pred.total_ms)
-        self.stats.stage("postprocess_ms", (t_post - t_model) * 1000)
-        log.info(
-            "run %s v%d %s: %.1f ms (ctx %.1f, prefill %.1f, denoise %.1f, wait %.1f) steps %d tokens %d "
+        if pred.steps == 0:
+            # No model work (no time left for a step): a latency for it would be a lie.
+            self.stats.add("no_steps")
+        else:
+            self.stats.latency((t_post - t0) * 1000)
+            self.stats.stage("context_ms", t_ctx_ms)
+            self.stats.stage("queue_ms", pred.queue_ms)
+            self.stats.stage("prefill_ms", pred.prefill_ms)
+            self.stats.stage("denoise_ms", pred.denoise_ms)
+            self.stats.stage("wait_ms", (t_model - t0) * 1000 - t_ctx_ms - pred.total_ms)
+            self.stats.stage("postprocess_ms", (t_post - t_model) * 1000)
+        log.debug(
+            "run %s v%d %s: %.1f ms (ctx %.1f, prefill %.1f, denoise %.1f) steps %d tokens %d "
             "context %d cached %d region %d chars",
-            doc.uri.rsplit("/", 1)[-1], version, built.mode, (t_post - t0) * 1000, (t_ctx - t0) * 1000,
-            pred.prefill_ms, pred.denoise_ms, (t_model - t_ctx) * 1000 - pred.total_ms, pred.steps,
-            pred.tokens, pred.context_tokens, pred.cached_tokens, len(prompt.region),
+            doc.uri.rsplit("/", 1)[-1], version, built.mode, (t_post - t0) * 1000, t_ctx_ms,
+            pred.prefill_ms, pred.denoise_ms, pred.steps, pred.tokens, pred.context_tokens,
+            pred.cached_tokens, len(prompt.region),
         )  # fmt: skip
         self.maybe_send_status()
         if sugg.empty:
@@ -252,16 +253,16 @@ class DlmServer(LanguageServer):
             self.items.popitem(last=False)
         if insertion:
             line = doc.line(row)
-            self.prefix_cache[doc.uri] = {
+            self.type_through[doc.uri] = {
                 "row": row, "before": line[:col], "after": line[col:], "text": text,
             }  # fmt: skip
         return item_id
 
-    def from_prefix_cache(self, doc: Document, row: int, col: int) -> str | None:
+    def from_type_through(self, doc: Document, row: int, col: int) -> str | None:
         """The rest of a shown suggestion the user is typing through, or None."""
-        if not self.options.scheduler.prefix_cache:
+        if not self.options.scheduler.type_through:
             return None
-        entry = self.prefix_cache.get(doc.uri)
+        entry = self.type_through.get(doc.uri)
         if entry is None or entry["row"] != row:
             return None
         line = doc.line(row)
@@ -278,8 +279,38 @@ class DlmServer(LanguageServer):
     ) -> types.InlineCompletionItem:
         item_id = self.remember_item(doc, row, col, text, insertion=end is None)
         if end is None:  # typing through it shows the rest with the same data
-            self.prefix_cache[doc.uri]["data"] = data
+            self.type_through[doc.uri]["data"] = data
         return convert.inline_item(doc, row, col, text, end, item_id, data)
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A model run's context and its prediction (one per job, shared by the requests that joined it)."""
+
+    built: context.BuiltContext
+    prediction: Prediction
+    context_ms: float
+
+
+def engine_future(engine: Engine, pool: ThreadPoolExecutor, built: context.BuiltContext, context_ms: float,
+                  params: SamplerParams, cancel, deadline: float) -> Future:
+    """A Future of the Ran for `built`: queued straight on an engine that has its own inference
+    queue (`submit`: LocalEngine, FamilyEngine), else run on a pool thread (RemoteEngine, whose
+    predict watches its own deadline and cancel while the server works)."""
+    submit = getattr(engine, "submit", None)
+    inner = (submit(built.prompt, params, cancel, deadline) if submit is not None
+             else pool.submit(engine.predict, built.prompt, params, cancel, deadline))
+    out: Future = Future()
+
+    def done(f: Future) -> None:
+        exc = f.exception()
+        if exc is not None:
+            out.set_exception(exc)
+        else:
+            out.set_result(Ran(built, f.result(), context_ms))
+
+    inner.add_done_callback(done)
+    return out
 
 
 # ---- handlers: one per LSP method -----------------------------------------------------------------
@@ -362,7 +393,7 @@ def forget_results(ls: DlmServer, uri: str) -> None:
     """Drop the running prediction and the kept results of a document (closed, or re-opened)."""
     ls.scheduler.forget(uri)
     ls.last.pop(uri, None)
-    ls.prefix_cache.pop(uri, None)
+    ls.type_through.pop(uri, None)
     ls.recent.pop(uri, None)
 
 
@@ -372,11 +403,11 @@ async def text_document_inline_completion(ls: DlmServer, params: types.InlineCom
     if doc is None:
         return empty
     row, col = doc.clamp(params.position.line, params.position.character)
-    rest = ls.from_prefix_cache(doc, row, col)
+    rest = ls.from_type_through(doc, row, col)
     if rest is not None:
         ls.stats.add("cache_hits")
         ls.stats.add("requests")
-        data = ls.prefix_cache[doc.uri].get("data")
+        data = ls.type_through[doc.uri].get("data")
         return types.InlineCompletionList(items=[ls.inline_item(doc, row, col, rest, None, data)])
     res = await ls.predict(doc, row, col, context.choose_mode(doc, row, ls.options.context))
     if res is None or not res["sugg"].insert_text or not ls.gate(res, res["inline_rewrites_recent"]):

@@ -21,37 +21,14 @@ from dataclasses import dataclass, field
 from dlm.coder_model.engine import InferenceThread
 from dlm.coder_model.families.arch import FamilyArch, FamilyTokens
 from dlm.coder_model.families.infill import InfillDecoder, InfillOptions
+from dlm.coder_model.budget import clip_after, clip_before
 from dlm.coder_model.types import CancelToken, EngineStatus, LayoutBudget, Prediction, Prompt, SamplerParams
-
-# Characters kept per token of budget before tokenizing, so a 10 MB buffer is
-# never tokenized whole (code averages 3-4 characters per token).
-_CHARS_PER_TOKEN = 8
-
 
 @dataclass
 class FamilyEngineOptions:
     infill: InfillOptions = field(default_factory=InfillOptions)
     dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu; or "bfloat16", "float16", "float32"
     impl: str = "auto"  # dlm.kernels implementation: auto | triton | reference
-
-
-def clip_prefix(text: str, max_tokens: int) -> str:
-    """The tail of `text` worth tokenizing, starting at a line boundary when one is near."""
-    keep = max_tokens * _CHARS_PER_TOKEN
-    if len(text) <= keep:
-        return text
-    tail = text[-keep:]
-    nl = tail.find("\n")
-    return tail[nl + 1 :] if 0 <= nl < len(tail) // 4 else tail
-
-
-def clip_suffix(text: str, max_tokens: int) -> str:
-    keep = max_tokens * _CHARS_PER_TOKEN
-    if len(text) <= keep:
-        return text
-    head = text[:keep]
-    nl = head.rfind("\n")
-    return head[: nl + 1] if nl >= 3 * len(head) // 4 else head
 
 
 class FamilyEngine(InferenceThread):
@@ -109,8 +86,9 @@ class FamilyEngine(InferenceThread):
 
     def encode_prompt(self, prompt: Prompt) -> tuple[list[int], list[int]]:
         opt = self.options.infill
-        before = clip_prefix(prompt.prefix + prompt.region[: prompt.cursor], opt.max_prefix_tokens)
-        after = clip_suffix(prompt.region[prompt.cursor :] + prompt.suffix, opt.max_suffix_tokens)
+        # cut by characters first (coder_model.budget), so that a huge prompt is not tokenized whole
+        before = clip_before(prompt.prefix + prompt.region[: prompt.cursor], opt.max_prefix_tokens)
+        after = clip_after(prompt.region[prompt.cursor :] + prompt.suffix, opt.max_suffix_tokens)
         pre = self.tokenizer.encode(before, add_special_tokens=False).ids if before else []
         suf = self.tokenizer.encode(after, add_special_tokens=False).ids if after else []
         return pre[-opt.max_prefix_tokens :] if opt.max_prefix_tokens else [], suf[: opt.max_suffix_tokens]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from dlm.coder_model.cache import PrefixCache
 from dlm.coder_model.engine import NativeModel
+from dlm.coder_model import budget as budget_rules
 from dlm.coder_model.layout import LayoutBudget, encode_prompt
 from dlm.coder_model.remote.scheduler import Request
 from dlm.coder_model.sampler import BlockDecoder
@@ -29,42 +30,14 @@ from dlm.coder_model.types import Prediction, Prompt, SamplerParams
 
 log = logging.getLogger("dlm.remote.backend")
 
-# Text kept per token of the window before tokenizing. Code averages 3-4
-# characters per token, so a cut at 8 never removes text the layout would
-# keep for an ordinary prompt, while a multi-megabyte prompt is never
-# tokenized whole (that would take seconds and hundreds of MB).
-CLIP_CHARS_PER_TOKEN = 8
-
-
 def clip_prompt(prompt: Prompt, budget: LayoutBudget) -> Prompt:
-    """`prompt` with its far ends cut by characters, generously above what the layout keeps.
-
-    The prefix keeps its tail, the suffix its head, the history its newest
-    events, each at most `budget.max_context * CLIP_CHARS_PER_TOKEN`
-    characters. The region is what the model rewrites and cannot be cut: one
-    longer than that is refused (ValueError).
-    """
-    keep = budget.max_context * CLIP_CHARS_PER_TOKEN
-    if len(prompt.region) > keep:
+    """`prompt` cut by characters to what the layout can keep (coder_model.budget.clip_prompt),
+    so that a multi-megabyte prompt is never tokenized whole; a region that cannot fit is
+    refused (ValueError): it is what the model rewrites and cannot be cut."""
+    if not budget_rules.region_fits(prompt.region, budget):
         raise ValueError(f"the region has {len(prompt.region)} characters, more than the model's window of "
                          f"{budget.max_context} tokens can hold; send the lines around the cursor as the region")
-    prefix, suffix, history = prompt.prefix, prompt.suffix, prompt.history
-    if len(prefix) > keep:
-        prefix = prefix[-keep:]
-    if len(suffix) > keep:
-        suffix = suffix[:keep]
-    kept, size = [], 0
-    for event in reversed(history):  # newest first, as the layout keeps them
-        size += len(event)
-        if size > keep:
-            break
-        kept.append(event)
-    if len(kept) < len(history):
-        history = tuple(reversed(kept))
-    if prefix is prompt.prefix and suffix is prompt.suffix and history is prompt.history:
-        return prompt
-    return Prompt(prefix=prefix, region=prompt.region, cursor=prompt.cursor, suffix=suffix, history=history,
-                  language=prompt.language, path=prompt.path)
+    return budget_rules.clip_prompt(prompt, budget)
 
 
 @dataclass

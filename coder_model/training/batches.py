@@ -15,9 +15,11 @@ import math
 import random
 import sys
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import torch
+from dlm.coder_model.budget import plan
 from dlm.coder_model.layout import LayoutBudget, encode_prompt, encode_target, target_block
 from dlm.coder_model.tokenizer import Tokenizer
 from dlm.coder_model.training import examples as ex_mod
@@ -36,8 +38,17 @@ class ExampleStream:
         weights = dict(kv.split("=") for kv in cfg.mix.split(","))
         from dlm.coder_model.training.synthetic_edits import noop_example, synthetic_edit_example
 
-        self.builders = {"completion": ex_mod.completion_example, "fim": ex_mod.fim_example,
-                         "synthetic_edit": synthetic_edit_example, "noop": noop_example}
+        from dlm.coder_model.training.hunks import EditOptions
+
+        # The text windows of the model's budget (coder_model.budget), as the server sizes them,
+        # so that the layout fills the context in training as it does in serving.
+        cuts = plan(LayoutBudget.for_window(cfg.context))
+        win = {"prefix_chars": cuts.prefix_chars, "suffix_chars": cuts.suffix_chars}
+        self.edit_options = EditOptions(**win, max_history_chars=cuts.history_chars)
+        self.builders = {"completion": partial(ex_mod.completion_example, **win),
+                         "fim": partial(ex_mod.fim_example, **win),
+                         "synthetic_edit": partial(synthetic_edit_example, opts=self.edit_options),
+                         "noop": partial(noop_example, opts=self.edit_options)}
         self.real_edits = self._real_edits() if "real_edit" in weights else None
         unknown = sorted(k for k in weights if k not in self.builders and k != "real_edit")
         if unknown:
@@ -53,7 +64,7 @@ class ExampleStream:
             print(f"[train] no edit histories at {self.cfg.edit_histories}: training without real_edit",
                   file=sys.stderr)
             return None
-        return real_edit_examples(self.split, self.rng, data_dir=self.cfg.edit_histories)
+        return real_edit_examples(self.split, self.rng, data_dir=self.cfg.edit_histories, opts=self.edit_options)
 
     def reseed(self, seed: int) -> None:
         """A fresh random stream (one per worker process)."""

@@ -43,6 +43,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlm.coder_model.budget import CHARS_PER_TOKEN
 from dlm.coder_model.languages import language_for_path
 from dlm.coder_model.tokenizer import SPECIAL_TOKENS
 from dlm.coder_model.training import dedup
@@ -68,7 +69,6 @@ MIN_BYTES, MAX_BYTES = 200, 200_000
 SPLIT_PERMILLE = {"test": 20, "valid": 10}  # the rest is train
 SPLITS = ("train", "valid", "test")
 PART_BYTES = 35 * 1024 * 1024
-CHARS_PER_TOKEN = 3.5  # the --count chars estimate (the server's estimate too)
 ALGORITHMIC_ENV = "DLM_ALGORITHMIC_PYTHON"
 
 
@@ -263,7 +263,7 @@ class SplitWriter:
 
 
 class TokenCounter:
-    """Tokens of texts with the embedded tokenizer (batched), or characters / 3.5."""
+    """Tokens of texts with the embedded tokenizer (batched), or characters / CHARS_PER_TOKEN (coder_model.budget)."""
 
     def __init__(self, how: str, tokenizer: Path | None = None) -> None:
         self.how = how
@@ -521,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument("--root", type=Path, action="append", default=[], help="extra local source folders")
         ap.add_argument("--languages", default="", help="comma list, e.g. python,javascript (default: all)")
         ap.add_argument("--count", choices=("tokenizer", "chars"), default="tokenizer",
-                        help="token counts in the manifest: the embedded tokenizer, or characters/3.5")
+                        help="token counts in the manifest: the embedded tokenizer, or characters/CHARS_PER_TOKEN")
         args = ap.parse_args(argv)
         manifest = build_corpus(
             args.root, args.out, set(filter(None, args.languages.split(","))) or None,

@@ -73,12 +73,12 @@ def test_remote_engine_gets_the_local_budget_and_layout(tiny_checkpoint, tiny_mo
     remote = RemoteEngine("127.0.0.1", loopback_serve, connect_timeout=5.0, backoff_max=0.5)
     try:
         assert remote.wait_connected(180), remote.status().message
-        # the tiny model's window, not the layout's 2,048-token default
-        assert local.budget == LayoutBudget.for_window(model.config.context_window) != LayoutBudget()
+        # the tiny model's window, announced in hello
+        assert local.budget == LayoutBudget.for_window(model.config.context_window)
         assert remote.budget == local.budget
         local_ids = encode_prompt(tok, LONG_PROMPT, local.budget)
         assert encode_prompt(tok, LONG_PROMPT, remote.budget) == local_ids
-        assert local_ids != encode_prompt(tok, LONG_PROMPT, LayoutBudget())  # the budget decides the layout
+        assert local_ids != encode_prompt(tok, LONG_PROMPT, LayoutBudget.for_window(256))  # the budget decides
         # and the server really encodes with it: the same context length comes back
         params = SamplerParams(steps=4, block_len=8, max_blocks=1)
         pred_remote = remote.predict(LONG_PROMPT, params, CancelToken())
@@ -88,6 +88,11 @@ def test_remote_engine_gets_the_local_budget_and_layout(tiny_checkpoint, tiny_mo
     finally:
         remote.close()
         local.close()
+
+
+def test_the_default_budget_is_the_training_proportions_of_2048_tokens():
+    # a client that learns no budget must size its windows as training would have
+    assert LayoutBudget() == LayoutBudget.for_window(2048)
 
 
 def test_a_server_without_a_budget_in_hello_gets_the_default_and_a_warning(caplog):
@@ -149,6 +154,72 @@ def test_zed_edit_events_are_rendered_as_training_renders_them():
     assert zed_prompts.parse_zeta_events(zed) == (_served_event(),)
 
 
+# ---- (d) the server's prompt fills the layout that training fills --------------------------------
+
+WINDOWS = context.windows_for(LayoutBudget(), ContextOptions())
+SECTIONS = ("<history>", "<prefix>", "<suffix>", "<region>", "<rewrite>")
+
+
+def _section_tokens(tok, ids: list[int]) -> dict[str, int]:
+    """Tokens of each layout section (markers excluded), in order of appearance."""
+    names = {tok.special[s]: s for s in SECTIONS}
+    out: dict[str, int] = {}
+    current = None
+    for i in ids:
+        if i in names:
+            current = names[i]
+            out[current] = 0
+        elif current is not None and i != tok.special["<cursor>"]:
+            out[current] += 1
+    return out
+
+
+@pytest.mark.parametrize("source", ["lsp/server.py", "coder_model/sampler.py"])
+def test_server_and_training_fill_the_same_layout(source):
+    """The same file and cursor, through the server's context builder and through training's
+    example builder (with the trainer's windows), encoded for the embedded model's budget: the
+    same sections, each filled to the same budget within the layout's 32-token cut quantum."""
+    from pathlib import Path
+
+    from dlm.coder_model.budget import plan
+    from dlm.coder_model.checkpoint import embedded_checkpoint_dir, read_config
+    from dlm.coder_model.layout import PREFIX_CUT_QUANTUM, encode_prompt
+    from dlm.coder_model.tokenizer import Tokenizer
+    from dlm.coder_model.training import examples
+
+    d = embedded_checkpoint_dir()
+    tok = Tokenizer.from_file(d / "tokenizer.json")
+    budget = LayoutBudget.for_window(read_config(d)["context_window"])
+    cuts = plan(budget)
+    text = (Path(__file__).resolve().parents[2] / source).read_text()
+    windows = context.windows_for(budget, ContextOptions())
+    rng = random.Random(7)
+    checked = 0
+    for _ in range(200):
+        cut = examples.server_region(text, rng, "python", "typing")
+        if cut is None or cut.a < 4000 or len(text) - cut.b < 2000:
+            continue  # a cursor deep inside the file: both sides have more text than the window
+        region = text[cut.a : cut.b]
+        train = examples._prompt(text, cut, region, cut.cursor - 0, "m.py", "python",
+                                 cuts.prefix_chars, cuts.suffix_chars)
+        row = text.count("\n", 0, cut.a + cut.cursor)
+        col = cut.a + cut.cursor - (text.rfind("\n", 0, cut.a + cut.cursor) + 1)
+        doc = Document("file:///proj/m.py", text, 1, "python")
+        served = context.build(doc, row, col, "typing", ContextOptions(), windows, "m.py")
+        assert served is not None and served.prompt.region == region
+        a = _section_tokens(tok, encode_prompt(tok, served.prompt, budget))
+        b = _section_tokens(tok, encode_prompt(tok, train, budget))
+        assert list(a) == list(b) == list(SECTIONS), (a, b)
+        assert a["<region>"] == b["<region>"], (a, b)
+        assert cuts.suffix - 4 <= a["<suffix>"] <= cuts.suffix and cuts.suffix - 4 <= b["<suffix>"] <= cuts.suffix
+        room = budget.max_context - 3 - (len(tok.encode("python:m.py\n")) + 2) - cuts.suffix - max(
+            a["<region>"] + 3, cuts.region)
+        for filled in (a["<prefix>"], b["<prefix>"]):
+            assert room - PREFIX_CUT_QUANTUM < filled <= room, (a, b, room)
+        checked += 1
+    assert checked >= 20
+
+
 # ---- (c) one language name per file --------------------------------------------------------------
 
 
@@ -156,7 +227,7 @@ def _names_for(ext: str) -> set[str]:
     """Every name the serving side gives a file with this extension (no languageId)."""
     path = f"src/file{ext}"
     doc = Document(f"file:///{path}", "x = 1\n", 1, "")
-    built = context.build(doc, 0, 0, "typing", ContextOptions(), path)
+    built = context.build(doc, 0, 0, "typing", ContextOptions(), WINDOWS, path)
     zp = zed_prompts.ZedPrompt(format="qwen", text="x = 1\n", cursor=0, editable=(0, 6), path=path)
     return {
         languages.language_for_path(path),
@@ -194,7 +265,7 @@ def test_language_ids_and_aliases_map_to_shared_names():
     assert languages.language_name("typescriptreact", "a.ts") == "typescriptreact"
     assert languages.language_name("", "a.tsx") == "typescriptreact"
     doc = Document("file:///a.tsx", "x\n", 1, "tsx")
-    assert context.build(doc, 0, 0, "typing", ContextOptions(), "a.tsx").prompt.language == "typescriptreact"
+    assert context.build(doc, 0, 0, "typing", ContextOptions(), WINDOWS, "a.tsx").prompt.language == "typescriptreact"
 
 
 def test_the_grammar_follows_the_shared_name():

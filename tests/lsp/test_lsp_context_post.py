@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+from dlm.coder_model.budget import CHARS_PER_TOKEN, chars_for, plan
+from dlm.coder_model.types import LayoutBudget
 from dlm.lsp import context, postprocess
 from dlm.lsp.documents import Document
 from dlm.lsp.options import ContextOptions, parse_options
+
+
+def _build(doc, row, col, mode, opts, budget=LayoutBudget()):
+    return context.build(doc, row, col, mode, opts, context.windows_for(budget, opts))
 
 PY = "".join(f"v{i} = {i}\n" for i in range(400)) + "def f(a,\n      b):\n    return g(a,\n             b)\n"
 
 
 def test_typing_region_is_cursor_line_plus_rest_of_statement():
     doc = Document("file:///c.py", PY, 1, "python")
-    b = context.build(doc, 402, 12, "typing", ContextOptions())
+    b = _build(doc, 402, 12, "typing", ContextOptions())
     assert (b.start_line, b.end_line) == (402, 403)
     assert b.prompt.region == "    return g(a,\n             b)"
     assert b.prompt.region[: b.prompt.cursor] == "    return g"
@@ -22,51 +28,51 @@ def test_typing_region_is_cursor_line_plus_rest_of_statement():
 
 def test_wide_region_spans_a_few_lines_snapped_to_statements():
     doc = Document("file:///c.py", PY, 1, "python")
-    b = context.build(doc, 402, 4, "wide", ContextOptions())
+    b = _build(doc, 402, 4, "wide", ContextOptions())
     assert b.start_line == 400 and b.end_line == 404  # widened to the def header; ends at the last line
-    assert len(b.prompt.region) <= ContextOptions().wide_region_tokens * 3.5
+    assert len(b.prompt.region) <= ContextOptions().wide_region_tokens * CHARS_PER_TOKEN
 
 
 def test_windows_respect_budgets_and_start_at_line_boundaries():
     opts = ContextOptions(prefix_tokens=100, suffix_tokens=20)
     doc = Document("file:///c.py", PY, 1, "python")
-    b = context.build(doc, 200, 0, "typing", opts)
-    assert len(b.prompt.prefix) <= 100 * opts.chars_per_token
+    b = _build(doc, 200, 0, "typing", opts)
+    assert len(b.prompt.prefix) <= chars_for(100)
     assert b.prompt.prefix.startswith("v") and b.prompt.prefix.endswith("\n")
-    assert len(b.prompt.suffix) <= 20 * opts.chars_per_token
+    assert len(b.prompt.suffix) <= chars_for(20)
 
 
 def test_prefix_window_start_is_stable_while_typing_and_pressing_enter():
     opts = ContextOptions(prefix_tokens=100)
     doc = Document("file:///c.py", PY, 1, "python")
-    first = context.build(doc, 200, 7, "typing", opts).prompt.prefix
+    first = _build(doc, 200, 7, "typing", opts).prompt.prefix
     start_line = doc.anchors["prefix"]
     version = 2
     for ch in "abc":  # typing inside the line
         doc.apply((200, 7), (200, 7), ch, version)
         version += 1
-        assert context.build(doc, 200, 8, "typing", opts).prompt.prefix == first
+        assert _build(doc, 200, 8, "typing", opts).prompt.prefix == first
     doc.apply((200, 10), (200, 10), "\n", version)  # Enter: the prefix grows by one line, same start
-    p = context.build(doc, 201, 0, "typing", opts).prompt.prefix
+    p = _build(doc, 201, 0, "typing", opts).prompt.prefix
     assert p.startswith(first) and doc.anchors["prefix"] == start_line
     # A jump far away re-anchors.
-    context.build(doc, 20, 0, "typing", opts)
+    _build(doc, 20, 0, "typing", opts)
     assert doc.anchors["prefix"] != start_line
 
 
 def test_anchor_follows_lines_inserted_above():
     opts = ContextOptions(prefix_tokens=100)
     doc = Document("file:///c.py", PY, 1, "python")
-    before = context.build(doc, 200, 0, "typing", opts).prompt.prefix
+    before = _build(doc, 200, 0, "typing", opts).prompt.prefix
     a = doc.anchors["prefix"]
     doc.apply((0, 0), (0, 0), "import x\n", 2)
     assert doc.anchors["prefix"] == a + 1
-    assert context.build(doc, 201, 0, "typing", opts).prompt.prefix == before
+    assert _build(doc, 201, 0, "typing", opts).prompt.prefix == before
 
 
 def test_minified_line_gives_no_prompt():
     doc = Document("file:///m.js", "x=1;" * 1000, 1, "javascript")
-    assert context.build(doc, 0, 5, "typing", ContextOptions()) is None
+    assert _build(doc, 0, 5, "typing", ContextOptions()) is None
 
 
 def test_mode_typing_only_right_after_an_edit_near_the_cursor():
@@ -148,8 +154,12 @@ def test_minimal_edits_merge_nearby_changes():
     assert [(e.start, e.end, e.text) for e in edits] == [(4, 7, "xbz")]
 
 
-def test_fit_to_window_keeps_typing_prompts_inside_the_model_window():
-    opts = context.fit_to_window(ContextOptions(), max_context=256, max_history=85, max_suffix=64)
-    assert opts.suffix_tokens == 51 and opts.prefix_tokens == int((256 - 85 - 51 - 48 - 16) * 0.8)
-    big = context.fit_to_window(ContextOptions(), max_context=8192, max_history=2730, max_suffix=2048)
-    assert (big.prefix_tokens, big.suffix_tokens) == (1024, 256)  # never grows past the options
+def test_windows_are_the_models_cuts_under_the_users_caps():
+    small = LayoutBudget.for_window(256)
+    win = context.windows_for(small, ContextOptions())
+    cuts = plan(small)
+    assert (win.prefix_chars, win.suffix_chars) == (chars_for(256 - 16 - 64), chars_for(64))
+    assert win.history_chars == cuts.history_chars
+    capped = context.windows_for(LayoutBudget.for_window(8192), ContextOptions(prefix_tokens=1024, suffix_tokens=256))
+    assert (capped.prefix_chars, capped.suffix_chars) == (chars_for(1024), chars_for(256))  # the caps hold
+    assert context.windows_for(small, ContextOptions(prefix_tokens=10_000)).prefix_chars == win.prefix_chars

@@ -144,7 +144,7 @@ async def test_accept_and_partial_accept_counters(client: LanguageClient):
     assert after["accepted"] - before["accepted"] == 1
 
 
-async def test_typing_through_uses_prefix_cache(client: LanguageClient):
+async def test_typing_through_a_shown_insertion_needs_no_model_run(client: LanguageClient):
     uri = "file:///work/proj/cache.py"
     open_document(client, uri, "name = \n")
     res = await _inline(client, uri, 0, 7)

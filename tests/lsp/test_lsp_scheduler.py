@@ -6,7 +6,7 @@ import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from dlm.lsp.scheduler import Scheduler
+from dlm.lsp.scheduler import LatestWins
 from dlm.lsp.stats import Stats
 
 
@@ -32,7 +32,7 @@ def test_latest_wins_and_joins_same_key():
     async def main():
         stats, log = Stats(), []
         with ThreadPoolExecutor(4) as pool:
-            s = Scheduler(pool, stats, throttle_ms=0)
+            s = LatestWins(pool, stats, throttle_ms=0)
             ok = lambda: True
             a = asyncio.ensure_future(s.submit("d", 1, _work(1, log), ok))
             await asyncio.sleep(0.03)  # 1 is running
@@ -53,7 +53,7 @@ def test_documents_are_independent_and_invalid_jobs_skipped():
     async def main():
         stats, log = Stats(), []
         with ThreadPoolExecutor(4) as pool:
-            s = Scheduler(pool, stats, throttle_ms=0)
+            s = LatestWins(pool, stats, throttle_ms=0)
             r = await asyncio.gather(
                 s.submit("x", 1, _work("x", log), lambda: True),
                 s.submit("y", 1, _work("y", log), lambda: True),
@@ -70,7 +70,7 @@ def test_leaving_waiter_cancels_the_run():
     async def main():
         stats, log = Stats(), []
         with ThreadPoolExecutor(2) as pool:
-            s = Scheduler(pool, stats, throttle_ms=0)
+            s = LatestWins(pool, stats, throttle_ms=0)
             t = asyncio.ensure_future(s.submit("d", 1, _work(1, log, steps=50), lambda: True))
             await asyncio.sleep(0.05)
             t.cancel()  # what pygls does on $/cancelRequest
@@ -116,7 +116,7 @@ def test_throttle_delays_the_second_run_not_the_first():
     async def main():
         stats, log, timers = Stats(), [], FakeTimers()
         with ThreadPoolExecutor(2) as pool:
-            s = Scheduler(pool, stats, throttle_ms=1500, clock=timers.clock, call_later=timers.call_later)
+            s = LatestWins(pool, stats, throttle_ms=1500, clock=timers.clock, call_later=timers.call_later)
             first = await s.submit("d", 1, _work(1, log, steps=1), lambda: True)
             # leading edge: the first run started at once, without a timer
             assert first == 1 and timers.pending == [] and stats.counts["model_runs"] == 1

@@ -6,7 +6,8 @@ import json
 
 import pytest
 from dlm.coder_model.families import detect_family, load_family_engine
-from dlm.coder_model.families.engine import FamilyEngineOptions, clip_prefix, clip_suffix
+from dlm.coder_model.budget import clip_after, clip_before
+from dlm.coder_model.families.engine import FamilyEngineOptions
 from dlm.coder_model.families.infill import InfillOptions
 from dlm.coder_model.types import CancelToken, Engine, Prompt, SamplerParams
 from family_helpers import make_succ_checkpoint
@@ -135,11 +136,11 @@ def test_lead_load_engine_dispatches_to_families(dream_ckpt):
 
 def test_windows_clip_long_text_at_line_boundaries():
     text = "".join(f"line {i}\n" for i in range(5000))
-    pre = clip_prefix(text, 100)
+    pre = clip_before(text, 100)
     assert len(pre) <= 800 and text.endswith(pre) and pre.startswith("line ")
-    suf = clip_suffix(text, 100)
+    suf = clip_after(text, 100)
     assert len(suf) <= 800 and text.startswith(suf) and suf.endswith("\n")
-    assert clip_prefix("short", 100) == "short"
+    assert clip_before("short", 100) == "short"
 
 
 def test_infill_options_validate():

@@ -246,7 +246,8 @@ def test_large_prompts_are_cut_before_tokenizing(sharp_checkpoint):
     an ordinary prompt is encoded exactly as LocalEngine encodes it."""
     from dlm.coder_model.checkpoint import load_model
     from dlm.coder_model.layout import encode_prompt
-    from dlm.coder_model.remote.backend import CLIP_CHARS_PER_TOKEN, ModelBackend
+    from dlm.coder_model.budget import MAX_CHARS_PER_TOKEN
+    from dlm.coder_model.remote.backend import ModelBackend
 
     model, tok = load_model(sharp_checkpoint, "cpu")
     backend = ModelBackend(model, tok)
@@ -264,7 +265,7 @@ def test_large_prompts_are_cut_before_tokenizing(sharp_checkpoint):
     huge = Prompt(prefix="x = 1\n" * 650_000, region="y = 2", cursor=0, suffix="z = 3\n" * 10_000,
                   history=("-a\n+b\n" * 100_000,), path="huge.py")
     ids = backend.prepare(huge, PARAMS)
-    keep = backend.budget.max_context * CLIP_CHARS_PER_TOKEN
+    keep = backend.budget.max_context * MAX_CHARS_PER_TOKEN
     assert seen and max(seen) <= keep and sum(seen) <= 2 * keep + 100
     assert len(ids) <= backend.budget.max_context + 64
     tok.encode = original_encode
