@@ -261,3 +261,25 @@ def test_remote_backend_plans_to_the_deadline_the_client_sent(tiny_model):
     assert pred.late and pred.text == PROMPT.region
     backend.release(job)
     assert Request("o", 3, PROMPT, params, lambda p, e: None).deadline() is None
+
+
+def test_one_slow_step_does_not_stop_every_later_request_at_zero_steps(tiny_model, monkeypatch):
+    """The zero-step runs a user saw in Neovim (`steps 0 tokens 0 ... prefill 0.0, denoise 0.0` on
+    every keystroke, even 1.2 s apart): one slow step (a cold start) set the step estimate above
+    the 250 ms deadline, every later request then ran no step, and only a step that runs updates
+    the estimate. Replayed here as typing with pauses after a 900 ms step; steps now take 20 ms."""
+    model, tok = tiny_model
+    clock = FakeClock()
+    _slow_forward(model, monkeypatch, clock, 0.020)
+    params = SamplerParams(block_len=8, steps=8, threshold=1.0, max_blocks=1)
+    timer = StepTimer()
+    timer.observe(params.block_len, 900.0)  # the cold first step
+    steps = []
+    for _keystroke in range(12):
+        clock.now += 1.2  # the pause between keystrokes
+        dec = generate(model, tok, encode_prompt(tok, PROMPT), params, deadline=clock.now + 0.25, clock=clock,
+                       step_timer=timer)
+        steps.append(dec.stats.steps)
+    assert steps[0] == 0  # the estimate says no step fits: the first request after it has none
+    assert all(s > 0 for s in steps[-6:]), steps  # it heals: later keystrokes get steps again
+    assert timer.estimate_ms(params.block_len) < 100  # re-measured
