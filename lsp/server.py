@@ -102,6 +102,7 @@ class DlmServer(LanguageServer):
             "requests": c["requests"],
             "accepted": c["accepted"],
             "shown": c["shown"],
+            **self.stats.held_back(),
         }
 
     def send_status(self) -> None:
@@ -240,8 +241,7 @@ class DlmServer(LanguageServer):
         """Show this result? (lsp.gate); counts what it holds back by reason."""
         verdict = gate.decide(res["confidence"], rewrites_recent, res["late"], self.options.min_confidence,
                               self.options.min_confidence_rewrite_recent)
-        if not verdict.show:
-            self.stats.add(f"gated_{verdict.reason}")
+        self.stats.add("offered" if verdict.show else f"gated_{verdict.reason}")
         return verdict.show
 
     def remember_item(self, doc: Document, row: int, col: int, text: str, insertion: bool) -> str:

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 from collections import Counter, deque
 
-from dlm.coder_model.evaluation.metrics import percentile  # the one percentile (also re-exported)
+from dlm.coder_model.quantiles import percentile  # the one percentile (also re-exported)
+
+# Why an answer was not offered, in the words the status line uses (README "Protocol").
+HELD_BACK_REASONS = {
+    "gated_low_confidence": "low confidence",
+    "gated_rewrites_recent": "rewrites recent typing",
+    "gated_late": "late",
+    "no_steps": "no time for a model step",
+}
 
 
 class Stats:
     COUNTERS = (
         "requests", "model_runs", "completed", "cancelled", "superseded", "skipped", "outdated",
         "cache_hits", "empty", "failed", "shown", "accepted", "partially_accepted", "steps", "tokens",
+        "late", "offered", "no_steps", *[k for k in HELD_BACK_REASONS if k != "no_steps"],
     )  # fmt: skip
 
     def __init__(self, window: int = 200) -> None:
@@ -30,6 +39,11 @@ class Stats:
     def p(self, q: float) -> float | None:
         v = percentile(list(self.latencies), q)
         return None if v is None else round(v, 1)
+
+    def held_back(self) -> dict:
+        """What the server offered the editor and what it held back, by reason (dlm/status)."""
+        by = {HELD_BACK_REASONS[k]: self.counts[k] for k in HELD_BACK_REASONS}
+        return {"offered": self.counts["offered"], "held_back": sum(by.values()), "held_back_by": by}
 
     def snapshot(self) -> dict:
         out: dict = dict(self.counts)

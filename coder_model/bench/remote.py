@@ -28,7 +28,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from dlm.coder_model.evaluation.metrics import percentile
+from dlm.coder_model.quantiles import percentile
 from dlm.coder_model.remote.client import parse_host_port
 from dlm.coder_model.remote.serve_cli import read_listening_address
 from dlm.coder_model.types import CancelToken, Prompt, SamplerParams

@@ -70,14 +70,3 @@ def output_matches(got: str, expected: str) -> bool:
     return len(a) == len(b) and all(_token_equal(x, y) for x, y in zip(a, b))
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in [0, 100]) of `values`; None when empty.
-
-    The one percentile of the project: the server's dlm/stats, `dlm-lsp bench`,
-    `dlm-lsp eval` and the remote bench all report with it, so their p50/p99 agree.
-    """
-    if not values:
-        return None
-    s = sorted(values)
-    k = max(0, min(len(s) - 1, round(q / 100.0 * len(s) + 0.5) - 1))
-    return s[k]

@@ -402,3 +402,17 @@ def test_nvim012_native_inline_completion_fake_engine(tmp_path):
         assert nv.lua("vim.api.nvim_buf_get_lines(0, 3, 4, true)[1]") == "    reFAKE"
     finally:
         nv.close()
+
+
+def test_nvim_statusline_says_what_was_held_back_and_why(nvim011, tmp_path):
+    """A server that is ready but held every answer back must not look all green."""
+    nv = Nvim(nvim011, tmp_path, ["true"], env_with(tmp_path), extra="filetypes = {}")
+    try:
+        nv.lua("(function() require('dlm').status = {state = 'ready', p50_ms = 120, offered = 0, held_back = 12, "
+               "held_back_by = {['low confidence'] = 9, ['late'] = 3}}; return true end)()")
+        line = nv.lua("require('dlm').statusline()")
+        assert line.startswith("dlm: ready offered 0, held back 12 (low confidence)"), line
+        nv.lua("(function() require('dlm').status.offered = 4; return true end)()")
+        assert "offered 4, held back 12" in nv.lua("require('dlm').statusline()")
+    finally:
+        nv.close()

@@ -40,6 +40,12 @@ function M.check()
   local st = dlm.status
   if not st then
     h.warn("the server has not reported its status yet (model loading?)")
+  elseif st.state == "ready" and (st.offered or 0) == 0 and (st.held_back or 0) > 0 then
+    -- ready, but nothing reached the editor: say why instead of an all-green report
+    h.warn(dlm.statusline(), {
+      "nothing was offered: every answer was held back (" .. dlm.held_back_reason(st) .. ")",
+      "low confidence: lower min_confidence in setup() to see weaker suggestions",
+    })
   elseif st.state == "ready" then
     h.ok(dlm.statusline())
   else

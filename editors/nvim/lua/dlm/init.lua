@@ -136,11 +136,32 @@ function M.exec_accept(client, command, bufnr)
   end
 end
 
+--- The most frequent reason the server held answers back, or nil when it held none back.
+function M.held_back_reason(st)
+  if not st or (st.held_back or 0) == 0 then
+    return nil
+  end
+  local reason, most = nil, 0
+  for k, v in pairs(st.held_back_by or {}) do
+    if v > most then
+      reason, most = k, v
+    end
+  end
+  return reason
+end
+
 local function status_line(st)
   if not st then
     return "dlm: starting"
   end
   local s = "dlm: " .. st.state
+  if st.offered ~= nil then
+    s = s .. string.format(" offered %d", st.offered)
+    local reason = M.held_back_reason(st)
+    if reason then
+      s = s .. string.format(", held back %d (%s)", st.held_back, reason)
+    end
+  end
   if st.p50_ms then
     s = s .. string.format(" p50 %d ms", math.floor(st.p50_ms + 0.5))
   end
