@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from dlm import kernels
-from dlm.kernels import reference as reference_ops
 from dlm.coder_model.cache import PrefixCache
 from dlm.coder_model.config import ModelConfig
+from dlm.kernels import reference as reference_ops
+from torch import nn
 
 
 class RMSNorm(nn.Module):

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dlm.coder_model.devices import add_device_argument
 from dlm.lsp.stats import percentile
 
 LOOPBACK = "loopback"  # `--remote` without an address: the loopback comparison
@@ -39,7 +40,7 @@ LOOPBACK = "loopback"  # `--remote` without an address: the loopback comparison
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="DIR", help="checkpoint directory (default: the embedded model)")
-    parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
+    add_device_argument(parser)
     parser.add_argument(
         "--remote", nargs="?", const=LOOPBACK, metavar="HOST:PORT",
         help="with HOST:PORT: replay through a server started with --remote HOST:PORT; "

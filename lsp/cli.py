@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+from pathlib import Path
 
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -30,6 +32,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "http": ("dlm.lsp.http_endpoint", "OpenAI-compatible /v1/completions endpoint (Zed)"),
 }
 SERVER_MODULE = "dlm.lsp.server_cli"
+# Options of any command that name a file or folder (argparse dests).
+PATH_OPTIONS = ("file", "model", "token_file", "tls_cert", "tls_key", "log_file", "server_log", "corpus",
+                "edit_histories", "safim_dir", "out", "repo")
 
 TTY_HINT = (
     "dlm-lsp is a language server that talks LSP on stdin/stdout; your editor starts it. "
@@ -74,10 +79,24 @@ def _stdin_is_terminal() -> bool:
         return False
 
 
+def expand_paths(args: argparse.Namespace) -> argparse.Namespace:
+    """`~` and $VARS expanded in every path option: editors pass arguments without a shell,
+    so `--model ~/models/x` from a settings file would otherwise name a folder called `~`."""
+    for name in PATH_OPTIONS:
+        value = getattr(args, name, None)
+        if isinstance(value, (str, Path)):
+            setattr(args, name, type(value)(expand_path(str(value))))
+    return args
+
+
+def expand_path(value: str) -> str:
+    return os.path.expanduser(os.path.expandvars(value))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     module, parser, rest = parser_for(argv)
-    args = parser.parse_args(rest)
+    args = expand_paths(parser.parse_args(rest))
     if module.__name__ == SERVER_MODULE and getattr(args, "tcp", None) is None and _stdin_is_terminal():
         print(TTY_HINT, file=sys.stderr, flush=True)
     return int(module.run(args) or 0)

@@ -52,6 +52,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from dlm.coder_model.devices import add_device_argument
 from dlm.lsp.bench import Bench, _plain
 from dlm.lsp.stats import percentile
 
@@ -61,7 +62,7 @@ SOURCES = ("corpus", "edits", "safim")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="DIR", help="checkpoint directory (default: the embedded model)")
-    parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
+    add_device_argument(parser)
     parser.add_argument("--remote", metavar="HOST:PORT", help="replay through a `dlm-lsp serve` model server")
     parser.add_argument("--sources", default=",".join(SOURCES),
                         help=f"comma-separated material: {', '.join(SOURCES)} (default: all)")

@@ -35,9 +35,10 @@ from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from dlm.coder_model import budget as budget_rules
+from dlm.coder_model.devices import add_device_argument
 from dlm.coder_model.remote.auth import AuthConfigError, check_bind_allowed, load_token
 from dlm.coder_model.remote.client import parse_host_port
-from dlm.coder_model import budget as budget_rules
 from dlm.coder_model.types import CancelToken, LayoutBudget, SamplerParams
 from dlm.lsp import gate
 from dlm.lsp.engine_holder import EngineHolder, make_engine_factory
@@ -415,7 +416,7 @@ def make_server(host: str, port: int, predictor: Predictor) -> EndpointServer:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listen", default="127.0.0.1:8765", help="HOST:PORT to serve on (default 127.0.0.1:8765)")
     parser.add_argument("--model", default=None, help="checkpoint directory (default: the embedded model)")
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where the model runs")
+    add_device_argument(parser)
     parser.add_argument("--remote", default=None, help="HOST:PORT of a `dlm-lsp serve` GPU box instead of a local model")
     parser.add_argument("--token-file", default=None, metavar="FILE",
                         help="shared token (default: $DLM_TOKEN): clients must send 'Authorization: Bearer TOKEN'; "

@@ -30,12 +30,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from dlm.coder_model.edit_history import patch_lines
 from dlm.coder_model.budget import LAYOUT_SPECIALS, plan
+from dlm.coder_model.devices import add_device_argument
+from dlm.coder_model.edit_history import patch_lines
 from dlm.coder_model.types import CancelToken, LayoutBudget, Prompt, SamplerParams
-from dlm.lsp import context, positions
+from dlm.lsp import context, gate, positions
 from dlm.lsp.documents import Document
-from dlm.lsp.options import ContextOptions
+from dlm.lsp.options import ContextOptions, Options
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # Bytes looked at for NUL: text files never have one, binaries have one early (headers, padding).
@@ -58,7 +59,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--col", type=int, required=True,
                     help="0-based column of the cursor, in characters (code points) of the line")
     ap.add_argument("--model", default=None, help="checkpoint directory (default: the embedded model)")
-    ap.add_argument("--device", default="auto", choices=("cpu", "cuda", "auto"))
+    add_device_argument(ap)
     ap.add_argument("--steps", type=int, default=SamplerParams.steps, help="upper bound on denoising steps")
     ap.add_argument("--threshold", type=float, default=SamplerParams.threshold,
                     help="commit every slot above this confidence in one step (1.0 = one slot per step)")
@@ -68,7 +69,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="region: the cursor line and the rest of its statement (typing, what inline "
                          "completion uses while you type) or a few lines around it (wide, after a pause)")
     ap.add_argument("--diff", action="store_true",
-                    help="print only the unified diff (nothing when the model changes nothing), for `| patch -p1`")
+                    help="print only the unified diff, for `| patch -p1`: nothing when the model changes "
+                         "nothing or when the editor would hide the suggestion (below --min-confidence)")
+    ap.add_argument("--min-confidence", type=float, default=Options.min_confidence, metavar="P",
+                    help=f"the editor's gate: a suggestion below this calibrated confidence is hidden "
+                         f"(default {Options.min_confidence}, the server's; 0 shows everything)")
     ap.add_argument("--log-level", default="WARNING", type=str.upper, choices=LOG_LEVELS, metavar="LEVEL",
                     help="DEBUG, INFO, WARNING or ERROR, any case (default WARNING; DEBUG adds tracebacks)")
 
@@ -190,6 +195,10 @@ def token_counter(engine) -> Callable[[str], int] | None:
     return (lambda text: len(encode(text))) if callable(encode) else None
 
 
+def gate_reason(confidence: float | None, args: argparse.Namespace) -> str:
+    return f"confidence {confidence:.3f} is below --min-confidence {args.min_confidence}"
+
+
 # -- output -----------------------------------------------------------------------------------
 
 
@@ -300,7 +309,12 @@ def run(args: argparse.Namespace) -> int:
     start = sum(len(x) for x in doc.lines[: built.start_line]) + first
     new = old[:start] + pred.text + old[start + (last - first) :]
     edit = unified_diff(old, new, name)
+    verdict = gate.decide(pred.confidence, False, False, args.min_confidence, args.min_confidence)
     if args.diff:
+        if edit and not verdict.show:
+            print(f"dlm-lsp predict: held back, as the editor would: {gate_reason(pred.confidence, args)}; "
+                  "no diff printed (--min-confidence 0 prints it anyway)", file=sys.stderr)
+            return 0
         print(edit, end="")
         return 0
     a, b = built.start_line, built.end_line
@@ -309,6 +323,9 @@ def run(args: argparse.Namespace) -> int:
     print(pred.text, end="" if pred.text.endswith("\n") else "\n")
     print("== edit (unified diff with file line numbers; `--diff | patch -p1` applies it)")
     print(edit or "(no change)", end="" if edit else "\n")
+    shown = "the editor would show it" if verdict.show else f"the editor would hide it: {gate_reason(pred.confidence, args)}"
+    conf = "none (this engine computes no confidence)" if pred.confidence is None else f"{pred.confidence:.3f}"
+    print(f"== confidence {conf}; {shown}")
     print("== timings")
     print(f"load {load_ms:.0f} ms | predict {wall_ms:.1f} ms = queue {pred.queue_ms:.1f} + prefill "
           f"{pred.prefill_ms:.1f} + denoise {pred.denoise_ms:.1f} ms | {pred.steps} steps, {pred.tokens} tokens "

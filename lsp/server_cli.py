@@ -10,6 +10,7 @@ import argparse
 import logging
 import sys
 
+from dlm.coder_model.devices import add_device_argument
 from dlm.coder_model.remote.client import parse_host_port
 
 
@@ -26,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode.add_argument("--stdio", action="store_true", help="talk LSP over stdin/stdout (the default)")
     mode.add_argument("--tcp", metavar="HOST:PORT", type=_host_port, help="listen for one LSP client on TCP")
     parser.add_argument("--model", metavar="DIR", help="checkpoint directory (default: the embedded model)")
-    parser.add_argument("--device", choices=["cpu", "cuda", "auto"], default="auto")
+    add_device_argument(parser)
     parser.add_argument("--remote", metavar="HOST:PORT", help="use a model served by `dlm-lsp serve`")
     parser.add_argument("--token-file", metavar="F", help="shared token for --remote (or env DLM_TOKEN)")
     parser.add_argument("--tls", action="store_true", help="use TLS for --remote")

@@ -19,6 +19,8 @@ import argparse
 import statistics
 import time
 
+from dlm.coder_model.devices import add_device_argument
+
 SHAPES = {
     # Qwen2.5-0.5B / Open-dCoder-0.5B dimensions (tied embeddings)
     "qwen2.5-0.5b": {
@@ -103,7 +105,7 @@ def _time(fn, repeat: int, sync) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
-    ap.add_argument("--device", default="auto")
+    add_device_argument(ap)
     ap.add_argument(
         "--dtype",
         choices=["float32", "bfloat16"],

@@ -23,13 +23,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-
 from dlm.coder_model.cache import PrefixCache
 from dlm.coder_model.checkpoint import embedded_checkpoint_dir, load_model
-from dlm.coder_model.training.corpus import read_split
 from dlm.coder_model.layout import LayoutBudget, encode_prompt
 from dlm.coder_model.model import count_parameters
 from dlm.coder_model.sampler import generate
+from dlm.coder_model.training.corpus import read_split
 from dlm.coder_model.types import Prompt, SamplerParams
 
 

@@ -28,6 +28,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from dlm.coder_model.devices import device_choice
 from dlm.coder_model.quantiles import percentile
 from dlm.coder_model.remote.client import parse_host_port
 from dlm.coder_model.remote.serve_cli import read_listening_address
@@ -72,7 +73,7 @@ def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
             pass
 
     add("--model", default=None, metavar="DIR", help="checkpoint (default: embedded, else a random model)")
-    add("--device", default="cpu", help="device of the local run and of the served model (default cpu)")
+    add("--device", type=device_choice, default="cpu", help="device of the local run and of the served model (default cpu)")
     add("--clients", default="1,4,16,32", help="concurrent client counts for the throughput table")
     add("--requests", type=int, default=8, help="requests per client in the throughput runs")
     add("--keystrokes", type=int, default=40, help="keystrokes replayed for the latency comparison")

@@ -37,6 +37,8 @@ import sys
 import time
 from collections.abc import Callable
 
+from dlm.coder_model.devices import add_device_argument
+
 # Qwen2.5-0.5B dimensions (config.json of the HF release) for the native network
 QWEN05B_NATIVE = {
     "vocab_size": 151936, "dim": 896, "n_layers": 24, "n_heads": 14, "n_kv_heads": 2, "ffn_dim": 4864,
@@ -227,7 +229,7 @@ def request_rows(torch, device: str, dtype, native_model, tc_want: int, L: int) 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dlm.coder_model.bench.step", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", choices=["cuda", "cpu", "auto"], default="auto")
+    add_device_argument(ap)
     ap.add_argument("--models", default=None,
                     help=f"comma list of {', '.join(MODELS)} (default: {GPU_DEFAULT} on cuda, {CPU_DEFAULT} on cpu)")
     ap.add_argument("--quick", action="store_true", help="context 1024 instead of 2048, fewer repetitions")

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dlm.coder_model.calibration import DEFAULT_KIND, FILE_NAME, KINDS, auroc, isotonic_fit
+from dlm.coder_model.devices import DEVICE_HELP, device_choice
 from dlm.coder_model.types import Prompt, SamplerParams
 
 
@@ -128,7 +129,7 @@ def fit(records: list[dict], bins: int, min_positives: int, meta: dict) -> tuple
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default=None, help="checkpoint directory (default: the embedded one)")
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    ap.add_argument("--device", type=device_choice, default="cpu", help=DEVICE_HELP)
     ap.add_argument("--limit", type=int, default=40, help="examples per source (default 40)")
     ap.add_argument("--corpus", default=None, help="corpus with valid.jsonl.gz (default data/corpus, if built)")
     ap.add_argument("--edit-histories", default=None, help="edit-histories directory (default: the finder's)")

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dlm.coder_model.devices import add_device_argument
 from dlm.coder_model.evaluation.metrics import edit_similarity, location_correct
 from dlm.coder_model.evaluation.safim import iter_safim, score_safim
 from dlm.coder_model.languages import language_name
@@ -312,7 +313,7 @@ def _line(entry: dict) -> str:
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default=None, help="checkpoint directory (default: the embedded checkpoint)")
-    ap.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    add_device_argument(ap)
     ap.add_argument("--limit", type=int, default=200, help="cases per kind / SAFIM task")
     ap.add_argument("--kinds", default=",".join(KINDS), help=f"comma list of {','.join(KINDS)} ('' = none)")
     ap.add_argument("--corpus", default=None, help="corpus directory with test.jsonl.gz (default data/corpus)")

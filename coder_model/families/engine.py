@@ -18,11 +18,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from dlm.coder_model.budget import clip_after, clip_before
 from dlm.coder_model.engine import InferenceThread
 from dlm.coder_model.families.arch import FamilyArch, FamilyTokens
 from dlm.coder_model.families.infill import InfillDecoder, InfillOptions
-from dlm.coder_model.budget import clip_after, clip_before
 from dlm.coder_model.types import CancelToken, EngineStatus, LayoutBudget, Prediction, Prompt, SamplerParams
+
 
 @dataclass
 class FamilyEngineOptions:

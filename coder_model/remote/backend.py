@@ -20,9 +20,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
+from dlm.coder_model import budget as budget_rules
 from dlm.coder_model.cache import PrefixCache
 from dlm.coder_model.engine import NativeModel
-from dlm.coder_model import budget as budget_rules
 from dlm.coder_model.layout import LayoutBudget, encode_prompt
 from dlm.coder_model.remote.scheduler import Request
 from dlm.coder_model.sampler import BlockDecoder

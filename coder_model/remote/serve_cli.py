@@ -15,6 +15,8 @@ import ssl
 import sys
 import time
 
+from dlm.coder_model.devices import add_device_argument
+
 DEFAULT_PORT = 7341
 # What `dlm-lsp serve` (and `dlm-lsp http`) print on stderr once bound, before the address;
 # read_listening_address finds a port-0 server's address by it: keep the format.
@@ -40,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"address to listen on (default 127.0.0.1:{DEFAULT_PORT}; port 0 picks a free one)")
     parser.add_argument("--model", default=None, metavar="DIR",
                         help="checkpoint directory (default: the embedded model)")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default auto)")
+    add_device_argument(parser)
     parser.add_argument("--token-file", default=None, metavar="FILE",
                         help="file holding the shared secret token (default: $DLM_TOKEN); required to listen "
                         "on a non-loopback address")

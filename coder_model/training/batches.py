@@ -36,9 +36,8 @@ class ExampleStream:
             raise SystemExit(f"corpus split {split!r} in {cfg.corpus} is empty; build it with "
                              "python -m dlm.coder_model.training.corpus")
         weights = dict(kv.split("=") for kv in cfg.mix.split(","))
-        from dlm.coder_model.training.synthetic_edits import noop_example, synthetic_edit_example
-
         from dlm.coder_model.training.hunks import EditOptions
+        from dlm.coder_model.training.synthetic_edits import noop_example, synthetic_edit_example
 
         # The text windows of the model's budget (coder_model.budget), as the server sizes them,
         # so that the layout fills the context in training as it does in serving.

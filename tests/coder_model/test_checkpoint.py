@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-
 from dlm.coder_model.checkpoint import CheckpointError, load_model, save_checkpoint
 
 

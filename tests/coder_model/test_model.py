@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 from dlm.coder_model.cache import PrefixCache
 from dlm.coder_model.config import ModelConfig
 from dlm.coder_model.model import DLM, build_model

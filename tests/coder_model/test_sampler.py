@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 from dlm.coder_model.cache import PrefixCache
 from dlm.coder_model.layout import encode_prompt
 from dlm.coder_model.sampler import BlockDecoder, generate, output_head

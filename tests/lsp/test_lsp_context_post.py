@@ -9,8 +9,8 @@ from dlm.lsp.documents import Document
 from dlm.lsp.options import ContextOptions, parse_options
 
 
-def _build(doc, row, col, mode, opts, budget=LayoutBudget()):
-    return context.build(doc, row, col, mode, opts, context.windows_for(budget, opts))
+def _build(doc, row, col, mode, opts, budget: LayoutBudget | None = None):
+    return context.build(doc, row, col, mode, opts, context.windows_for(budget or LayoutBudget(), opts))
 
 PY = "".join(f"v{i} = {i}\n" for i in range(400)) + "def f(a,\n      b):\n    return g(a,\n             b)\n"
 

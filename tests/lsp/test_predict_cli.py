@@ -161,7 +161,7 @@ def test_printed_diff_applies_to_the_file_with_patch(tmp_path, tiny_checkpoint):
     src = tmp_path / "pkg" / "calc.py"
     src.parent.mkdir()
     src.write_text(text)
-    r = _predict("pkg/calc.py", 17, 8, tiny_checkpoint, "--diff", cwd=tmp_path)
+    r = _predict("pkg/calc.py", 17, 8, tiny_checkpoint, "--diff", "--min-confidence", "0", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     diff = r.stdout
     assert diff.startswith("--- a/pkg/calc.py\n+++ b/pkg/calc.py\n"), diff
@@ -177,3 +177,35 @@ def test_printed_diff_applies_to_the_file_with_patch(tmp_path, tiny_checkpoint):
         assert patched[:17] == original[:17]  # only the region (line 17) changed
         assert patched[-13:] == original[-13:]
         assert src.read_text() != text
+
+
+def test_predict_says_the_confidence_and_diff_holds_back_what_the_editor_would_hide(tmp_path, tiny_checkpoint):
+    """`predict --diff | patch -p1` once applied a garbage suggestion to the user's file."""
+    f = tmp_path / "a.py"
+    f.write_text("def add(a, b):\n    return a + b\n")
+    r = _predict(f, 1, 4, tiny_checkpoint)
+    m = re.search(r"== confidence ([0-9.]+); the editor would (show|hide) it", r.stdout)
+    assert r.returncode == 0 and m, r.stdout
+    hidden = _predict(f, 1, 4, tiny_checkpoint, "--diff", "--min-confidence", "1.0")
+    assert hidden.returncode == 0 and hidden.stdout == ""
+    assert "held back, as the editor would" in hidden.stderr and "--min-confidence 0" in hidden.stderr
+    forced = _predict(f, 1, 4, tiny_checkpoint, "--diff", "--min-confidence", "0")
+    assert forced.returncode == 0 and forced.stdout.startswith("--- a/"), forced.stdout + forced.stderr
+
+
+def test_paths_expand_home_and_variables(tmp_path, tiny_checkpoint):
+    """`--model ~/models/x` from an editor's settings (no shell to expand it) once failed."""
+    home = tmp_path / "home"
+    (home / "models").mkdir(parents=True)
+    (home / "models" / "x").symlink_to(tiny_checkpoint)
+    (tmp_path / "src").mkdir()
+    f = tmp_path / "src" / "a.py"
+    f.write_text("x = 1\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "dlm.lsp.cli", "predict", "$SRC/a.py", "--line", "0", "--col", "1",
+         "--model", "~/models/x", "--device", "cpu", "--steps", "2", "--block-len", "4"],
+        capture_output=True, text=True, timeout=240, check=False,
+        env={**__import__("os").environ, "HOME": str(home), "SRC": str(tmp_path / "src")},
+    )
+    assert r.returncode == 0, r.stderr
+    assert "== predicted region" in r.stdout

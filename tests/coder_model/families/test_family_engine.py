@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from dlm.coder_model.families import detect_family, load_family_engine
 from dlm.coder_model.budget import clip_after, clip_before
+from dlm.coder_model.families import detect_family, load_family_engine
 from dlm.coder_model.families.engine import FamilyEngineOptions
 from dlm.coder_model.families.infill import InfillOptions
 from dlm.coder_model.types import CancelToken, Engine, Prompt, SamplerParams

@@ -244,9 +244,9 @@ def test_a_client_cannot_probe_another_clients_cache(remote_server):
 def test_large_prompts_are_cut_before_tokenizing(sharp_checkpoint):
     """A 3.9 MB prompt is cut by characters to a few times the window before the tokenizer sees it;
     an ordinary prompt is encoded exactly as LocalEngine encodes it."""
+    from dlm.coder_model.budget import MAX_CHARS_PER_TOKEN
     from dlm.coder_model.checkpoint import load_model
     from dlm.coder_model.layout import encode_prompt
-    from dlm.coder_model.budget import MAX_CHARS_PER_TOKEN
     from dlm.coder_model.remote.backend import ModelBackend
 
     model, tok = load_model(sharp_checkpoint, "cpu")

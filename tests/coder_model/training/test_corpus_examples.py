@@ -3,14 +3,13 @@ cursor line plus the rest of its statement while typing), and <eom> right after 
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from pathlib import Path
 
 import pytest
 from dlm.coder_model import regions
-from dlm.coder_model.layout import encode_target, target_block
 from dlm.coder_model.budget import CHARS_PER_TOKEN
+from dlm.coder_model.layout import encode_target, target_block
 from dlm.coder_model.regions import RegionBudget, region_rows, split_lines, statement_spans
 from dlm.coder_model.tokenizer import SPECIAL_TOKENS
 from dlm.coder_model.training.examples import completion_example, fim_example, server_region
