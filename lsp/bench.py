@@ -82,6 +82,7 @@ class Result:
     jumps: int = 0
     typos: int = 0
     log_file: str = ""
+    log_messages: list[tuple[int, str]] = field(default_factory=list)  # window/logMessage (type, text)
 
 
 def default_files() -> list[Path]:
@@ -138,6 +139,11 @@ class Bench:
         @client.feature("dlm/status")
         def _status(params) -> None:
             self.res.status = params if isinstance(params, dict) else getattr(params, "_asdict", dict)()
+
+        @client.feature("window/logMessage")
+        def _log_message(params) -> None:  # kept for the report; an editor shows these in its log
+            level = getattr(params, "type", None)
+            self.res.log_messages.append((int(getattr(level, "value", level) or 4), str(getattr(params, "message", ""))))
 
         log_file = self.args.server_log or tempfile.mkstemp(prefix="dlm-bench-", suffix=".log")[1]
         self.res.log_file = log_file
@@ -368,6 +374,10 @@ def summarize(res: Result, args: argparse.Namespace, wall_s: float) -> dict:
                 "gated_late",
                 "gated_low_confidence",
                 "gated_rewrites_recent",
+                "offered",
+                "no_change",
+                "no_steps",
+                "requests",
                 "tokens_per_step",
                 "stages_p50_ms",
                 "p50_ms",
@@ -377,6 +387,10 @@ def summarize(res: Result, args: argparse.Namespace, wall_s: float) -> dict:
         },
         "wall_s": round(wall_s, 1),
         "server_log": res.log_file,
+        # window/logMessage the editor got: 1 error, 2 warning (nothing per keystroke is sent)
+        "log_messages": {"errors": sum(1 for t, _ in res.log_messages if t == 1),
+                         "warnings": sum(1 for t, _ in res.log_messages if t == 2),
+                         "other": sum(1 for t, _ in res.log_messages if t > 2)},
         "cps": args.cps,
         "seed": args.seed,
     }
@@ -407,6 +421,8 @@ def render(summary: dict) -> str:
             ", ".join(f"{k[:-3]} {v}" for k, v in (srv["stages_p50_ms"] or {}).items()),
         ),
         ("jumps / typos", f"{summary['jumps']} / {summary['typos']}"),
+        ("log messages to the editor (errors / warnings / other)",
+         " / ".join(str(summary.get("log_messages", {}).get(k, 0)) for k in ("errors", "warnings", "other"))),
         ("wall", f"{summary['wall_s']} s"),
     ]
     w = max(len(k) for k, _ in rows)
@@ -438,16 +454,40 @@ def explain(summary: dict) -> str:
                 "the model is slower than the typing. Try a lower --cps, fewer --steps, a smaller --model, "
                 "or --device cuda.")
     if summary["shown"] == 0:
-        gated = {k: n(f"gated_{k}") for k in ("late", "low_confidence", "rewrites_recent")}
-        if any(gated.values()):
-            return ("No suggestion was shown: the server held back "
-                    f"{gated['late']} late answers (past the deadline, 250 ms by default), "
-                    f"{gated['low_confidence']} below the confidence threshold and {gated['rewrites_recent']} "
-                    "that rewrote recent typing. A faster device (--device cuda) or model answers in time; "
-                    "editors can set deadlineMs and minConfidence in initializationOptions.")
-        return ("No suggestion was shown: every completed run proposed no change at the cursor "
-                f"({n('empty')} empty answers); a bigger --model gives more.")
+        return "No suggestion was shown. " + outcomes(srv)
     return ""
+
+
+def outcomes(srv: dict) -> str:
+    """Where every completed run went: offered, held back (by reason) or no change proposed;
+    and what to try for the largest share."""
+
+    def n(key: str) -> int:
+        return srv.get(key) or 0
+
+    parts = {
+        "offered to the editor": n("offered"),
+        "held back as late (past the deadline)": n("gated_late"),
+        "held back below the confidence threshold (minConfidence)": n("gated_low_confidence"),
+        "held back for rewriting recent typing": n("gated_rewrites_recent"),
+        "proposed no change at the cursor": n("no_change"),
+    }
+    told = ", ".join(f"{v} {k}" for k, v in parts.items() if v)
+    other = n("completed") - sum(parts.values())
+    text = f"Of {n('completed')} completed runs: {told or 'none accounted for'}"
+    if other:
+        text += f", {other} answered a request that was cancelled on the client's side"
+    text += "."
+    if n("no_steps"):
+        text += f" {n('no_steps')} of the runs that proposed nothing had no time for a single model step."
+    advice = []
+    if n("gated_late") or n("no_steps"):
+        advice.append("a faster device (--device cuda) or a larger deadlineMs answers in time")
+    if n("gated_low_confidence"):
+        advice.append("minConfidence in initializationOptions (or eval's thresholds) shows weaker suggestions")
+    if n("no_change") and n("no_change") >= max(parts.values()):
+        advice.append("a bigger --model proposes more")
+    return text + (" Try: " + "; ".join(advice) + "." if advice else "")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,14 +11,12 @@ Material (deterministic given --seed; each source skipped with a note when
 its data is missing):
 - corpus: the corpus test split (--corpus, data/corpus by default): in each
   file a random line, cut at a random column, is typed back to its end;
-- edits: the edit-histories test split (DLM_EDIT_HISTORIES or
-  ../shared/data/edit-histories): for a commit's file with >= 2 hunks the
+- edits: the edit-histories test split (--edit-histories or DLM_EDIT_HISTORIES): for a commit's file with >= 2 hunks the
   earlier hunks are applied as edits (the server's edit history), then
   `dlm/editPrediction` is asked at the end of the last one (is the next
   hunk predicted exactly?), then the last hunk's old lines are deleted and
   its new text typed;
-- safim: SAFIM Python block and control completion (DLM_SAFIM or
-  ../shared/eval/safim): the hole's ground truth is typed into the program.
+- safim: SAFIM Python block and control completion (--safim-dir or DLM_SAFIM): the hole's ground truth is typed into the program.
 Each case types at most --max-keys characters.
 
 The server runs with its confidence gate at 0 and edit predictions on; each
@@ -67,9 +65,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sources", default=",".join(SOURCES),
                         help=f"comma-separated material: {', '.join(SOURCES)} (default: all)")
     parser.add_argument("--corpus", metavar="DIR", help="corpus with test.jsonl.gz (default data/corpus)")
-    parser.add_argument("--edit-histories", metavar="DIR", help="edit-histories data (default: DLM_EDIT_HISTORIES "
-                        "or ../shared/data/edit-histories)")
-    parser.add_argument("--safim-dir", metavar="DIR", help="SAFIM data (default: DLM_SAFIM or ../shared/eval/safim)")
+    parser.add_argument("--edit-histories", metavar="DIR", help="edit-histories records, *.jsonl.gz "
+                        "(default: $DLM_EDIT_HISTORIES)")
+    parser.add_argument("--safim-dir", metavar="DIR", help="SAFIM's block/control_completion.jsonl.gz "
+                        "(default: $DLM_SAFIM)")
     parser.add_argument("--limit", type=int, default=10, help="cases per source (default 10)")
     parser.add_argument("--max-keys", type=int, default=40, help="characters typed per case at most (default 40)")
     parser.add_argument("--cps", type=float, default=8.0, help="typing speed, characters per second")

@@ -211,6 +211,8 @@ class DlmServer(LanguageServer):
             self.stats.stage("denoise_ms", pred.denoise_ms)
             self.stats.stage("wait_ms", (t_model - t0) * 1000 - t_ctx_ms - pred.total_ms)
             self.stats.stage("postprocess_ms", (t_post - t_model) * 1000)
+            # the server's own time on the request: all but the model's queue, prefill and denoising
+            self.stats.stage("overhead_ms", (t_post - t0) * 1000 - pred.total_ms)
         log.debug(
             "run %s v%d %s: %.1f ms (ctx %.1f, prefill %.1f, denoise %.1f) steps %d tokens %d "
             "context %d cached %d region %d chars",
@@ -236,6 +238,16 @@ class DlmServer(LanguageServer):
         }  # fmt: skip
         self.last[uri] = result
         return result
+
+    def proposes(self, res: dict | None, what: str) -> bool:
+        """Did a completed run propose something of this kind (an insertion, edits)? A run that
+        proposed nothing is counted as `no_change`, so every completed run has an outcome."""
+        if res is None:
+            return False
+        if not getattr(res["sugg"], what):
+            self.stats.add("no_change")
+            return False
+        return True
 
     def gate(self, res: dict, rewrites_recent: bool) -> bool:
         """Show this result? (lsp.gate); counts what it holds back by reason."""
@@ -361,6 +373,12 @@ def text_document_did_open(ls: DlmServer, params: types.DidOpenTextDocumentParam
 
 
 def text_document_did_change(ls: DlmServer, params: types.DidChangeTextDocumentParams) -> None:
+    t0 = time.perf_counter()
+    apply_changes(ls, params)
+    ls.stats.stage("did_change_ms", (time.perf_counter() - t0) * 1000)  # the server's own work per keystroke
+
+
+def apply_changes(ls: DlmServer, params: types.DidChangeTextDocumentParams) -> None:
     uri, version = params.text_document.uri, params.text_document.version
     doc = ls.documents.get(uri)
     if doc is None:
@@ -410,7 +428,7 @@ async def text_document_inline_completion(ls: DlmServer, params: types.InlineCom
         data = ls.type_through[doc.uri].get("data")
         return types.InlineCompletionList(items=[ls.inline_item(doc, row, col, rest, None, data)])
     res = await ls.predict(doc, row, col, context.choose_mode(doc, row, ls.options.context))
-    if res is None or not res["sugg"].insert_text or not ls.gate(res, res["inline_rewrites_recent"]):
+    if not ls.proposes(res, "insert_text") or not ls.gate(res, res["inline_rewrites_recent"]):
         return empty
     sugg, built = res["sugg"], res["built"]
     end = convert.replace_end(doc, built, sugg)
@@ -425,7 +443,7 @@ async def text_document_completion(ls: DlmServer, params: types.CompletionParams
         return empty
     row, col = doc.clamp(params.position.line, params.position.character)
     res = await ls.predict(doc, row, col, "typing")
-    if res is None or not res["sugg"].insert_text or not ls.gate(res, res["inline_rewrites_recent"]):
+    if not ls.proposes(res, "insert_text") or not ls.gate(res, res["inline_rewrites_recent"]):
         return empty
     data = convert.suggestion_data(res["confidence"], res["inline_rewrites_recent"])
     return convert.completion_list(doc, row, col, res["built"], res["sugg"], data)
@@ -442,7 +460,7 @@ async def dlm_edit_prediction(ls: DlmServer, params: Any):
         res = last  # the inline request at this position already ran the model
     else:
         res = await ls.predict(doc, row, col, "wide")
-    if res is None or not res["sugg"].edits or not ls.gate(res, res["edits_rewrite_recent"]):
+    if not ls.proposes(res, "edits") or not ls.gate(res, res["edits_rewrite_recent"]):
         return None
     out = convert.edit_prediction(doc, res["built"], res["sugg"], res["version"], ls.next_id())
     out.update(convert.suggestion_data(res["confidence"], res["edits_rewrite_recent"]))

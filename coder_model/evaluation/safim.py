@@ -31,8 +31,8 @@ def safim_dir(path: str | None = None) -> Path:
         if c and (Path(c) / SAFIM_TASKS["block"]).is_file():
             return Path(c)
     raise FileNotFoundError(
-        "SAFIM data not found: pass --safim-dir, set DLM_SAFIM, or put block_completion.jsonl.gz and "
-        f"control_completion.jsonl.gz in {root.parent / 'shared/eval/safim'}"
+        "SAFIM data not found: pass --safim-dir DIR (a folder with SAFIM's block_completion.jsonl.gz and "
+        "control_completion.jsonl.gz) or set DLM_SAFIM"
     )
 
 

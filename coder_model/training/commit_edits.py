@@ -33,8 +33,8 @@ SPLITS = ("train", "valid", "test")
 
 
 def edit_histories_dir(data_dir: str | os.PathLike | None = None) -> Path:
-    """Where the edit-histories `.jsonl.gz` files are: the argument, $DLM_EDIT_HISTORIES,
-    or ../shared/data/edit-histories next to the repository."""
+    """Where the edit-histories `.jsonl.gz` files are: the argument (--edit-histories),
+    $DLM_EDIT_HISTORIES, or the data folder of this project's development machines."""
     cands = [data_dir, os.environ.get("DLM_EDIT_HISTORIES")]
     root = Path(__file__).resolve().parents[2]
     cands += [root.parent / "shared/data/edit-histories", root / "shared/data/edit-histories"]
@@ -42,8 +42,9 @@ def edit_histories_dir(data_dir: str | os.PathLike | None = None) -> Path:
         if c and Path(c).is_dir() and any(Path(c).glob("*.jsonl.gz")):
             return Path(c)
     raise FileNotFoundError(
-        "edit-histories data not found: pass data_dir, set DLM_EDIT_HISTORIES, or put the "
-        f"*.jsonl.gz files in {root.parent / 'shared/data/edit-histories'}"
+        "edit-histories data not found: pass --edit-histories DIR (a folder of edit-history records, "
+        "*.jsonl.gz with one JSON object per commit file: repo, commit, path, before, after) or set "
+        "DLM_EDIT_HISTORIES"
     )
 
 

@@ -128,8 +128,21 @@ def test_bench_explains_failed_runs_and_a_model_that_never_ran():
 def test_bench_explains_suggestions_held_back_by_the_gate():
     why = bench.explain(summary(30, 0, requests=40, model_runs=30, completed=30, gated_late=20,
                                 gated_low_confidence=10))
-    assert "20 late answers" in why and "10 below the confidence threshold" in why
+    assert "20 held back as late" in why and "10 held back below the confidence threshold" in why
+    assert "--device cuda" in why  # late answers: a faster device helps
     assert bench.explain(summary(30, 3, requests=40, model_runs=30, completed=30)) == ""  # nothing to explain
+
+
+def test_bench_accounts_for_every_completed_run_and_advises_only_what_applies():
+    """It once accounted for 1 of 18 completed runs and advised a faster device with 0 late answers."""
+    why = bench.explain(summary(18, 0, requests=40, model_runs=18, completed=18, gated_low_confidence=1,
+                                no_change=17, no_steps=2))
+    assert "Of 18 completed runs: 1 held back below the confidence threshold" in why
+    assert "17 proposed no change at the cursor" in why and "2 of the runs that proposed nothing" in why
+    assert "a bigger --model" in why and "minConfidence" in why
+    assert "--device cuda" in why  # 2 runs had no time for a step
+    quiet = bench.explain(summary(18, 0, requests=40, model_runs=18, completed=18, no_change=18))
+    assert "--device cuda" not in quiet and "18 proposed no change" in quiet
 
 
 def test_bench_with_an_engine_that_fails_says_so(tmp_path):
