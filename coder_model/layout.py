@@ -6,7 +6,9 @@
 
 The order is chosen for the prefix KV cache: typing inside a line changes only
 the region, so everything up to <region> keeps its tokens. Each segment is
-tokenized on its own so that a change in one never re-tokenizes another.
+tokenized on its own, and the tokenizer memoises long segments, so a keystroke
+re-tokenizes only what changed. How many tokens each section keeps is
+coder_model.budget's plan, the one budget every serving path and training share.
 The block holds the new region, then <eom>, then <pad> to the block's end;
 a region longer than one block continues in a second block whose context is
 the first (block diffusion).

@@ -11,7 +11,8 @@ Positions come in the negotiated encoding (lsp.positions) and are clamped:
 a line past the end means the end of the document, a character past the end
 of a line means the end of that line. Each change is reported as a `Change`
 (in code points and lines) for the edit history, and forwarded to the
-tree-sitter tree (lsp.syntax) as a byte-level edit.
+tree-sitter tree (lsp.syntax) as a byte-level edit; the reparse reads the
+lines it needs from this list, never a joined copy of the document.
 """
 
 from __future__ import annotations

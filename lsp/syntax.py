@@ -85,8 +85,15 @@ class SyntaxTree:
 
     def tree(self):
         if self._dirty or self._tree is None:
-            source = "".join(self._lines).encode("utf-8", "surrogatepass")
-            self._tree = self._parser.parse(source, self._tree) if self._tree else self._parser.parse(source)
+            lines = self._lines
+
+            def read(_byte: int, point) -> bytes:
+                # tree-sitter reads the text it needs by (row, byte column): one line at a time,
+                # so a reparse never joins and re-encodes the whole document
+                row, col = point
+                return lines[row].encode("utf-8", "surrogatepass")[col:] if row < len(lines) else b""
+
+            self._tree = self._parser.parse(read, self._tree) if self._tree else self._parser.parse(read)
             self._dirty = False
             self.reparses += 1
         return self._tree

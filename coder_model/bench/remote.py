@@ -142,7 +142,7 @@ def _params(args) -> SamplerParams:
 
 
 def _start_server(model_dir: str, device: str) -> tuple[subprocess.Popen, int]:
-    cmd = [sys.executable, "-m", "dlm.lsp.cli", "serve", "--listen", "127.0.0.1:0", "--model", model_dir,
+    cmd = [sys.executable, "-m", "dlm.coder_model.remote.serve_cli", "--listen", "127.0.0.1:0", "--model", model_dir,
            "--device", device, "--log-level", "warning"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     address = read_listening_address(proc.stderr, 300)

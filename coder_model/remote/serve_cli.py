@@ -135,3 +135,15 @@ def run(args: argparse.Namespace) -> int:
               "stop the process using it", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m dlm.coder_model.remote.serve_cli ...` = `dlm-lsp serve ...`, for drivers of the
+    model side (coder_model/bench) that must not start the editor side's CLI."""
+    parser = argparse.ArgumentParser(prog="dlm-lsp serve", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
