@@ -133,9 +133,33 @@ class LocalEngine(InferenceThread, NativeModel):
         self.runs += 1
         ids = encode_prompt(self.tok, prompt, self.budget)
         cache = self._cache_for(prompt.path or "<untitled>")
+        if prompt.proposals:
+            pred = verify_prediction(self.model, self.tok, prompt, params, ids, cache, queue_ms)
+            pred.late = deadline is not None and time.monotonic() > deadline
+            return pred
         dec = generate(self.model, self.tok, ids, params, cache=cache, cancel=cancel, deadline=deadline,
                        step_timer=self.step_timer, calibration=self.calibration, prompt=prompt)
         return dec.prediction(queue_ms)
+
+
+def verify_prediction(model, tok, prompt: Prompt, params: SamplerParams, ids: list[int], cache,
+                      queue_ms: float) -> Prediction:
+    """The memory's proposals checked by the denoiser (coder_model.verify): the region with the
+    chosen insertion, or unchanged when the model vetoes them all."""
+    import torch
+
+    from dlm.coder_model.verify import Mix, region_after, verify
+
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        reused = model.prefill(ids, cache)
+    prefill_ms = (time.perf_counter() - t0) * 1000
+    v = verify(model, tok, cache, prompt.region, prompt.cursor, prompt.proposals, params.block_len, Mix.of(params))
+    text = prompt.region if v.index is None else region_after(prompt.region, prompt.cursor,
+                                                               prompt.proposals[v.index].text)
+    return Prediction(text=text, confidence=v.confidence, steps=v.passes, tokens=0, queue_ms=queue_ms,
+                      prefill_ms=prefill_ms, denoise_ms=v.ms, context_tokens=len(ids), cached_tokens=reused,
+                      blocks=1 if v.passes else 0)
 
 
 def load_engine(model: str | Path | None = None, device: str = "auto", impl: str = "auto"):

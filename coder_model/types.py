@@ -6,12 +6,22 @@ without) a model being loaded.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
 ConfidenceRule = Literal["max_prob", "margin", "entropy"]
 DecodeOrder = Literal["confidence", "left_to_right"]
+
+
+@dataclass(frozen=True)
+class MemoryProposal:
+    """A whole insertion at the cursor proposed by the repository memory (DESIGN §10), with the
+    memory's own probability of it; the engine's denoiser checks it against the suffix."""
+
+    text: str
+    score: float
 
 
 @dataclass(frozen=True)
@@ -31,6 +41,9 @@ class Prompt:
     history: tuple[str, ...] = ()
     language: str = ""
     path: str = ""
+    # Insertions at the cursor proposed by the repository memory, best first: the engine scores
+    # them with the denoiser and answers the best one (or none) instead of decoding freely.
+    proposals: tuple[MemoryProposal, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.cursor <= len(self.region):
@@ -86,6 +99,15 @@ class SamplerParams:
     temperature: float = 0.0  # 0 = greedy
     order: DecodeOrder = "confidence"
     seed: int = 0
+    # Repository-memory proposals (Prompt.proposals), checked by coder_model.verify: the confidence
+    # is sigmoid(memory_bias + memory_weight * logit(p_memory) + model_weight * log(p_model)); a
+    # proposal the model gives less than `veto` is never answered. verify_passes = 0 skips the model
+    # (the memory alone: a diagnostic, never the product's default). Defaults by measurement.
+    memory_weight: float = 1.0
+    model_weight: float = 0.0
+    memory_bias: float = 0.0
+    veto: float = 0.0
+    verify_passes: int = 2
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -102,6 +124,13 @@ class SamplerParams:
             raise ValueError(f"threshold={self.threshold}: use a value in [0, 1]")
         if self.temperature < 0:
             raise ValueError(f"temperature={self.temperature}: use a value >= 0")
+        if not 0 <= self.verify_passes <= 8:
+            raise ValueError(f"verify_passes={self.verify_passes}: use 0 (no model) to 8")
+        if not 0.0 <= self.veto <= 1.0:
+            raise ValueError(f"veto={self.veto}: use a probability in [0, 1]")
+        for name in ("memory_weight", "model_weight", "memory_bias"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name}={getattr(self, name)}: use a finite number")
 
 
 @dataclass

@@ -1,0 +1,151 @@
+"""The denoiser checks the repository memory's proposals (DESIGN §10: memory proposes, the model disposes).
+
+The memory (coder_model.memory) proposes whole insertions at the cursor; an n-gram sees only the
+text before the cursor. The denoiser scores each proposal with the suffix in view: the block is
+filled with the region as it would be after the insertion, then `<eom>`; the proposal's slots and
+the `<eom>` are masked in `passes` interleaved groups (slot i in group i mod passes), and each
+masked slot is scored with every other slot visible: a pseudo-likelihood, a far better score for a
+masked model than one all-masked pass (which ranked the memory's beam worse than the memory's own
+order, DESIGN §10). All proposals of a pass go through the model in one batched call.
+
+`choose` mixes the memory's probability and the model's score (weights by measurement, `Mix`)
+and may answer None: the model vetoes every proposal.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+from dlm.coder_model.types import MemoryProposal
+
+__all__ = ["Mix", "Verdict", "choose", "score_proposals"]
+
+
+@dataclass(frozen=True)
+class Mix:  # built from SamplerParams (Mix.of): the one knob set that travels with a request
+    """How the memory's and the model's scores combine into one confidence (log-linear).
+
+    confidence = sigmoid(bias + memory_weight * logit(p_memory) + model_weight * log(p_model))
+    where p_model is the geometric mean probability of the proposal's slots; a proposal with
+    p_model < veto is never shown. The defaults are the measured ones (BENCHMARKS.md
+    "Repository memory through the server").
+    """
+
+    memory_weight: float = 1.0
+    model_weight: float = 0.0
+    bias: float = 0.0
+    veto: float = 0.0
+    passes: int = 2
+
+    @classmethod
+    def of(cls, params) -> Mix:
+        return cls(params.memory_weight, params.model_weight, params.memory_bias, params.veto,
+                   params.verify_passes)
+
+    def combine(self, p_memory: float, p_model: float | None) -> float:
+        pm = min(max(p_memory, 1e-6), 1 - 1e-6)
+        z = self.bias + self.memory_weight * math.log(pm / (1 - pm))
+        if p_model is not None and self.model_weight:
+            z += self.model_weight * math.log(max(p_model, 1e-9))
+        return 1.0 / (1.0 + math.exp(-z))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    index: int | None  # the chosen proposal, None: every one vetoed (or none fits the block)
+    confidence: float | None
+    model_scores: tuple[float | None, ...]  # per proposal (None: it did not fit the block)
+    passes: int = 0  # forward passes run
+    ms: float = 0.0
+
+
+def region_after(region: str, cursor: int, insertion: str) -> str:
+    return region[:cursor] + insertion + region[cursor:]
+
+
+def score_proposals(model, tok, cache, region: str, cursor: int, proposals: tuple[MemoryProposal, ...],
+                    block_len: int, passes: int = 2) -> tuple[list[float | None], int]:
+    """Geometric-mean probability the model gives each proposal's inserted tokens and its <eom>,
+    each slot predicted with all other slots visible (`passes` interleaved groups); `cache` holds
+    the context. None for a proposal whose region does not fit one block. Returns (scores, passes run)."""
+    before = tok.encode(region[:cursor])
+    rows: list[list[int]] = []
+    spans: list[tuple[int, int]] = []  # slots [a, b) to score: the insertion and what follows up to <eom>
+    keep: list[int] = []
+    for j, p in enumerate(proposals):
+        ids = tok.encode(region_after(region, cursor, p.text)) + [tok.eom_id]
+        if len(ids) > block_len:
+            continue
+        a = _common_prefix(before, ids)
+        rows.append(ids + [tok.pad_id] * (block_len - len(ids)))
+        spans.append((a, len(ids)))
+        keep.append(j)
+    scores: list[float | None] = [None] * len(proposals)
+    if not rows:
+        return scores, 0
+    dev = model.tok_emb.weight.device
+    logp_sum = [0.0] * len(rows)
+    count = [0] * len(rows)
+    ran = 0
+    with torch.inference_mode():
+        for g in range(passes):
+            blocks, masked = [], []
+            for r, (a, b) in zip(rows, spans):
+                slots = [i for i in range(a, b) if (i - a) % passes == g]
+                blk = list(r)
+                for i in slots:
+                    blk[i] = tok.mask_id
+                blocks.append(torch.tensor(blk, dtype=torch.long))
+                masked.append(slots)
+            if not any(masked):
+                continue
+            hidden = model.forward_blocks(blocks, [cache] * len(blocks))
+            ran += 1
+            for k, (h, slots) in enumerate(zip(hidden, masked)):
+                if not slots:
+                    continue
+                pos = torch.tensor(slots, dtype=torch.long, device=dev)
+                logp = torch.log_softmax(model.logits(h[pos]).float(), dim=-1)
+                target = torch.tensor([rows[k][i] for i in slots], dtype=torch.long, device=dev)
+                logp_sum[k] += float(logp.gather(1, target[:, None]).sum())
+                count[k] += len(slots)
+    for k, j in enumerate(keep):
+        scores[j] = math.exp(logp_sum[k] / count[k]) if count[k] else None
+    return scores, ran
+
+
+def choose(proposals: tuple[MemoryProposal, ...], model_scores: list[float | None], mix: Mix) -> tuple[int | None, float | None]:
+    """The proposal with the highest mixed confidence, and that confidence; None when each one
+    is vetoed (model score below `mix.veto`, or no score: it did not fit). With passes == 0 (no
+    model), the memory's own order decides."""
+    best, best_conf = None, None
+    for j, (p, s) in enumerate(zip(proposals, model_scores)):
+        if mix.passes and (s is None or s < mix.veto):
+            continue
+        c = mix.combine(p.score, s)
+        if best_conf is None or c > best_conf:
+            best, best_conf = j, c
+    return best, best_conf
+
+
+def verify(model, tok, cache, region: str, cursor: int, proposals: tuple[MemoryProposal, ...], block_len: int,
+           mix: Mix) -> Verdict:
+    t0 = time.perf_counter()
+    if mix.passes:
+        scores, ran = score_proposals(model, tok, cache, region, cursor, proposals, block_len, mix.passes)
+    else:
+        scores, ran = [None] * len(proposals), 0
+    index, conf = choose(proposals, scores, mix)
+    return Verdict(index, conf, tuple(scores), ran, (time.perf_counter() - t0) * 1000)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

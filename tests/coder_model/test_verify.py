@@ -1,0 +1,52 @@
+"""The denoiser checks the memory's proposals (coder_model.verify) with the embedded model: real
+scores from the real checkpoint, no claims about how good they are (BENCHMARKS measures that)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from dlm.coder_model.types import CancelToken, MemoryProposal, Prompt, SamplerParams
+from dlm.coder_model.verify import Mix, choose
+
+PROMPT = dict(prefix="import os\n\n\ndef read(path):\n", region="    with open(path) as f:", cursor=9,
+              suffix="\n        return f.read()\n", language="python", path="m.py")
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from dlm.coder_model.engine import load_engine
+
+    eng = load_engine(None, "cpu")
+    yield eng
+    eng.close()
+
+
+def test_the_model_scores_every_proposal_and_answers_one_of_them(engine):
+    proposals = (MemoryProposal("open(path) as f:", 0.4), MemoryProposal("os.fdopen(path) as f:", 0.3))
+    p = Prompt(**{**PROMPT, "region": "    with ", "cursor": 9}, proposals=proposals)
+    pred = engine.predict(p, SamplerParams(model_weight=1.0), CancelToken())
+    assert pred.text in {"    with " + x.text for x in proposals}
+    assert pred.steps == 2 and 0.0 < pred.confidence < 1.0  # two interleaved passes
+
+
+def test_a_veto_above_every_score_answers_no_change(engine):
+    proposals = (MemoryProposal("open(path) as f:", 0.9),)
+    p = Prompt(**{**PROMPT, "region": "    with ", "cursor": 9}, proposals=proposals)
+    pred = engine.predict(p, SamplerParams(veto=1.0), CancelToken())
+    assert pred.text == "    with " and pred.confidence is None
+
+
+def test_without_the_model_the_memory_order_decides():
+    proposals = (MemoryProposal("a", 0.2), MemoryProposal("b", 0.7))
+    assert choose(proposals, [None, None], Mix(passes=0))[0] == 1
+    i, conf = choose(proposals, [0.9, 0.01], Mix(model_weight=1.0))
+    assert i == 0 and conf == pytest.approx(Mix(model_weight=1.0).combine(0.2, 0.9))
+    assert Mix().combine(0.3, None) == pytest.approx(0.3)  # weights (1, 0, 0): the memory's own probability
+    assert math.isclose(Mix(bias=0.0).combine(0.5, 1.0), 0.5)
+
+
+def test_a_proposal_longer_than_the_block_is_not_scored(engine):
+    p = Prompt(**{**PROMPT, "region": "    with ", "cursor": 9}, proposals=(MemoryProposal("x" * 400, 0.9),))
+    pred = engine.predict(p, SamplerParams(block_len=8), CancelToken())
+    assert pred.text == "    with "
