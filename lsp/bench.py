@@ -159,6 +159,7 @@ class Bench:
                         )
                     ),
                     process_id=os.getpid(),
+                    root_uri=self.root_uri(),
                     initialization_options=self.initialization_options(),
                 )
             )
@@ -174,6 +175,10 @@ class Bench:
                 print(f"dlm-lsp bench: shutdown was not clean ({exc})", file=sys.stderr)
             await client.stop()
         return self.res
+
+    def root_uri(self) -> str | None:
+        """The workspace root the server indexes (None: no workspace); `dlm-lsp eval --repo` sets it."""
+        return None
 
     def initialization_options(self) -> dict | None:
         """The server's initializationOptions (None: its defaults); `dlm-lsp eval` sets the gate."""

@@ -69,6 +69,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: $DLM_EDIT_HISTORIES)")
     parser.add_argument("--safim-dir", metavar="DIR", help="SAFIM's block/control_completion.jsonl.gz "
                         "(default: $DLM_SAFIM)")
+    parser.add_argument("--repo", metavar="DIR", help="evaluate rest-of-line completion in this repository: "
+                        "held-out files against an index of the rest (see --cases, --config)")
+    parser.add_argument("--cases", type=int, default=400, help="--repo: held-out lines to evaluate (default 400)")
+    parser.add_argument("--config", default="verify", help="--repo: model (no memory), memory (no model pass, "
+                        "a diagnostic) or verify (the memory proposes, the denoiser checks; default)")
     parser.add_argument("--limit", type=int, default=10, help="cases per source (default 10)")
     parser.add_argument("--max-keys", type=int, default=40, help="characters typed per case at most (default 40)")
     parser.add_argument("--cps", type=float, default=8.0, help="typing speed, characters per second")
@@ -108,6 +113,7 @@ class TypingCase:
     edits: list[tuple[int, int, str]] = field(default_factory=list)
     edit_target: str | None = None
     delete_lines: int = 0  # edit cases: lines at `row` (the old side of the hunk) replaced by an empty one
+    final_target: str | None = None  # the document the user ends up with (None: text with `typed` typed)
 
 
 def _ascii(*texts: str) -> bool:
@@ -263,6 +269,8 @@ class Answer:
     accepted_chars: int = 0
     kind: str = "inline"  # or "edit" (dlm/editPrediction)
     superseded: bool = False
+    final: bool = False  # the answer at the case's last keystroke (the pause)
+    case_index: int = -1
 
 
 def visible(a: Answer, threshold: float, rewrite_recent: float) -> bool:
@@ -408,10 +416,13 @@ class EvalReplay(Bench):
         return {"minConfidence": 0, "minConfidenceRewriteRecent": 0, "editPredictions": True,
                 "deadlineMs": self.args.deadline_ms}
 
+    def case_uri(self, n: int, case: TypingCase) -> str:
+        return f"file:///eval/{case.source}/{n}/{Path(case.name.split(':')[-1]).name or 'case.py'}"
+
     async def _replay(self, client, types) -> None:
         for n, case in enumerate(self.cases):
-            uri = f"file:///eval/{case.source}/{n}/{Path(case.name.split(':')[-1]).name or 'case.py'}"
-            await self._case(client, types, uri, case)
+            self.case_index = n
+            await self._case(client, types, self.case_uri(n, case), case)
 
     async def _case(self, client, types, uri: str, case: TypingCase) -> None:
         text, version = case.text, 1
@@ -439,7 +450,7 @@ class EvalReplay(Bench):
             # then the next hunk: its old lines go, and its new text is typed on a fresh line
             change((case.row, 0), (case.row + case.delete_lines, 0), "\n")
         at = _offset(text, case.row, case.col)
-        target = text[:at] + case.typed + text[at:]
+        target = case.final_target if case.final_target is not None else text[:at] + case.typed + text[at:]
         await self._type(client, types, uri, case, change, lambda: text, target)
         client.text_document_did_close(types.DidCloseTextDocumentParams(types.TextDocumentIdentifier(uri)))
 
@@ -483,7 +494,7 @@ class EvalReplay(Bench):
             else:
                 col += len(piece)
             i += len(piece)
-            ans = Answer(case.source)
+            ans = Answer(case.source, final=i >= len(typed), case_index=getattr(self, "case_index", -1))
             sent = time.monotonic()
             text_now, cursor = current(), _offset(current(), row, col)
             fut = asyncio.ensure_future(client.text_document_inline_completion_async(types.InlineCompletionParams(
@@ -555,6 +566,11 @@ def run(args: argparse.Namespace) -> int:
     if not thresholds or not all(0 <= t <= 1 for t in thresholds):
         print("dlm-lsp eval: --thresholds must be confidences in [0, 1]", file=sys.stderr)
         return 2
+    if getattr(args, "repo", None):
+        from dlm.lsp.eval_repo import run_repo
+
+        logging.getLogger("pygls.protocol.json_rpc").setLevel(logging.ERROR)
+        return run_repo(args, thresholds)
     if args.limit < 1 or args.max_keys < 1 or args.cps <= 0 or args.deadline_ms < 1:
         print("dlm-lsp eval: --limit, --max-keys and --deadline-ms must be >= 1 and --cps > 0", file=sys.stderr)
         return 2
@@ -562,7 +578,10 @@ def run(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"dlm-lsp eval: skipped {note}", file=sys.stderr)
     if not cases:
-        print("dlm-lsp eval: no material to replay; pass --corpus, --edit-histories or --safim-dir", file=sys.stderr)
+        print("dlm-lsp eval: no material to replay. Pass --repo DIR (any source repository: held-out lines "
+              "against an index of the rest), --corpus DIR (a corpus built by python -m "
+              "dlm.coder_model.training.corpus), --edit-histories DIR (edit-history *.jsonl.gz records) or "
+              "--safim-dir DIR (SAFIM's block/control_completion.jsonl.gz)", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
