@@ -1,0 +1,190 @@
+"""Hardening, second round (issue 22): the LSP reproductions of the fault-and-abuse test, each
+driven against the real server as a subprocess over raw stdio frames."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from dlm.lsp.options import parse_options
+from test_hardening_lsp import RawServer, frame
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def server():
+    s = RawServer()
+    yield s
+    s.close()
+
+
+def _init(server: RawServer, options=None, capabilities=None, folders=None) -> dict:
+    res = server.call("initialize", {
+        "processId": None, "rootUri": None, "capabilities": capabilities or {},
+        "initializationOptions": options or {}, "workspaceFolders": folders,
+    })  # fmt: skip
+    server.notify("initialized", {})
+    return res
+
+
+def _ready(server: RawServer) -> dict:
+    for _ in range(200):
+        stats = server.call("dlm/stats", {})["result"]
+        if stats["state"] == "ready":
+            return stats
+        time.sleep(0.05)
+    raise AssertionError("the fake engine never became ready")
+
+
+# ---- defect 2: an infinite or NaN option made initialize fail with -32603 OverflowError -------------
+
+
+@pytest.mark.parametrize("options", [
+    {"deadlineMs": float("inf")},  # what JSON's 1e400 parses to
+    {"scheduler": {"timeoutMs": float("inf")}},
+    {"context": {"prefixTokens": float("-inf")}},
+    {"minConfidence": float("nan")},
+])  # fmt: skip
+def test_an_infinite_option_is_logged_and_the_default_kept(server, options):
+    res = _init(server, options)
+    assert "error" not in res, res
+    _ready(server)
+    server.open("file:///inf.py", "x = \n")
+    assert server.inline("file:///inf.py", 0, 4)["result"]["items"][0]["insertText"] == "FAKE"
+
+
+def test_1e400_in_the_json_text_is_refused_like_infinity(server):
+    body = (b'{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"processId": null, '
+            b'"capabilities": {}, "initializationOptions": {"deadlineMs": 1e400, "throttleMs": Infinity}}}')
+    server.send(b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    res = server.reply(1)
+    assert "error" not in res, res
+
+
+# ---- defect 4 and the borderline throttle: out-of-range options are logged and defaulted -----------
+
+
+def test_a_block_over_the_remote_cap_is_refused_as_an_option():
+    opts, problems = parse_options({"sampler": {"blockLen": 4096, "threshold": 0.5}})
+    assert opts.sampler == {"threshold": 0.5}
+    assert any("block_len" in p and "1024" in p for p in problems)
+
+
+@pytest.mark.parametrize("options,where", [
+    ({"scheduler": {"throttleMs": 1e300}}, "throttle_ms"),
+    ({"sampler": {"steps": True}}, "steps"),
+    ({"sampler": {"blockLen": 1024, "maxBlocks": 3, "steps": 4096}}, "slot-steps"),
+    ({"editPredictions": 1}, "edit_predictions"),
+])  # fmt: skip
+def test_out_of_range_options_keep_their_defaults(options, where):
+    opts, problems = parse_options(options)
+    assert any(where in p for p in problems), problems
+    assert opts.scheduler.throttle_ms == 20 and opts.sampler == {} and opts.edit_predictions is False
+
+
+def test_a_huge_throttle_does_not_stall_requests(server):
+    _init(server, {"scheduler": {"throttleMs": 1e300, "timeoutMs": 2000}})
+    _ready(server)
+    server.open("file:///t.py", "x = \n")
+    t0 = time.monotonic()
+    for i in range(3):  # each run would wait out the throttle (then the 2 s timeout) before the fix
+        server.change("file:///t.py", 2 + i, (0, 4 + i), (0, 4 + i), "a")
+        assert server.inline("file:///t.py", 0, 5 + i)["result"]["items"]
+    assert time.monotonic() - t0 < 5.9
+
+
+# ---- defect 6: counters count only what was issued ---------------------------------------------------
+
+
+def test_accept_and_shown_count_only_issued_ids(server):
+    _init(server, {"minConfidence": 0})
+    _ready(server)
+    server.open("file:///acc.py", "v = \n")
+    item = server.inline("file:///acc.py", 0, 4)["result"]["items"][0]
+    bogus = [[], [None], ["no-such-id"], [12345]]
+    for args in bogus:
+        server.call("workspace/executeCommand", {"command": "dlm.acceptCompletion", "arguments": args})
+    server.notify("textDocument/didShowInlineEdit", {})
+    server.notify("textDocument/didShowInlineEdit", {"item": {"command": {"arguments": ["nope"]}}})
+    server.notify("textDocument/didShowCompletion", {"item": {"insertText": "x"}})
+    server.notify("textDocument/didPartiallyAcceptCompletion", {"item": {}, "acceptedLength": 1})
+    stats = server.call("dlm/stats", {})["result"]
+    assert (stats["accepted"], stats["shown"], stats["partially_accepted"]) == (0, 0, 0)
+    # the real item counts, once
+    for _ in range(2):
+        server.notify("textDocument/didShowCompletion", {"item": item})
+        server.notify("textDocument/didPartiallyAcceptCompletion", {"item": item, "acceptedLength": 1})
+        server.call("workspace/executeCommand", item["command"])
+    stats = server.call("dlm/stats", {})["result"]
+    assert (stats["accepted"], stats["shown"], stats["partially_accepted"]) == (1, 1, 1)
+
+
+# ---- defect 7: workspace folders are deduplicated ----------------------------------------------------
+
+
+def test_the_same_workspace_folder_added_many_times_is_kept_once(server):
+    folder = {"uri": "file:///work/proj", "name": "proj"}
+    _init(server, folders=[folder, folder])
+    _ready(server)
+    for _ in range(5):
+        server.notify("workspace/didChangeWorkspaceFolders",
+                      {"event": {"added": [folder] * 1000, "removed": []}})
+    assert server.call("dlm/stats", {})["result"]["workspace_folders"] == 1
+    server.notify("workspace/didChangeWorkspaceFolders", {"event": {"added": [], "removed": [folder]}})
+    assert server.call("dlm/stats", {})["result"]["workspace_folders"] == 0
+
+
+# ---- defect 8: exit codes and the position encoding ---------------------------------------------------
+
+
+def test_exit_without_shutdown_exits_1(server):
+    _init(server)
+    server.notify("exit", None)
+    assert server.proc.wait(timeout=30) == 1
+
+
+def test_exit_after_shutdown_exits_0(server):
+    _init(server)
+    server.call("shutdown", None)
+    server.notify("exit", None)
+    assert server.proc.wait(timeout=30) == 0
+
+
+@pytest.mark.parametrize("offered,chosen", [
+    (["utf-8", "utf-32"], "utf-8"),
+    (["utf-32", "utf-8"], "utf-32"),
+    (["utf-16", "utf-32"], "utf-16"),
+    (["latin-1", "utf-32", "utf-8"], "utf-32"),
+    ([], "utf-16"),
+])  # fmt: skip
+def test_the_position_encoding_is_the_clients_first_supported_choice(server, offered, chosen):
+    res = _init(server, capabilities={"general": {"positionEncodings": offered}})
+    assert res["result"]["capabilities"]["positionEncoding"] == chosen
+
+
+def test_choose_encoding_is_the_clients_first_supported_choice():
+    from dlm.lsp.positions import choose_encoding
+
+    assert choose_encoding(["utf-8", "utf-32"]) == "utf-8"
+    assert choose_encoding(["utf-16", "utf-8"]) == "utf-16"
+    assert choose_encoding(["ucs-2", "utf-32"]) == "utf-32"
+    assert choose_encoding(None) == "utf-16"
+
+
+# ---- bounded fields: a 1 MB uri or language id is cut before it reaches the model ------------------------
+
+
+def test_a_megabyte_path_and_language_are_bounded():
+    server = RawServer(DLM_ENGINE_FACTORY="fake_engine:field_sizes")
+    try:
+        _init(server, {"minConfidence": 0}, folders=[{"uri": "file:///d", "name": "d"}])
+        _ready(server)
+        uri = "file:///d/" + "d/" * 500_000 + "long.xyz"  # a path relative to the folder, 1 MB long
+        server.send(frame({"jsonrpc": "2.0", "method": "textDocument/didOpen", "params": {
+            "textDocument": {"uri": uri, "languageId": "x" * 1_000_000, "version": 1, "text": "x = \n"}}}))
+        text = server.inline(uri, 0, 4)["result"]["items"][0]["insertText"]
+        path_chars, language_chars = map(int, text[1:].split("L"))
+        assert 0 < path_chars <= 512 and language_chars <= 64, text
+    finally:
+        server.close()
