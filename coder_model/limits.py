@@ -27,6 +27,7 @@ costs ~800 ms and ~90 MB to tokenize, and the layout keeps a line of it.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -211,3 +212,12 @@ def bound_fields(prompt: Prompt) -> Prompt:
     if path is prompt.path and language == prompt.language and history is prompt.history:
         return prompt
     return replace(prompt, path=path, language=language, history=history)
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """Lone surrogates (JSON allows "\\ud800") replaced by U+FFFD: no UTF-8 encoder or tokenizer
+    takes them, and both are one UTF-16 unit, so LSP positions stay in step with the client."""
+    return text if text.isascii() else _LONE_SURROGATE.sub("\ufffd", text)
