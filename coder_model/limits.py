@@ -167,8 +167,9 @@ def sampler_params(values: dict[str, Any], where: str = "") -> tuple[SamplerPara
 # ---- request fields -------------------------------------------------------------------------------
 
 REQUEST_CAPS: dict[str, Cap] = {
-    # the time a request has left (remote `deadline_ms`) or an endpoint's deadline
-    "deadline_ms": Cap("float", 1.0, 60_000.0, doc="answer within this many ms"),
+    # the time a request has left (remote `deadline_ms`, also > 0), and the deadline an LSP or
+    # HTTP server gives its requests (deadlineMs, --deadline-ms: at least 1 ms)
+    "deadline_ms": Cap("float", 0.0, 600_000.0, doc="answer within this many ms"),
     # HTTP /v1/completions: the completion's tokens (masked slots the model may fill)
     "max_tokens": Cap("int", 1, 65_536, doc="tokens of the completion (HTTP)"),
 }

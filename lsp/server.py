@@ -25,9 +25,9 @@ import itertools
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import replace
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 from urllib.parse import unquote, urlparse
 
