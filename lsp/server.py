@@ -181,7 +181,7 @@ class DlmServer(LanguageServer):
         key = str(item_id) if isinstance(item_id, (str, int)) and not isinstance(item_id, bool) else None
         seen = self.issued.get(key) if key is not None else None
         if seen is None:
-            log.debug("%s for an id this server did not issue (%r:.40); not counted", event, item_id)
+            log.debug("%s for an id this server did not issue (%.40r); not counted", event, item_id)
             return False
         if event in seen:
             return False

@@ -36,10 +36,12 @@ Fairness between connections (a heavy client slows itself, not the others):
 - an owner has at most `max_owner_requests` requests and `max_owner_slots`
   masked slots in the batch at once (its first request always gets in); the
   rest wait in its own queue, so one client cannot fill the batch.
-- `check_request` refuses a request whose time, estimated from this server's
-  measured pass times, exceeds MAX_REQUEST_DEADLINES default deadlines, or whose
-  single step would take longer than a default deadline (a pass cannot be
-  interrupted, so it would hold every other client's request that long).
+- `check_request` refuses a request heavier than the default one whose time,
+  estimated from this server's measured pass times, exceeds
+  MAX_REQUEST_DEADLINES default deadlines, or whose single step would take
+  longer than a default deadline (a pass cannot be interrupted, so it would
+  hold every other client's request that long). A request no heavier than the
+  default (block_len <= 32, <= 2,048 slot-steps) is always taken.
 `clock` (perf_counter by default) times the passes; tests inject a fake one.
 """
 
@@ -53,7 +55,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dlm.coder_model.limits import DEFAULT_DEADLINE_MS, MAX_REQUEST_DEADLINES
+from dlm.coder_model.limits import DEFAULT_DEADLINE_MS, MAX_REQUEST_DEADLINES, request_slot_steps
 from dlm.coder_model.remote.protocol import ProtocolError
 from dlm.coder_model.types import CancelToken, Engine, Prediction, Prompt, SamplerParams
 
@@ -120,6 +122,9 @@ class BatchBackend(Protocol):
 
     def forget(self, owner: str) -> None: ...
 
+
+DEFAULT_PARAMS = SamplerParams()
+DEFAULT_SLOT_STEPS = request_slot_steps(DEFAULT_PARAMS)  # 32 x 2 x 32 = 2,048
 
 # An owner coming back after being idle may be this many tokens behind the busy ones: one default
 # request's steps (32 steps of a 32-slot block, two blocks), so its next request goes first.
@@ -249,12 +254,16 @@ class BatchScheduler:
         if est is None:
             return None
         step_ms, total_ms = est
-        if step_ms > DEFAULT_DEADLINE_MS:
+        # A request no larger than the default one is always taken: the bound is for heavier ones (a
+        # loaded CPU may take 40 ms a step, and 2 x 32 steps of it is the default's worst case).
+        if params.block_len <= DEFAULT_PARAMS.block_len and request_slot_steps(params) <= DEFAULT_SLOT_STEPS:
+            return None
+        if step_ms > DEFAULT_DEADLINE_MS and params.block_len > DEFAULT_PARAMS.block_len:
             return (f"one denoising step of block_len {params.block_len} takes about {step_ms:.0f} ms on this server, "
                     f"longer than the {DEFAULT_DEADLINE_MS} ms deadline of a default request; a step cannot be "
                     "interrupted, so it would hold every other client's request that long; send a smaller block_len")
         bound = MAX_REQUEST_DEADLINES * DEFAULT_DEADLINE_MS
-        if total_ms > bound:
+        if total_ms > bound and request_slot_steps(params) > DEFAULT_SLOT_STEPS:
             return (f"this request would take about {total_ms / 1000:.1f} s on this server (max_blocks "
                     f"{params.max_blocks} x {min(params.steps, params.block_len)} steps x {step_ms:.1f} ms per step "
                     f"of block_len {params.block_len}), over the {bound / 1000:g} s bound ({MAX_REQUEST_DEADLINES}x "

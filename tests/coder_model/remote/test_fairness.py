@@ -197,6 +197,14 @@ def test_requests_estimated_over_ten_deadlines_are_refused_by_measured_step_time
     assert one_step is not None and "smaller block_len" in one_step
 
 
+def test_a_request_no_heavier_than_the_default_is_always_taken():
+    sched = BatchScheduler(TokenClockBackend())
+    sched.pass_timer.observe(32, 32 * 40.0)  # 40 ms per token: a default step takes 1.3 s
+    assert sched.check_request(SamplerParams(), None) is None
+    assert sched.check_request(SamplerParams(steps=8, block_len=16, max_blocks=4), None) is None
+    assert sched.check_request(SamplerParams(steps=32, block_len=32, max_blocks=3), None) is not None
+
+
 def test_pass_timer_estimates_from_the_nearest_measured_size():
     timer = PassTimer()
     assert timer.estimate_ms(32) is None
