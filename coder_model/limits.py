@@ -56,7 +56,7 @@ class Cap:
         if self.kind == "bool":
             return "true or false"
         if self.kind == "choice":
-            return " | ".join(self.choices)
+            return "one of " + ", ".join(self.choices)
         what = "an integer" if self.kind == "int" else "a number"
         return f"{what} in [{_fmt(self.low)}, {_fmt(self.high)}]"
 

@@ -484,8 +484,9 @@ def run(args: argparse.Namespace) -> int:
     if args.max_connections < 1:
         print("dlm-lsp http: --max-connections must be >= 1", file=sys.stderr)
         return 2
-    if args.deadline_ms < 1 or not 0 <= args.min_confidence <= 1:
-        print("dlm-lsp http: --deadline-ms must be >= 1 and --min-confidence in [0, 1]", file=sys.stderr)
+    high = int(limits.REQUEST_CAPS["deadline_ms"].high)  # the LSP's deadlineMs range (lsp.options)
+    if not 1 <= args.deadline_ms <= high or not 0 <= args.min_confidence <= 1:
+        print(f"dlm-lsp http: --deadline-ms must be in [1, {high}] and --min-confidence in [0, 1]", file=sys.stderr)
         return 2
     holder = EngineHolder(make_engine_factory(args))
     predictor = Predictor(holder, EndpointOptions(deadline_ms=args.deadline_ms, min_confidence=args.min_confidence,

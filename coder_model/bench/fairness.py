@@ -46,8 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deadline-ms", type=float, default=DEFAULT_DEADLINE_MS,
                         help=f"the normal client's deadline (default {DEFAULT_DEADLINE_MS}, as the LSP's)")
     parser.add_argument("--heavy-inflight", type=int, default=20, help="heavy requests in flight (default 20)")
-    parser.add_argument("--heavy-block-len", type=int, default=256, help="heavy block_len (default 256)")
-    parser.add_argument("--heavy-steps", type=int, default=8, help="heavy steps (default 8)")
+    parser.add_argument("--heavy-block-len", type=int, default=128, help="heavy block_len (default 128)")
+    parser.add_argument("--heavy-steps", type=int, default=16, help="heavy steps (default 16)")
     parser.add_argument("--heavy-max-blocks", type=int, default=1, help="heavy max_blocks (default 1)")
     parser.add_argument("--warmup", type=int, default=8, help="normal-client requests before measuring (default 8)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")

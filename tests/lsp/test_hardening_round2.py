@@ -188,3 +188,32 @@ def test_a_megabyte_path_and_language_are_bounded():
         assert 0 < path_chars <= 512 and language_chars <= 64, text
     finally:
         server.close()
+
+
+# ---- the README states the caps the code applies ------------------------------------------------------
+
+
+def test_readme_limits_table_matches_the_caps():
+    import re
+    from pathlib import Path
+
+    from dlm.coder_model import limits
+    from dlm.lsp.options import OPTION_CAPS
+
+    readme = Path(__file__).resolve().parents[2].joinpath("README.md").read_text()
+    section = readme.split("## Limits", 1)[1].split("\n## ", 1)[0]
+
+    def camel(name: str) -> str:
+        return re.sub(r"_([a-z])", lambda m: m.group(1).upper(), name)
+
+    rows = {line.split("|")[1].strip(): line.split("|")[3].strip() for line in section.splitlines()
+            if line.startswith("| `")}
+    for name, cap in limits.SAMPLER_CAPS.items():
+        assert rows.get(f"`{name}` (`sampler.{camel(name)}`)") == cap.describe(), name
+    for name, cap in OPTION_CAPS.items():
+        assert rows.get(f"`{camel(name)}`") == cap.describe(), name
+    assert rows.get("`max_tokens`") == limits.REQUEST_CAPS["max_tokens"].describe()
+    assert f"{limits.MAX_REQUEST_SLOT_STEPS:,} slot-steps" in section
+    for value in (limits.MAX_PATH_CHARS, limits.MAX_LANGUAGE_CHARS, limits.MAX_HISTORY_EVENTS):
+        assert f" {value} " in section
+    assert f"{limits.MAX_HISTORY_EVENT_CHARS:,} characters" in section
