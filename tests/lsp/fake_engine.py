@@ -86,3 +86,14 @@ class FieldSizesEngine(SlowFakeEngine):
 
 def field_sizes(model, device):
     return FieldSizesEngine(float(os.environ.get("FAKE_STEP_S", "0.001")), 1)
+
+
+class RefusingEngine(SlowFakeEngine):
+    """Refuses every request as a model refuses blocks longer than it takes (ValueError)."""
+
+    def predict(self, prompt, params, cancel, deadline=None):
+        raise ValueError(f"block_len {params.block_len} x max_blocks {params.max_blocks} exceed the fake's length")
+
+
+def refusing(model, device):
+    return RefusingEngine(0.001, 1)

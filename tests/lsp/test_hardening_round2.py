@@ -217,3 +217,24 @@ def test_readme_limits_table_matches_the_caps():
     for value in (limits.MAX_PATH_CHARS, limits.MAX_LANGUAGE_CHARS, limits.MAX_HISTORY_EVENTS):
         assert f" {value} " in section
     assert f"{limits.MAX_HISTORY_EVENT_CHARS:,} characters" in section
+
+
+def test_a_request_the_model_refuses_is_one_warning_not_a_traceback_per_keystroke():
+    """Defect 4's second half: a sampler the model cannot take failed every keystroke with an
+    error traceback in the editor; now the keystroke gets no suggestion and one warning."""
+    server = RawServer(DLM_ENGINE_FACTORY="fake_engine:refusing")
+    try:
+        _init(server)
+        _ready(server)
+        server.open("file:///r.py", "x = \n")
+        for i in range(3):
+            res = server.inline("file:///r.py", 0, 4)
+            assert "error" not in res and res["result"]["items"] == []
+        stats = server.call("dlm/stats", {})["result"]
+        assert stats["refused"] == 3 and stats["failed"] == 0
+        logs = [m["params"] for m in server.seen if m.get("method") == "window/logMessage"]
+        refusals = [p for p in logs if "refused" in p["message"]]
+        assert len(refusals) == 1 and refusals[0]["type"] == 2  # one Warning
+        assert not [p for p in logs if "Traceback" in p["message"]]
+    finally:
+        server.close()
