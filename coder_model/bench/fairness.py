@@ -3,16 +3,15 @@
     python -m dlm.coder_model.bench.fairness [--model DIR] [--device cpu] [--requests 60]
 
 1. Starts `dlm-lsp serve` on 127.0.0.1 (the embedded checkpoint unless --model).
-2. Solo: a normal client (its own connection) replays typing keystrokes one after another
-   with the default sampler and the LSP's default deadline, pausing --think-ms between them,
-   as an editor does -> p50/p99 latency, tokens, empty answers.
-3. The heavy client (one connection) first sends the issue's reproduction request
-   (block_len 1024 x 3 blocks x 4096 steps, threshold 1) and reports how it is answered;
-   then keeps --heavy-inflight requests in flight with the heaviest parameters this server
-   accepts by default (--heavy-block-len, --heavy-steps, threshold 1.0: every step runs; no
-   deadline), back to back.
-4. Shared: the normal client replays the same keystrokes while the heavy client runs ->
-   p50/p99, and the ratio of its p99 to the solo p99 (issue 22: within 2x).
+2. The heavy client (one connection) sends the issue's reproduction request (block_len
+   1024 x 3 blocks x 4096 steps, threshold 1) and reports how it is answered.
+3. --rounds rounds of: solo, a normal client (its own connection) replays typing keystrokes
+   one after another with the default sampler and the LSP's default deadline, pausing
+   --think-ms between them, as an editor does; then shared, the same keystrokes while the
+   heavy client keeps --heavy-inflight requests in flight (--heavy-block-len,
+   --heavy-steps, threshold 1.0 so every step runs, no deadline), back to back. Solo and
+   shared alternate so that other load on a shared machine falls on both alike.
+4. p50/p99 of each, and the ratio of the shared p99 to the solo p99 (issue 22: within 2x).
 
 Latency is the wall time of `RemoteEngine.predict` on the client, so it includes the
 network hop, queueing on the server and the passes of other clients.
@@ -30,9 +29,9 @@ import threading
 import time
 
 from dlm.coder_model.bench.remote import _ensure_model, _pct, typing_prompts
+from dlm.coder_model.limits import DEFAULT_DEADLINE_MS
 from dlm.coder_model.remote.client import parse_host_port
 from dlm.coder_model.remote.serve_cli import read_listening_address
-from dlm.coder_model.limits import DEFAULT_DEADLINE_MS
 from dlm.coder_model.types import CancelToken, SamplerParams
 
 ISSUE_HEAVY = SamplerParams(block_len=1024, max_blocks=3, steps=4096, threshold=1.0)
@@ -42,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, metavar="DIR", help="checkpoint (default: the embedded one)")
     parser.add_argument("--device", default="cpu", help="device of the served model (default cpu)")
     parser.add_argument("--requests", type=int, default=60, help="normal-client keystrokes per phase (default 60)")
+    parser.add_argument("--rounds", type=int, default=4, help="solo/shared alternations (default 4)")
     parser.add_argument("--think-ms", type=float, default=50.0, help="pause between two keystrokes (default 50)")
     parser.add_argument("--deadline-ms", type=float, default=DEFAULT_DEADLINE_MS,
                         help=f"the normal client's deadline (default {DEFAULT_DEADLINE_MS}, as the LSP's)")
@@ -67,18 +67,21 @@ def start_server(model_dir: str, device: str, extra: list[str]) -> tuple[subproc
     return proc, parse_host_port(address)[1]
 
 
-def _normal_phase(engine, prompts, params: SamplerParams, deadline_ms: float, think_s: float) -> dict:
-    lat, tokens, empty, late = [], [], 0, 0
+def _normal_phase(engine, prompts, params: SamplerParams, deadline_ms: float, think_s: float, into: dict) -> None:
     for p in prompts:
         t0 = time.perf_counter()
         pred = engine.predict(p, params, CancelToken(), time.monotonic() + deadline_ms / 1000.0)
-        lat.append((time.perf_counter() - t0) * 1000)
-        tokens.append(pred.tokens)
-        empty += not pred.text or pred.cancelled
-        late += bool(pred.late)
+        into.setdefault("lat", []).append((time.perf_counter() - t0) * 1000)
+        into.setdefault("tokens", []).append(pred.tokens)
+        into["empty"] = into.get("empty", 0) + (not pred.text or pred.cancelled)
+        into["late"] = into.get("late", 0) + bool(pred.late)
         time.sleep(think_s)
+
+
+def _figures(phase: dict) -> dict:
+    lat, tokens = phase["lat"], phase["tokens"]
     return {"n": len(lat), "p50_ms": _pct(lat, 0.5), "p99_ms": _pct(lat, 0.99), "max_ms": max(lat),
-            "mean_tokens": sum(tokens) / len(tokens), "empty": empty, "late": late}
+            "mean_tokens": sum(tokens) / len(tokens), "empty": phase["empty"], "late": phase["late"]}
 
 
 class HeavyClient:
@@ -91,6 +94,8 @@ class HeavyClient:
         self.params = params
         self.inflight = inflight
         self.stop = threading.Event()
+        self.running = threading.Event()  # cleared: the threads send nothing new (pause)
+        self.active = 0  # requests in flight
         self.completed = 0
         self.steps = 0
         self.refused = 0
@@ -106,9 +111,14 @@ class HeavyClient:
         prompts = typing_prompts(200, path=f"heavy{i}.py", shift=i)
         k = 0
         while not self.stop.is_set():
+            if not self.running.wait(0.1):
+                continue
+            with self._lock:
+                self.active += 1
             pred = self.engine.predict(prompts[k % len(prompts)], self.params, CancelToken())
             k += 1
             with self._lock:
+                self.active -= 1
                 if pred.steps > 0:
                     self.completed += 1
                     self.steps += pred.steps
@@ -119,6 +129,17 @@ class HeavyClient:
         self._threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(self.inflight)]
         for t in self._threads:
             t.start()
+
+    def resume(self) -> None:
+        self.running.set()
+        time.sleep(1.0)  # its requests fill the server first
+
+    def pause(self, timeout_s: float = 120.0) -> None:
+        """Send nothing new and wait for the requests in flight to be answered."""
+        self.running.clear()
+        give_up = time.monotonic() + timeout_s
+        while self.active and time.monotonic() < give_up:
+            time.sleep(0.05)
 
     def close(self) -> None:
         self.stop.set()
@@ -138,9 +159,8 @@ def run(args: argparse.Namespace) -> int:
         if not normal.wait_connected(120):
             raise RuntimeError(f"could not connect to the server: {normal.status().message}")
         params = SamplerParams()
-        prompts = typing_prompts(args.requests, path="normal.py")
-        _normal_phase(normal, typing_prompts(args.warmup, path="warm.py"), params, args.deadline_ms, 0.0)
-        solo = _normal_phase(normal, prompts, params, args.deadline_ms, args.think_ms / 1000.0)
+        think_s = args.think_ms / 1000.0
+        _normal_phase(normal, typing_prompts(args.warmup, path="warm.py"), params, args.deadline_ms, 0.0, {})
 
         heavy_params = SamplerParams(block_len=args.heavy_block_len, steps=args.heavy_steps,
                                      max_blocks=args.heavy_max_blocks, threshold=1.0)
@@ -150,15 +170,27 @@ def run(args: argparse.Namespace) -> int:
         issue_ok, issue_msg = heavy.probe(ISSUE_HEAVY)
         heavy_ok, heavy_msg = heavy.probe(heavy_params)
         heavy.start()
-        time.sleep(1.0)  # the heavy client's requests fill the server first
-        t0, done0, steps0, refused0 = time.perf_counter(), heavy.completed, heavy.steps, heavy.refused
-        shared = _normal_phase(normal, prompts, params, args.deadline_ms, args.think_ms / 1000.0)
-        elapsed = time.perf_counter() - t0
+        solo_raw: dict = {}
+        shared_raw: dict = {}
+        elapsed, done0, steps0, refused0 = 0.0, 0, 0, 0
+        per_round = max(1, args.requests // max(1, args.rounds))
+        for r in range(max(1, args.rounds)):
+            prompts = typing_prompts(per_round, path=f"normal{r}.py", shift=r)
+            _normal_phase(normal, prompts, params, args.deadline_ms, think_s, solo_raw)
+            heavy.resume()
+            t0, c0, s0, f0 = time.perf_counter(), heavy.completed, heavy.steps, heavy.refused
+            _normal_phase(normal, prompts, params, args.deadline_ms, think_s, shared_raw)
+            elapsed += time.perf_counter() - t0
+            done0 += heavy.completed - c0
+            steps0 += heavy.steps - s0
+            refused0 += heavy.refused - f0
+            heavy.pause()
+        solo, shared = _figures(solo_raw), _figures(shared_raw)
         heavy_figures = {"params": vars_of(heavy_params), "inflight": args.heavy_inflight,
                          "accepted": heavy_ok, "message_if_refused": "" if heavy_ok else heavy_msg,
-                         "completed_during_shared": heavy.completed - done0,
-                         "refused_during_shared": heavy.refused - refused0,
-                         "steps_per_s_during_shared": (heavy.steps - steps0) / elapsed}
+                         "completed_during_shared": done0,
+                         "refused_during_shared": refused0,
+                         "steps_per_s_during_shared": steps0 / elapsed}
     finally:
         if heavy is not None:
             heavy.close()
@@ -166,7 +198,8 @@ def run(args: argparse.Namespace) -> int:
         proc.terminate()
         proc.wait(30)
     ratio = shared["p99_ms"] / solo["p99_ms"] if solo["p99_ms"] else float("nan")
-    print(f"model: {model_desc}, device {args.device}, serve {args.serve_args or '(defaults)'}; normal client: default SamplerParams, deadline "
+    print(f"model: {model_desc}, device {args.device}, serve {args.serve_args or '(defaults)'}; {args.rounds} rounds; "
+          f"normal client: default SamplerParams, deadline "
           f"{args.deadline_ms:g} ms, {args.think_ms:g} ms between keystrokes")
     print(f"issue reproduction request {vars_of(ISSUE_HEAVY)}: "
           f"{'ANSWERED' if issue_ok else 'refused: ' + issue_msg}")
