@@ -28,11 +28,13 @@ Fairness between connections (a heavy client slows itself, not the others):
   always goes). That is weighted fair queuing by tokens: two busy owners get
   the same tokens per second, whatever their requests' sizes, and a 1024-slot
   step is taken as often as 32 steps of 32 slots, not as often as one.
-- an owner that was idle comes back at the least count of the busy owners
-  minus one default request's worth (`RETURN_CREDIT_TOKENS`), never below its
-  own count, as Linux's CFS places a waking task: a client that sent nothing
-  while another kept 20 requests in flight has its next request served first,
-  so its latency is its solo latency plus at most the pass running when it came.
+- an owner that was idle (nothing queued or running: its count is dropped)
+  comes back at the least count of the busy owners minus one default
+  request's worth (`RETURN_CREDIT_TOKENS`), as Linux's CFS places a waking
+  task: a client that sent nothing while another kept 20 requests in flight
+  has its next request served first, so its latency is its solo latency plus
+  at most the pass running when it came. The credit is bounded: a client that
+  pauses between requests gets that much priority per request, no more.
 - an owner has at most `max_owner_requests` requests and `max_owner_slots`
   masked slots in the batch at once (its first request always gets in); the
   rest wait in its own queue, so one client cannot fill the batch.
