@@ -238,3 +238,20 @@ def test_a_request_the_model_refuses_is_one_warning_not_a_traceback_per_keystrok
         assert not [p for p in logs if "Traceback" in p["message"]]
     finally:
         server.close()
+
+
+def test_every_option_has_a_range():
+    """A new option needs its range in OPTION_CAPS (else the server reports it cannot be set)."""
+    import dataclasses
+
+    from dlm.lsp.options import OPTION_CAPS, Options
+
+    def leaves(obj, where=""):
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if dataclasses.is_dataclass(value):
+                yield from leaves(value, f"{where}{f.name}.")
+            elif f.name != "sampler":
+                yield where + f.name
+
+    assert sorted(leaves(Options())) == sorted(OPTION_CAPS)
