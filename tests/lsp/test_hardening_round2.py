@@ -255,3 +255,14 @@ def test_every_option_has_a_range():
                 yield where + f.name
 
     assert sorted(leaves(Options())) == sorted(OPTION_CAPS)
+
+
+def test_every_sampler_parameter_has_a_cap():
+    """A new SamplerParams field needs its cap in coder_model.limits.SAMPLER_CAPS (and a README
+    "Limits" row): the three doors refuse a parameter they have no cap for."""
+    import dataclasses
+
+    from dlm.coder_model.limits import SAMPLER_CAPS
+    from dlm.coder_model.types import SamplerParams
+
+    assert sorted(SAMPLER_CAPS) == sorted(f.name for f in dataclasses.fields(SamplerParams))
