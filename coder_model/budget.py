@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from dlm.coder_model.limits import bound_path
 from dlm.coder_model.types import LayoutBudget, Prompt
 
 # Characters per token of code, the estimate every window is sized with (3.2-3.5 measured on this
@@ -36,7 +37,6 @@ LAYOUT_SPECIALS = 8
 # LAYOUT_SPECIALS and the `language:path\n` line of an ordinary path; the layout counts the real
 # header and cuts the prefix for a longer one.
 HEADER_TOKENS = 16
-PATH_CHARS = 512  # a longer path keeps its end (the file name): the header names the file
 
 
 @dataclass(frozen=True)
@@ -139,5 +139,5 @@ def clip_prompt(prompt: Prompt, budget: LayoutBudget) -> Prompt:
         prefix=clip_before(prompt.prefix, p.prefix_room_max),
         suffix=clip_after(prompt.suffix, p.suffix),
         history=tuple(reversed(kept)),
-        path=prompt.path[-PATH_CHARS:],
+        path=bound_path(prompt.path),
     )

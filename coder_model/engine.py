@@ -68,6 +68,8 @@ class InferenceThread:
             queue_ms = (time.perf_counter() - t_submit) * 1000
             try:
                 fut.set_result(self._run(prompt, params, cancel, queue_ms, deadline))
+            except ValueError as exc:  # a request the model cannot take: the caller says why, once
+                fut.set_exception(exc)
             except BaseException as exc:  # hand every failure to the caller: the thread must live on
                 log.exception("prediction failed")
                 fut.set_exception(exc)

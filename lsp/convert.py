@@ -28,6 +28,13 @@ def param(obj: Any, *path: str, default: Any = None) -> Any:
     return default if obj is None else obj
 
 
+def command_item_id(params: Any) -> Any:
+    """The suggestion id in `{item: {command: {arguments: [id, ...]}}}` (didShowCompletion,
+    didPartiallyAcceptCompletion, didShowInlineEdit), or None when there is none."""
+    args = param(params, "item", "command", "arguments")
+    return args[0] if isinstance(args, (list, tuple)) and args else None
+
+
 def position_of(params: Any) -> tuple[int, int]:
     """(line, character) of params' `position`; JsonRpcInvalidParams when it is not one."""
     pos = param(params, "position")

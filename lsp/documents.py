@@ -17,10 +17,10 @@ lines it needs from this list, never a joined copy of the document.
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 
+from dlm.coder_model.limits import clean_text
 from dlm.coder_model.regions import content, split_lines  # one line splitter for server and training
 from dlm.lsp import positions
 from dlm.lsp.history import History
@@ -28,13 +28,8 @@ from dlm.lsp.syntax import SyntaxTree, language_for
 
 __all__ = ["Change", "Document", "Documents", "clean", "content", "split_lines"]
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def clean(text: str) -> str:
-    """Replace lone surrogates (JSON allows "\\ud800") by U+FFFD: both are one UTF-16 unit,
-    so positions stay in step with the client, and the text can always be encoded."""
-    return text if text.isascii() else _SURROGATE.sub("\ufffd", text)
+# Lone surrogates become U+FFFD (one place for every door: coder_model.limits.clean_text).
+clean = clean_text
 
 
 @dataclass(frozen=True)

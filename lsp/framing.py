@@ -261,8 +261,10 @@ def serve_stdio(server: Any, stdin: BinaryIO | None = None, stdout: BinaryIO | N
         asyncio.run(main())
     except BrokenPipeError:
         log.error("the connection to the client is lost (broken pipe); shutting down")
-    except (KeyboardInterrupt, SystemExit):
+    except KeyboardInterrupt:
         pass
+    except SystemExit as exc:  # pygls' `exit`: 0 after `shutdown`, else 1 (LSP spec); the CLI returns it
+        server.exit_code = exc.code if isinstance(exc.code, int) else 1
     finally:
         executor.shutdown(wait=False, cancel_futures=True)
         server.shutdown()
@@ -291,3 +293,5 @@ def serve_tcp(server: Any, host: str, port: int) -> None:
         asyncio.run(main())
     except asyncio.CancelledError:
         log.debug("the TCP server was cancelled")
+    except SystemExit as exc:  # `exit`, as in serve_stdio
+        server.exit_code = exc.code if isinstance(exc.code, int) else 1

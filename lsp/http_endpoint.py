@@ -37,6 +37,8 @@ from typing import Any
 
 from dlm.coder_model import budget as budget_rules
 from dlm.coder_model.devices import add_device_argument
+from dlm.coder_model import limits
+from dlm.coder_model.limits import MAX_PATH_CHARS
 from dlm.coder_model.remote.auth import AuthConfigError, check_bind_allowed, load_token
 from dlm.coder_model.remote.client import parse_host_port
 from dlm.coder_model.types import CancelToken, LayoutBudget, SamplerParams
@@ -56,7 +58,7 @@ class EndpointOptions:
     load_timeout_s: float = 600.0  # a request waits this long for the model to load
     # Answer within this long of the request's arrival, or answer nothing (lsp.gate): Zed
     # sends a request per keystroke pause and drops late ones anyway.
-    deadline_ms: int = 250
+    deadline_ms: int = limits.DEFAULT_DEADLINE_MS
     min_confidence: float = Options.min_confidence  # the LSP's confidence gate, same default
     # Slow clients (slowloris): the request line and headers, then the body, must arrive within
     # these; the connection is closed otherwise. Beyond max_connections a client gets 503.
@@ -100,10 +102,25 @@ def parse_request(body: bytes, max_chars: int) -> dict:
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
         raise RequestError(400, "'stop' must be a string or a list of strings")
     max_tokens = req.get("max_tokens")
-    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
-        raise RequestError(400, f"'max_tokens' must be a positive integer, got {max_tokens!r}")
+    if max_tokens is not None:  # the shared validator: a boolean, 1e400 or 2.5 is not a token count
+        max_tokens, problem = limits.check("max_tokens", max_tokens, limits.REQUEST_CAPS["max_tokens"])
+        if problem is not None:
+            raise RequestError(400, problem)
     model = req.get("model", "")
-    return {"prompt": prompt, "stop": stop, "max_tokens": max_tokens, "model": model if isinstance(model, str) else ""}
+    # A lone surrogate is valid JSON ("\ud800") but no tokenizer takes it: U+FFFD, as the LSP does.
+    return {"prompt": limits.clean_text(prompt), "stop": [limits.clean_text(s) for s in stop],
+            "max_tokens": max_tokens, "model": model if isinstance(model, str) else ""}
+
+
+def params_for_max_tokens(params: SamplerParams, max_tokens: int | None) -> SamplerParams:
+    """`params` writing at most `max_tokens` tokens: the model writes into block_len x max_blocks
+    masked slots, so fewer slots bound the completion (OpenAI's max_tokens; a zeta answer also
+    repeats the unchanged rest of Zed's editable region, which the model does not write)."""
+    if max_tokens is None or max_tokens >= params.block_len * params.max_blocks:
+        return params
+    if max_tokens <= params.block_len:
+        return replace(params, block_len=max_tokens, max_blocks=1)
+    return replace(params, max_blocks=max_tokens // params.block_len)
 
 
 def fit_to_budget(built: Built, budget: LayoutBudget) -> Built | None:
@@ -121,7 +138,10 @@ class Predictor:
     def __init__(self, holder: EngineHolder, opts: EndpointOptions):
         self.holder = holder
         self.opts = opts
-        self.params = SamplerParams(**opts.sampler)
+        # The sampler options go through the caps every door shares (coder_model.limits).
+        self.params, problems = limits.sampler_params(opts.sampler, "sampler.")
+        for problem in problems:
+            log.warning("endpoint option %s; using the default", problem)
         self._lock = threading.Lock()
         self._inflight: dict[str, CancelToken] = {}
 
@@ -147,6 +167,9 @@ class Predictor:
             log.info("%s: the region around the cursor is longer than the model's context takes "
                      "(a minified line?); answered no suggestion", zp.path or "<untitled>")
             return self.answer(req, "", 0, 0)
+        # path, language and history entries cut to coder_model.limits before the tokenizer
+        built = replace(built, prompt=limits.bound_fields(built.prompt))
+        params = params_for_max_tokens(self.params, req["max_tokens"])
         key = zp.path or "<untitled>"
         cancel = CancelToken()
         with self._lock:
@@ -156,7 +179,7 @@ class Predictor:
             self._inflight[key] = cancel
         t0 = time.perf_counter()
         try:
-            pred = engine.predict(built.prompt, self.params, cancel, deadline)
+            pred = engine.predict(built.prompt, params, cancel, deadline)
         finally:
             with self._lock:
                 if self._inflight.get(key) is cancel:
@@ -448,8 +471,9 @@ def run(args: argparse.Namespace) -> int:
     if args.max_connections < 1:
         print("dlm-lsp http: --max-connections must be >= 1", file=sys.stderr)
         return 2
-    if args.deadline_ms < 1 or not 0 <= args.min_confidence <= 1:
-        print("dlm-lsp http: --deadline-ms must be >= 1 and --min-confidence in [0, 1]", file=sys.stderr)
+    high = int(limits.REQUEST_CAPS["deadline_ms"].high)  # the LSP's deadlineMs range (lsp.options)
+    if not 1 <= args.deadline_ms <= high or not 0 <= args.min_confidence <= 1:
+        print(f"dlm-lsp http: --deadline-ms must be in [1, {high}] and --min-confidence in [0, 1]", file=sys.stderr)
         return 2
     holder = EngineHolder(make_engine_factory(args))
     predictor = Predictor(holder, EndpointOptions(deadline_ms=args.deadline_ms, min_confidence=args.min_confidence,

@@ -2,9 +2,10 @@
 
 Clients send a JSON object, e.g. `{"context": {"prefixTokens": 512},
 "sampler": {"steps": 16}, "throttleMs": 20}`; keys may be camelCase or
-snake_case. Unknown keys and values of the wrong type are reported (the
-server logs them and shows one warning) and the defaults are kept, so a typo
-never stops the server.
+snake_case. Unknown keys and values of the wrong type or out of range are reported (the
+server logs them) and the defaults are kept, so a typo never stops the
+server; the ranges are OPTION_CAPS below and coder_model.limits.SAMPLER_CAPS,
+checked by the validator every door shares (coder_model.limits.check).
 
 Token budgets use the characters-per-token estimate of coder_model.budget
 instead of the model tokenizer: the windows are cut at line boundaries anyway,
@@ -20,6 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from dlm.coder_model.limits import DEFAULT_DEADLINE_MS, REQUEST_CAPS, Cap, check, check_sampler
 from dlm.coder_model.regions import RegionBudget
 from dlm.lsp.history import HistoryOptions
 
@@ -52,7 +54,7 @@ class Options:
     sampler: dict[str, Any] = field(default_factory=dict)  # SamplerParams overrides
     # Deadline and confidence gate (lsp.gate; README "Protocol"). minConfidence is chosen by
     # `dlm-lsp eval` on the embedded model (BENCHMARKS.md "Acceptance through the server").
-    deadline_ms: int = 250  # answer this long after the keystroke, or not at all
+    deadline_ms: int = DEFAULT_DEADLINE_MS  # answer this long after the keystroke, or not at all
     # Show a suggestion only at this calibrated confidence or above. 0.6: with a calibrated
     # P(right) it is the lowest threshold whose shown suggestions are >= 60% right; measured on the
     # embedded model (BENCHMARKS.md), every threshold >= 0.5 shows nothing and so nothing wrong.
@@ -63,6 +65,39 @@ class Options:
     max_syntax_chars: int = 2_000_000  # larger documents are plain text (no tree-sitter)
     max_document_chars: int = 50_000_000  # larger documents are refused with a log line
     status_interval_s: float = 2.0  # at most one dlm/status with new latencies per interval
+
+
+# The range of every numeric option (lsp.options' own; the sampler's are coder_model.limits'), checked
+# by coder_model.limits.check like every other option and request parameter. Keyed by the dotted
+# snake_case name; README "Limits" lists them. An upper bound is where a larger value only
+# breaks things: a 1e300 ms throttle stalls every request, a 1e300 ms timeout never gives up.
+OPTION_CAPS: dict[str, Cap] = {
+    "context.prefix_tokens": Cap("int", 0, 65_536),
+    "context.suffix_tokens": Cap("int", 0, 65_536),
+    "context.typing_region_tokens": Cap("int", 1, 4096),
+    "context.typing_region_lines": Cap("int", 1, 200),
+    "context.wide_region_lines_before": Cap("int", 0, 200),
+    "context.wide_region_lines_after": Cap("int", 0, 200),
+    "context.wide_region_tokens": Cap("int", 1, 4096),
+    "context.idle_ms": Cap("int", 0, 60_000),
+    "context.max_line_chars": Cap("int", 1, 1_000_000),
+    "context.window_fill": Cap("float", 0.1, 1.0),
+    "history.max_events": Cap("int", 0, 64),
+    "history.max_tokens": Cap("int", 0, 65_536),
+    "history.gap_lines": Cap("int", 0, 10_000),
+    "history.idle_s": Cap("float", 0.0, 3600.0),
+    "scheduler.throttle_ms": Cap("int", 0, 2000),
+    "scheduler.timeout_ms": Cap("int", 100, 600_000),
+    "scheduler.type_through": Cap("bool"),
+    "deadline_ms": Cap("int", 1, int(REQUEST_CAPS["deadline_ms"].high)),
+    "min_confidence": Cap("float", 0.0, 1.0),
+    "min_confidence_rewrite_recent": Cap("float", 0.0, 1.0),
+    "recent_edit_s": Cap("float", 0.0, 3600.0),
+    "edit_predictions": Cap("bool"),
+    "max_syntax_chars": Cap("int", 0, 1_000_000_000),
+    "max_document_chars": Cap("int", 1, 1_000_000_000),
+    "status_interval_s": Cap("float", 0.0, 3600.0),
+}
 
 
 def _snake(key: str) -> str:
@@ -81,28 +116,32 @@ def _fill(obj: Any, data: dict, where: str, problems: list[str]) -> None:
             if isinstance(value, dict):
                 _fill(current, value, f"{where}{name}.", problems)
             else:
-                problems.append(f"option {where}{name} must be an object, got {value!r}")
-        elif isinstance(current, dict):
+                problems.append(f"option {where}{name} must be an object, got {value!r:.60}")
+        elif name == "sampler" and not where:
             if isinstance(value, dict):
-                current.update({_snake(str(k)): v for k, v in value.items()})
+                good, found = check_sampler({_snake(str(k)): v for k, v in value.items()}, "sampler.")
+                current.update(good)
+                problems.extend(f"option {p}; using the default" for p in found)
             else:
-                problems.append(f"option {where}{name} must be an object, got {value!r}")
-        elif isinstance(current, bool):
-            if isinstance(value, bool):
-                setattr(obj, name, value)
-            else:
-                problems.append(f"option {where}{name} must be true or false, got {value!r}")
-        elif isinstance(current, (int, float)):
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
-                setattr(obj, name, type(current)(value))
-            else:
-                problems.append(f"option {where}{name} must be a number >= 0, got {value!r}")
+                problems.append(f"option sampler must be an object, got {value!r:.60}")
         else:
-            setattr(obj, name, value)
+            cap = OPTION_CAPS.get(where + name)
+            if cap is None:  # a field without a cap is a bug here, not the client's
+                problems.append(f"option {where}{name} cannot be set (it has no range in OPTION_CAPS)")
+                continue
+            ok, problem = check(where + name, value, cap)
+            if problem is not None:
+                problems.append(f"option {problem}; using {current!r}")
+            else:
+                setattr(obj, name, ok)
 
 
 def parse_options(data: Any) -> tuple[Options, list[str]]:
-    """Options from initializationOptions, and a list of problems (empty when all is well)."""
+    """Options from initializationOptions, and a list of problems (empty when all is well).
+
+    Never raises: every value is checked (coder_model.limits.check) against OPTION_CAPS or
+    the sampler's caps, and a bad one is reported and its default kept.
+    """
     opts = Options()
     problems: list[str] = []
     if data is None:
@@ -110,12 +149,4 @@ def parse_options(data: Any) -> tuple[Options, list[str]]:
     if not isinstance(data, dict):
         return opts, [f"initializationOptions must be an object, got {type(data).__name__}; using defaults"]
     _fill(opts, data, "", problems)
-    for name in ("min_confidence", "min_confidence_rewrite_recent"):
-        if getattr(opts, name) > 1:
-            problems.append(f"option {name} must be a confidence in [0, 1], got {getattr(opts, name)}; "
-                            f"using {getattr(Options, name)}")
-            setattr(opts, name, getattr(Options, name))
-    if opts.deadline_ms < 1:
-        problems.append(f"option deadline_ms must be at least 1 ms, got {opts.deadline_ms}; using {Options.deadline_ms}")
-        opts.deadline_ms = Options.deadline_ms
     return opts, problems

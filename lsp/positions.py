@@ -2,9 +2,10 @@
 
 LSP `Position.character` counts UTF-16 code units by default; a client may
 offer `utf-8` (bytes) or `utf-32` (code points) in
-`general.positionEncodings`, and we take utf-8 / utf-32 when offered because
-they are cheaper to convert than utf-16 for us (Python strings index code
-points). Everything here works on one line of text (without its newline).
+`general.positionEncodings`, in its order of preference, and we take its
+first choice that is one of the three (utf-8 and utf-32 are cheaper for us to
+convert than utf-16, Python strings index code points, but the client knows
+what its own buffers hold: a conversion on its side costs it more). Everything here works on one line of text (without its newline).
 
 Bad positions never raise: a character past the end of the line clamps to
 the end of the line (LSP spec), and a UTF-16 offset that points between the
@@ -21,11 +22,13 @@ ENCODINGS = (UTF16, UTF8, UTF32)
 
 
 def choose_encoding(offered: list[str] | None) -> str:
-    """The position encoding to announce, from the client's offered list."""
-    offered = [str(getattr(e, "value", e)) for e in (offered or [])]
-    for enc in (UTF32, UTF8):
-        if enc in offered:
-            return enc
+    """The position encoding to announce: the client's first choice that we support (its
+    list is in order of preference, LSP 3.17), else utf-16. pygls announces the same one
+    (ServerCapabilitiesBuilder.choose_position_encoding); lsp.server checks they agree."""
+    for enc in offered or []:
+        name = str(getattr(enc, "value", enc))
+        if name in ENCODINGS:
+            return name
     return UTF16
 
 

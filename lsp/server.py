@@ -27,12 +27,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from dlm.coder_model import limits
 from dlm.coder_model.types import Engine, LayoutBudget, Prediction, SamplerParams
-from dlm.lsp import context, convert, copilot_nes, framing, gate, postprocess
+from dlm.lsp import context, convert, copilot_nes, framing, gate, positions, postprocess
 from dlm.lsp.convert import ACCEPT_COMMAND
 from dlm.lsp.documents import Document, Documents
 from dlm.lsp.engine_holder import EngineHolder
@@ -64,8 +65,11 @@ class DlmServer(LanguageServer):
         self.scheduler = LatestWins(self.pool, self.stats, self.options.scheduler.throttle_ms)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.holder = EngineHolder(engine_factory, self._status_changed)
-        self.roots: list[str] = []
-        self.items: OrderedDict[str, dict] = OrderedDict()  # shown inline items by id (bounded)
+        self.roots: list[str] = []  # workspace folders, once each, longest first (path_of)
+        # Ids this server gave out (inline items, edit predictions), newest last, bounded: the
+        # acceptance counters count only these, each once (a client bug cannot inflate them).
+        self.issued: OrderedDict[str, set[str]] = OrderedDict()  # id -> the events counted for it
+        self._refused_messages: set[str] = set()  # engine refusals already logged (once each)
         self.last: dict[str, dict] = {}  # uri -> last suggestion (for editPrediction reuse + prefix cache)
         self.type_through: dict[str, dict] = {}  # uri -> the shown insertion (typing through it)
         self.recent: dict[str, gate.RecentEdits] = {}  # uri -> lines typed recently (confidence gate)
@@ -124,7 +128,12 @@ class DlmServer(LanguageServer):
         self._windows = None
         self.documents = Documents(position_encoding, options.max_syntax_chars)
         self.scheduler.throttle_s = options.scheduler.throttle_ms / 1000.0
-        self.roots = roots
+        self.set_roots(roots)
+
+    def set_roots(self, roots: list[str]) -> None:
+        """Keep each workspace folder once, longest first: a client may add the same folder any
+        number of times, and path_of runs on every request."""
+        self.roots = sorted({r.rstrip("/") or "/" for r in roots if r}, key=len, reverse=True)
 
     def windows(self, budget: LayoutBudget) -> context.Windows:
         """The text windows that fill the engine's layout (local and remote engines alike)."""
@@ -139,10 +148,10 @@ class DlmServer(LanguageServer):
     def path_of(self, uri: str) -> str:
         parsed = urlparse(uri)
         path = unquote(parsed.path) if parsed.scheme == "file" else uri
-        for root in sorted(self.roots, key=len, reverse=True):
+        for root in self.roots:  # longest first: the innermost folder names the path
             if path.startswith(root.rstrip("/") + "/"):
-                return path[len(root.rstrip("/")) + 1 :]
-        return path.rsplit("/", 1)[-1]
+                return limits.bound_path(path[len(root.rstrip("/")) + 1 :])
+        return limits.bound_path(path.rsplit("/", 1)[-1])
 
     def sampler_params(self) -> SamplerParams:
         try:
@@ -152,7 +161,26 @@ class DlmServer(LanguageServer):
             return SamplerParams()
 
     def next_id(self) -> str:
-        return str(next(self._ids))
+        """A fresh id for a suggestion the client may show and accept (remembered: `counts`)."""
+        item_id = str(next(self._ids))
+        self.issued[item_id] = set()
+        while len(self.issued) > MAX_REMEMBERED_ITEMS:
+            self.issued.popitem(last=False)
+        return item_id
+
+    def counts(self, event: str, item_id: Any) -> bool:
+        """Count `event` (shown, accepted, partially_accepted) for a suggestion id, when this
+        server issued the id and the event was not counted for it yet; else log and ignore."""
+        key = str(item_id) if isinstance(item_id, (str, int)) and not isinstance(item_id, bool) else None
+        seen = self.issued.get(key) if key is not None else None
+        if seen is None:
+            log.debug("%s for an id this server did not issue (%.40r); not counted", event, item_id)
+            return False
+        if event in seen:
+            return False
+        seen.add(event)
+        self.stats.add(event)
+        return True
 
     async def predict(self, doc: Document, row: int, col: int, mode: str) -> dict | None:
         """Run the model (latest wins) and post-process; None when there is nothing to show."""
@@ -174,8 +202,10 @@ class DlmServer(LanguageServer):
             built = context.build(doc, row, col, mode, opts, windows, path)
             if built is None:
                 return None
+            # path, language and history entries are cut to coder_model.limits before any tokenizer
+            built = replace(built, prompt=limits.bound_fields(built.prompt))
             return engine_future(engine, self.pool, built, (time.monotonic() - t_start) * 1000, params, cancel,
-                                 deadline)
+                                 deadline, self.refused)
 
         def valid() -> bool:
             return self.documents.get(uri) is doc and doc.version == version
@@ -249,6 +279,16 @@ class DlmServer(LanguageServer):
             return False
         return True
 
+    def refused(self, exc: ValueError) -> None:
+        """An engine refused a request: one warning per distinct reason (no traceback: it is a
+        setting, not a crash), then the keystrokes go on with no suggestion."""
+        self.stats.add("refused")
+        message = str(exc)
+        if message not in self._refused_messages and len(self._refused_messages) < 64:
+            self._refused_messages.add(message)
+            log.warning("the model refused a request: %s; check the sampler options "
+                        "(initializationOptions.sampler)", message)
+
     def gate(self, res: dict, rewrites_recent: bool) -> bool:
         """Show this result? (lsp.gate); counts what it holds back by reason."""
         verdict = gate.decide(res["confidence"], rewrites_recent, res["late"], self.options.min_confidence,
@@ -260,9 +300,6 @@ class DlmServer(LanguageServer):
         """Keep a shown inline item (for the accept command) and, for a pure insertion, what
         the user may type through without a model call; returns the item's id."""
         item_id = self.next_id()
-        self.items[item_id] = {"uri": doc.uri, "text": text, "row": row, "col": col}
-        while len(self.items) > MAX_REMEMBERED_ITEMS:
-            self.items.popitem(last=False)
         if insertion:
             line = doc.line(row)
             self.type_through[doc.uri] = {
@@ -305,10 +342,11 @@ class Ran:
 
 
 def engine_future(engine: Engine, pool: ThreadPoolExecutor, built: context.BuiltContext, context_ms: float,
-                  params: SamplerParams, cancel, deadline: float) -> Future:
-    """A Future of the Ran for `built`: queued straight on an engine that has its own inference
-    queue (`submit`: LocalEngine, FamilyEngine), else run on a pool thread (RemoteEngine, whose
-    predict watches its own deadline and cancel while the server works)."""
+                  params: SamplerParams, cancel, deadline: float, refused: Callable[[ValueError], None]) -> Future:
+    """A Future of the Ran for `built` (None when the engine refused the request: `refused` is
+    told why): queued straight on an engine that has its own inference queue (`submit`:
+    LocalEngine, FamilyEngine), else run on a pool thread (RemoteEngine, whose predict watches
+    its own deadline and cancel while the server works)."""
     submit = getattr(engine, "submit", None)
     inner = (submit(built.prompt, params, cancel, deadline) if submit is not None
              else pool.submit(engine.predict, built.prompt, params, cancel, deadline))
@@ -316,7 +354,10 @@ def engine_future(engine: Engine, pool: ThreadPoolExecutor, built: context.Built
 
     def done(f: Future) -> None:
         exc = f.exception()
-        if exc is not None:
+        if isinstance(exc, ValueError):  # the model cannot take this request (e.g. blocks past its length)
+            refused(exc)
+            out.set_result(None)
+        elif exc is not None:
             out.set_exception(exc)
         else:
             out.set_result(Ran(built, f.result(), context_ms))
@@ -333,11 +374,15 @@ def initialize(ls: DlmServer, params: types.InitializeParams) -> None:
     options, problems = parse_options(params.initialization_options)
     for p in problems:
         log.warning("initializationOptions: %s", p)
-    enc = ls.workspace.position_encoding
-    roots = [f.uri for f in params.workspace_folders or []]
+    enc = str(getattr(ls.workspace.position_encoding, "value", ls.workspace.position_encoding))
+    general = params.capabilities.general if params.capabilities else None
+    ours = positions.choose_encoding(general.position_encodings if general else None)
+    if ours != enc:  # pygls announces its choice; the documents must count in the announced one
+        log.warning("position encoding: pygls announced %s where lsp.positions chooses %s; using %s", enc, ours, enc)
+    roots = [f.uri for f in params.workspace_folders or []]  # set_roots keeps each once
     if params.root_uri:
         roots.append(params.root_uri)
-    ls.configure(options, str(getattr(enc, "value", enc)), [unquote(urlparse(r).path) for r in roots])
+    ls.configure(options, enc, [unquote(urlparse(r).path) for r in roots])
 
 
 def initialized(ls: DlmServer, params: types.InitializedParams) -> None:
@@ -357,9 +402,9 @@ def shutdown(ls: DlmServer, params: Any) -> None:
 
 
 def workspace_did_change_workspace_folders(ls: DlmServer, params: types.DidChangeWorkspaceFoldersParams) -> None:
-    removed = {unquote(urlparse(f.uri).path) for f in params.event.removed}
-    ls.roots = [r for r in ls.roots if r not in removed]
-    ls.roots += [unquote(urlparse(f.uri).path) for f in params.event.added]
+    removed = {unquote(urlparse(f.uri).path).rstrip("/") or "/" for f in params.event.removed}
+    added = [unquote(urlparse(f.uri).path) for f in params.event.added]
+    ls.set_roots([r for r in ls.roots if r not in removed] + added)
 
 
 def text_document_did_open(ls: DlmServer, params: types.DidOpenTextDocumentParams) -> None:
@@ -368,7 +413,7 @@ def text_document_did_open(ls: DlmServer, params: types.DidOpenTextDocumentParam
         log.warning("%s has %d characters, over max_document_chars; not tracked", td.uri, len(td.text))
         return
     forget_results(ls, td.uri)  # a re-open may reuse a version number: nothing from before counts
-    doc = ls.documents.open(td.uri, td.text, td.version, td.language_id)
+    doc = ls.documents.open(td.uri, td.text, td.version, limits.bound_language(td.language_id))
     doc.history = History(ls.path_of(td.uri), ls.options.history)
 
 
@@ -472,23 +517,22 @@ def dlm_stats(ls: DlmServer, params: Any) -> dict:
     out["documents"] = len(ls.documents)
     out["pending_futures"] = ls.protocol.pending_futures  # pygls' request table (bounded: lsp.protocol)
     out["state"] = ls.holder.status.state
+    out["workspace_folders"] = len(ls.roots)
     return out
 
 
 def text_document_did_show_completion(ls: DlmServer, params: Any) -> None:
-    ls.stats.add("shown")
+    ls.counts("shown", convert.command_item_id(params))
 
 
 def text_document_did_partially_accept_completion(ls: DlmServer, params: Any) -> None:
-    ls.stats.add("partially_accepted")
+    ls.counts("partially_accepted", convert.command_item_id(params))
 
 
 def workspace_execute_command_accept(ls: DlmServer, *args: Any) -> None:
-    ls.stats.add("accepted")
-    for item_id in args:
-        if isinstance(item_id, (str, int)):  # the item's other argument is its data (confidence)
-            ls.items.pop(str(item_id), None)
-    ls.maybe_send_status()
+    # arguments: [item id, data?] (convert.inline_item, copilot_nes); anything else is not ours
+    if ls.counts("accepted", args[0] if args else None):
+        ls.maybe_send_status()
 
 
 # ---- Copilot's next-edit methods (lsp.copilot_nes): dlm/editPrediction in Copilot's shape -------
@@ -504,7 +548,7 @@ async def copilot_inline_edit(ls: DlmServer, params: Any) -> dict:
 
 
 def text_document_did_show_inline_edit(ls: DlmServer, params: Any) -> None:
-    ls.stats.add("shown")
+    ls.counts("shown", convert.command_item_id(params))
 
 
 def create_server(engine_factory: Callable[[], Engine]) -> DlmServer:

@@ -81,4 +81,5 @@ def run(args: argparse.Namespace) -> int:
         server.start_tcp(host, port)
     else:
         server.start_io()
-    return 0
+    # `exit` without `shutdown` exits 1 (LSP spec); end of input or an `exit` after `shutdown`: 0
+    return getattr(server, "exit_code", 0)

@@ -145,11 +145,22 @@ class ModelBackend(NativeModel):
             total -= old.nbytes()
 
 
-def load_scheduler(model_dir: str | None, device: str = "auto", *, max_batch: int = 32, max_caches: int = 64):
+# Tokens of one batched forward pass when --max-batch-tokens is not given. On a GPU a pass of a few
+# thousand tokens costs little more than one of 32: batching is the throughput. On a CPU a pass
+# costs in proportion to its tokens (embedded model, one thread: 8 ms for a 32-slot block, 42 ms for
+# four of them in one pass, 392 ms for 1,024 slots), so batching buys nothing and would make a
+# light request's every step as slow as the heaviest one it shares a pass with: one job per pass.
+def default_max_batch_tokens(device: str) -> int:
+    return 4096 if str(device).startswith("cuda") else 0
+
+
+def load_scheduler(model_dir: str | None, device: str = "auto", *, max_batch: int = 32, max_caches: int = 64,
+                   max_batch_tokens: int | None = None, max_owner_slots: int = 2048):
     """(scheduler, model name, device) for a checkpoint directory (None: the embedded one).
 
     The native family gets the batching scheduler; other families (dream,
     llada) are served one request at a time through their Engine.
+    `max_batch_tokens` None: default_max_batch_tokens(device).
     """
     from dlm.coder_model.engine import load_engine, load_native, open_checkpoint
     from dlm.coder_model.remote.scheduler import BatchScheduler, EngineScheduler
@@ -160,4 +171,7 @@ def load_scheduler(model_dir: str | None, device: str = "auto", *, max_batch: in
         return EngineScheduler(load_engine(str(d), dev)), d.name, dev
     model, tok, calibration = load_native(d, dev)
     backend = ModelBackend(model, tok, device=dev, name=d.name, max_caches=max_caches, calibration=calibration)
-    return BatchScheduler(backend, max_batch=max_batch), d.name, dev
+    if max_batch_tokens is None:
+        max_batch_tokens = default_max_batch_tokens(dev)
+    return (BatchScheduler(backend, max_batch=max_batch, max_batch_tokens=max_batch_tokens,
+                           max_owner_slots=max_owner_slots), d.name, dev)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import msgpack
+from dlm.coder_model import limits
 from dlm.coder_model.types import Prediction, Prompt, SamplerParams
 
 PROTOCOL_VERSION = 1
@@ -228,66 +229,65 @@ def prompt_from_wire(obj: Any, request_id: int) -> Prompt:
     if not isinstance(history, list) or not all(isinstance(h, str) for h in history):
         raise _bad(request_id, "prompt.history must be a list of strings")
     try:
-        return Prompt(cursor=cursor, history=tuple(history), **kwargs)
+        prompt = Prompt(cursor=cursor, history=tuple(history), **kwargs)
     except ValueError as exc:
         raise _bad(request_id, f"invalid prompt: {exc}") from None
+    # path, language and history entries cut to coder_model.limits here, before anything tokenizes
+    # them (a 1 MB path once cost ~800 ms and ~90 MB); the windows are the layout budget's business.
+    return limits.bound_fields(prompt)
 
 
-_PARAM_TYPES = {f.name: f.type for f in fields(SamplerParams)}
-
-# Upper bounds on the sampler knobs a client may ask for, whatever the model: one
-# request's knobs bound its cost for everyone sharing the batch. A request above a
-# cap gets bad_request (the model may set tighter ones, e.g. blocks that fit its
-# max_seq_len). The defaults (SamplerParams) are far below them.
-PARAM_CAPS = {"steps": 4096, "block_len": 1024, "max_blocks": 64, "seed": 2**63 - 1}
+# Upper bounds on the integer sampler knobs a client may ask for, whatever the model (the
+# caps of coder_model.limits.SAMPLER_CAPS, the same for every door): one request's knobs bound
+# its cost for everyone sharing the batch. The model may set tighter ones (blocks that fit its
+# max_seq_len; the scheduler's check by measured step time).
+PARAM_CAPS = {name: int(cap.high) for name, cap in limits.SAMPLER_CAPS.items() if cap.kind == "int"}
 
 
 def params_from_wire(obj: Any, request_id: int) -> SamplerParams:
+    """The `params` of a predict message, checked by coder_model.limits (the validator every door
+    shares): a value out of its caps, or knobs asking for more than MAX_REQUEST_SLOT_STEPS
+    together, answer this request bad_request (never the connection). Refused rather than
+    replaced by a default, as options are: a silently changed knob would change the answer."""
     if obj is None:
         return SamplerParams()
     if not isinstance(obj, dict):
         raise _bad(request_id, '"params" must be a map of SamplerParams fields')
-    unknown = set(obj) - set(_PARAM_TYPES)
+    unknown = set(obj) - set(limits.SAMPLER_CAPS)
     if unknown:
         # Rejected rather than ignored: an ignored knob would silently change the suggestion.
         raise _bad(request_id, f"unknown sampler params {sorted(map(str, unknown))}; this server knows "
-                   f"{sorted(_PARAM_TYPES)} (upgrade the server if the client is newer)")
+                   f"{sorted(limits.SAMPLER_CAPS)} (upgrade the server if the client is newer)")
     kwargs: dict[str, Any] = {}
     for name, value in obj.items():
-        kind = _PARAM_TYPES[name]
-        if kind == "int":
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        elif kind == "float":
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            value = float(value) if ok else value
-        else:  # Literal[...] string knobs, validated by SamplerParams itself
-            ok = isinstance(value, str)
-        if not ok:
-            raise _bad(request_id, f"params.{name} has the wrong type {type(value).__name__}")
-        if kind == "float" and not math.isfinite(value):
-            raise _bad(request_id, f"params.{name} is {value}; send a finite number")
-        cap = PARAM_CAPS.get(name)
-        if cap is not None and not 0 <= value <= cap:
-            raise _bad(request_id, f"params.{name}={value} is outside [0, {cap}]; this server takes "
-                       f"{name} up to {cap} (the default is {getattr(SamplerParams(), name)})")
-        kwargs[name] = value
+        ok, problem = limits.check(f"params.{name}", value, limits.SAMPLER_CAPS[name])
+        if problem is not None:
+            raise _bad(request_id, f"{problem} (the default is {getattr(SamplerParams(), name)!r})")
+        kwargs[name] = ok
     try:
-        return SamplerParams(**kwargs)
+        params = SamplerParams(**kwargs)
     except (ValueError, TypeError) as exc:
         raise _bad(request_id, f"invalid sampler params: {exc}") from None
+    cost = limits.request_slot_steps(params)
+    if cost > limits.MAX_REQUEST_SLOT_STEPS:
+        raise _bad(request_id, f"block_len {params.block_len} x max_blocks {params.max_blocks} x steps "
+                   f"{min(params.steps, params.block_len)} = {cost:,} slot-steps is over the "
+                   f"{limits.MAX_REQUEST_SLOT_STEPS:,} one request may take on this server; ask for fewer steps, "
+                   "blocks or slots")
+    return params
 
 
 def deadline_from_wire(msg: dict[str, Any], request_id: int) -> float | None:
-    """The optional `deadline_ms` of a predict message: None, or a finite float > 0."""
+    """The optional `deadline_ms` of a predict message (the time the request has left): None,
+    or a finite float > 0 and at most the cap of coder_model.limits.REQUEST_CAPS."""
     value = msg.get("deadline_ms")
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _bad(request_id, f"deadline_ms must be a number of milliseconds, got {type(value).__name__}")
-    if not (math.isfinite(value) and value > 0):
-        raise _bad(request_id, f"deadline_ms={value}: send the milliseconds left for this request, a finite "
-                   "number > 0 (or leave it out)")
-    return float(value)
+    ok, problem = limits.check("deadline_ms", value, limits.REQUEST_CAPS["deadline_ms"])
+    if problem is not None or ok <= 0:
+        raise _bad(request_id, f"{problem or f'deadline_ms={value} is not > 0'}: send the milliseconds left "
+                   "for this request (or leave it out)")
+    return ok
 
 
 _PREDICTION_FIELDS = [f.name for f in fields(Prediction)]

@@ -50,6 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-key", default=None, metavar="PEM", help="TLS private key")
     parser.add_argument("--max-batch", type=int, default=32,
                         help="requests whose denoising steps share one forward pass (default 32)")
+    parser.add_argument("--max-batch-tokens", type=int, default=None,
+                        help="masked slots of one forward pass (default 4096 on a GPU, 0 on a CPU: one request "
+                        "per pass, as a CPU gains nothing from batching)")
+    parser.add_argument("--max-connection-slots", type=int, default=2048,
+                        help="masked slots one connection may have in the batch at once; its further requests "
+                        "wait their turn (default 2048)")
     parser.add_argument("--max-inflight", type=int, default=64, help="requests in flight per connection")
     parser.add_argument("--max-frame-bytes", type=int, default=4 << 20, help="largest accepted frame")
     parser.add_argument("--max-inflight-bytes", type=int, default=16 << 20,
@@ -99,6 +105,10 @@ def run(args: argparse.Namespace) -> int:
                         handshake_timeout_s=args.handshake_timeout, idle_timeout_s=args.idle_timeout)
         if args.max_connections < 1:
             raise ValueError(f"--max-connections {args.max_connections}: use at least 1")
+        if args.max_batch_tokens is not None and args.max_batch_tokens < 0:
+            raise ValueError(f"--max-batch-tokens {args.max_batch_tokens}: use 0 or more")
+        if args.max_connection_slots < 1:
+            raise ValueError(f"--max-connection-slots {args.max_connection_slots}: use at least 1")
     except ValueError as exc:  # AuthConfigError is a ValueError
         print(f"dlm-lsp serve: {exc}", file=sys.stderr)
         return 2
@@ -107,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         scheduler, name, device = load_scheduler(args.model, args.device, max_batch=args.max_batch,
-                                                 max_caches=args.max_caches)
+                                                 max_caches=args.max_caches, max_batch_tokens=args.max_batch_tokens,
+                                                 max_owner_slots=args.max_connection_slots)
     except (OSError, ValueError) as exc:
         print(f"dlm-lsp serve: cannot load the model: {exc}", file=sys.stderr)
         return 1

@@ -14,8 +14,12 @@ keys its prefix caches and its log lines. The `client` label a client sends in
 holder presenting someone else's label gets nothing of theirs.
 
 Limits (a client can hurt only itself): frame size, requests and frame bytes in
-flight per connection, handshake/frame/idle timeouts (`Limits`), and a cap on
-connections held (`ServerOptions.max_connections`).
+flight per connection, handshake/frame/idle timeouts (`Limits`), a cap on
+connections held (`ServerOptions.max_connections`), the parameter caps of
+coder_model.limits (checked in protocol.py), and the scheduler's: fair shares of
+the forward passes between connections, a cap on each connection's requests and
+slots in the batch, and a refusal of requests whose measured cost is too high
+(`check_request`; scheduler.py says how).
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ class Scheduler(Protocol):
     def budget(self) -> Any: ...
 
     def prepare(self, prompt: Prompt, params: SamplerParams) -> Any: ...
+
+    def check_request(self, params: SamplerParams, deadline_ms: float | None) -> str | None: ...
 
     def start(self) -> None: ...
 
@@ -240,6 +246,10 @@ class _Conn:
         prompt = prompt_from_wire(msg.get("prompt"), rid)
         params = params_from_wire(msg.get("params"), rid)
         deadline_ms = deadline_from_wire(msg, rid)
+        problem = self.server.scheduler.check_request(params, deadline_ms)  # by the measured step time
+        if problem is not None:
+            self.server.scheduler.stats.refused += 1
+            raise ProtocolError("bad_request", problem, request_id=rid, fatal=False)
         loop = asyncio.get_running_loop()
 
         def on_done(pred: Prediction | None, err: ProtocolError | None) -> None:  # scheduler thread

@@ -68,3 +68,32 @@ def slow(model, device):
 
 def failing(model, device):
     raise RuntimeError("fake engine refuses to load (test of the failure path)")
+
+
+class FieldSizesEngine(SlowFakeEngine):
+    """Answers with the sizes of the prompt's path and language at the cursor ("P<n>L<m>"), for
+    the tests that check those fields are bounded before they reach an engine."""
+
+    def predict(self, prompt, params, cancel, deadline=None):
+        pred = super().predict(prompt, params, cancel, deadline)
+        if pred.cancelled:
+            return pred
+        mark = f"P{len(prompt.path)}L{len(prompt.language)}"
+        region = prompt.region
+        pred.text = region[: prompt.cursor] + mark + region[prompt.cursor :]
+        return pred
+
+
+def field_sizes(model, device):
+    return FieldSizesEngine(float(os.environ.get("FAKE_STEP_S", "0.001")), 1)
+
+
+class RefusingEngine(SlowFakeEngine):
+    """Refuses every request as a model refuses blocks longer than it takes (ValueError)."""
+
+    def predict(self, prompt, params, cancel, deadline=None):
+        raise ValueError(f"block_len {params.block_len} x max_blocks {params.max_blocks} exceed the fake's length")
+
+
+def refusing(model, device):
+    return RefusingEngine(0.001, 1)

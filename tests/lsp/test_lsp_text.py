@@ -37,7 +37,7 @@ def test_to_character_roundtrip():
 
 def test_choose_encoding():
     assert positions.choose_encoding(None) == "utf-16"
-    assert positions.choose_encoding(["utf-16", "utf-8"]) == "utf-8"
+    assert positions.choose_encoding(["utf-16", "utf-8"]) == "utf-16"  # the client's first choice
 
 
 def test_split_lines_keeps_terminators():

@@ -45,7 +45,9 @@ def local(sharp_checkpoint):
 def remote_server(sharp_checkpoint):
     from dlm.coder_model.remote.backend import load_scheduler
 
-    scheduler, name, device = load_scheduler(sharp_checkpoint, "cpu", max_batch=8)
+    # max_batch_tokens: batch on the CPU too (its default there is one request per pass), so that
+    # the tests below check batched forward passes against local decoding
+    scheduler, name, device = load_scheduler(sharp_checkpoint, "cpu", max_batch=8, max_batch_tokens=4096)
     srv = ServerThread(scheduler, ServerOptions(port=0, model_name=name, device=device)).start()
     yield srv
     srv.stop()
@@ -293,7 +295,8 @@ def test_bad_params_of_one_client_do_not_fail_anothers_batch(remote_server):
         b.hello()
         nan = predict_message(1, prompts[0], PARAMS)
         nan["params"]["temperature"] = float("nan")
-        too_long = predict_message(2, prompts[0], SamplerParams(block_len=1024, max_blocks=64))
+        # past the model's max_seq_len (4096), within the caps and the server's time bound
+        too_long = predict_message(2, prompts[0], SamplerParams(block_len=512, max_blocks=8, steps=1))
         threads = [threading.Thread(target=go, args=(i,)) for i in range(len(prompts))]
         for t in threads:
             t.start()
