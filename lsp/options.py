@@ -46,11 +46,24 @@ class SchedulerOptions:
 
 
 @dataclass
+class IndexOptions:
+    """The workspace index (lsp.workspace; README "Repository memory")."""
+
+    enabled: bool = True
+    max_files: int = 50_000  # source files per workspace root; the walk stops there
+    max_file_bytes: int = 1_000_000  # larger files are skipped (minified bundles, generated code)
+    max_tokens: int = 20_000_000  # tokens per root (RepoMemory's cap)
+    rescan_s: float = 60.0  # mtime rescan interval when the client does not watch files (0: never)
+    exclude: list[str] = field(default_factory=list)  # more .gitignore-style patterns to leave out
+
+
+@dataclass
 class Options:
     context: ContextOptions = field(default_factory=ContextOptions)
     history: HistoryOptions = field(default_factory=HistoryOptions)
     scheduler: SchedulerOptions = field(default_factory=SchedulerOptions)
     sampler: dict[str, Any] = field(default_factory=dict)  # SamplerParams overrides
+    index: IndexOptions = field(default_factory=IndexOptions)
     # Deadline and confidence gate (lsp.gate; README "Protocol"). minConfidence is chosen by
     # `dlm-lsp eval` on the embedded model (BENCHMARKS.md "Acceptance through the server").
     deadline_ms: int = 250  # answer this long after the keystroke, or not at all
@@ -116,6 +129,10 @@ def parse_options(data: Any) -> tuple[Options, list[str]]:
             problems.append(f"option {name} must be a confidence in [0, 1], got {getattr(opts, name)}; "
                             f"using {getattr(Options, name)}")
             setattr(opts, name, getattr(Options, name))
+    if not (isinstance(opts.index.exclude, list) and all(isinstance(p, str) for p in opts.index.exclude)):
+        problems.append(f"option index.exclude must be a list of .gitignore patterns (strings), "
+                        f"got {opts.index.exclude!r}; using []")  # fmt: skip
+        opts.index.exclude = []
     if opts.deadline_ms < 1:
         problems.append(f"option deadline_ms must be at least 1 ms, got {opts.deadline_ms}; using {Options.deadline_ms}")
         opts.deadline_ms = Options.deadline_ms
