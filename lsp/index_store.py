@@ -21,6 +21,7 @@ persisted index but never writes it (`writable` is False, `message` says why).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -188,7 +189,7 @@ class IndexStore:
         header = {**header, "root": self.root}
         tmp = self.dir / f".{INDEX_FILE}.{os.getpid()}.tmp"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             with os.fdopen(fd, "w+b") as fh:
                 head = json.dumps(header, separators=(",", ":")).encode("utf-8")
                 fh.write(b"\0" * _FIXED.size)
@@ -213,9 +214,10 @@ class IndexStore:
                 os.unlink(tmp)
             except OSError:
                 pass
-            log.warning("index: could not save the index of %s to %s (%s); serving it from memory, "
-                        "it will be rebuilt at the next start if needed (free some disk space?)",
-                        self.root, self.path, exc)  # fmt: skip
+            hint = " (free some disk space)" if getattr(exc, "errno", None) == errno.ENOSPC else ""
+            log.warning("index: could not save the index of %s to %s (%s); serving it from memory, and "
+                        "the files it lacks on disk are read again at the next start%s",
+                        self.root, self.path, exc, hint)  # fmt: skip
             return False
 
 
