@@ -461,6 +461,7 @@ def dlm_stats(ls: DlmServer, params: Any) -> dict:
     out["documents"] = len(ls.documents)
     out["pending_futures"] = ls.protocol.pending_futures  # pygls' request table (bounded: lsp.protocol)
     out["state"] = ls.holder.status.state
+    out["index"] = ls.workspace_index.status()
     return out
 
 

@@ -424,10 +424,13 @@ class Workspace:
         for ri in removed:
             self._retire(ri)
         if events:
+            files = self._files()
             for path, action in events.items():
                 if not self._turn():
                     return True
                 self._apply(path, action)
+            if self._files() != files:  # dlm/status follows the count, not every buffer update
+                self._notify_status()
             return True
         for ri in list(self._roots.values()):
             if ri.job is not None:
@@ -446,6 +449,9 @@ class Workspace:
                 self._save(ri)
                 return True
         return bool(removed)
+
+    def _files(self) -> int:
+        return sum(len(ri.manifest) for ri in self._roots.values())
 
     def _finish(self) -> None:
         for ri in list(self._roots.values()):
