@@ -306,7 +306,6 @@ def initialize(ls: DlmServer, params: types.InitializeParams) -> None:
 
 def initialized(ls: DlmServer, params: types.InitializedParams) -> None:
     ls._initialized = True
-    ls.send_status()
     # The index starts now, not at initialize: its progress is a request to the client.
     caps, index = ls.client_capabilities, ls.workspace_index
     index.configure(ls.options.index)
@@ -315,6 +314,7 @@ def initialized(ls: DlmServer, params: types.InitializedParams) -> None:
         index.watching = True  # until the client says otherwise: no rescans to race the registration
         watch_files(ls.protocol, index.set_watching)
     index.set_roots(ls.roots)
+    ls.send_status()
 
 
 def shutdown(ls: DlmServer, params: Any) -> None:

@@ -17,8 +17,10 @@ the server gives `Workspace` its roots. One low-priority thread (`dlm-index`, ni
    not watch files for us, an mtime rescan every `index.rescanS`.
 
 Predictions come first: `Workspace.prediction()` wraps a prediction; while one
-runs the indexer starts no new step (a file, a directory), so it only ever
-holds the memory for the one update it is in, and it runs at nice 19.
+runs the indexer starts no new step (a file, a directory), and it runs at nice
+19. RepoMemory is thread-safe (readers and the one writer take its own short
+locks); its `save` holds the memory for its whole length, so a save waits for
+a quiet spell (no prediction for QUIET_S).
 
 The rest of the server reads `memory_for(path)` (the memory of the root holding
 a file, and the file's path in it), `memory` (the first root's), `open_files()`
@@ -54,6 +56,7 @@ DEBOUNCE_S = 1.0  # an open buffer's text goes into the index after this long wi
 SAVE_AFTER_S = 30.0  # changes are persisted once the index has been quiet this long
 PROGRESS_EVERY_S = 0.5  # at most one $/progress report per root per interval
 RETRY_S = 10.0  # how often a root that disappeared is looked for
+QUIET_S = 2.0  # save only after this long without a prediction (a save holds the memory)
 BUFFER_SIG = (-1, -1)  # manifest entry of a file whose indexed text is an open buffer's
 # Read this many new files before the state says "indexing" on a rescan (a branch switch).
 RESCAN_PROGRESS_FILES = 50
@@ -133,8 +136,8 @@ class Workspace:
         self._events: dict[str, tuple[str, Any]] = {}  # abs path -> latest action for it
         self._open: dict[str, str] = {}  # abs path -> text of an open buffer (checked like the index)
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._memory_lock = threading.Lock()
         self._predicting = 0
+        self._last_prediction = 0.0  # time.monotonic() when the last prediction ended
         self._no_prediction = threading.Event()
         self._no_prediction.set()
         self._stop = False
@@ -182,17 +185,17 @@ class Workspace:
 
     @contextmanager
     def prediction(self):
-        """Wrap each prediction: the indexer starts nothing new until it ends, and the memory
-        is not being updated while it is read."""
+        """Wrap each prediction (from any thread): the indexer starts nothing new until it
+        ends, and saves the index only after a quiet spell."""
         with self._cv:
             self._predicting += 1
             self._no_prediction.clear()
         try:
-            with self._memory_lock:
-                yield
+            yield
         finally:
             with self._cv:
                 self._predicting -= 1
+                self._last_prediction = time.monotonic()
                 if self._predicting == 0:
                     self._no_prediction.set()
                     self._cv.notify_all()
@@ -409,7 +412,8 @@ class Workspace:
     def _idle_wait(self) -> float:
         now = time.monotonic()
         due = [ri.next_rescan for ri in self._roots.values()]
-        due += [ri.changed_at + SAVE_AFTER_S for ri in self._roots.values() if ri.dirty]
+        due += [max(ri.changed_at + SAVE_AFTER_S, self._last_prediction + QUIET_S)
+                for ri in self._roots.values() if ri.dirty]  # fmt: skip
         return min(5.0, max(0.05, min(due, default=now + 5.0) - now))
 
     def _step(self) -> bool:
@@ -445,7 +449,7 @@ class Workspace:
                 ri.next_rescan = float("inf")
                 ri.job = self._index(ri, initial=ri.memory is None)
                 return True
-            if ri.dirty and now - ri.changed_at >= SAVE_AFTER_S:
+            if ri.dirty and now - ri.changed_at >= SAVE_AFTER_S and now - self._last_prediction >= QUIET_S:
                 self._save(ri)
                 return True
         return bool(removed)
@@ -547,8 +551,8 @@ class Workspace:
         if progress or todo:
             log.info("index: %s: %d files, %d tokens (%d read in %.1f s; skipped %s)", ri.real, files, tokens,
                      len(todo), time.monotonic() - t0, dict(skipped) or "none")  # fmt: skip
-        if ri.dirty:
-            self._save(ri)
+        if ri.dirty and time.monotonic() - self._last_prediction >= QUIET_S:
+            self._save(ri)  # else after SAVE_AFTER_S and a quiet spell (_step)
         if progress:
             self._progress(ProgressEvent(ri.real, "end", "", f"{files} files indexed"))
         if not self.watching and self.options.rescan_s > 0:
@@ -601,11 +605,8 @@ class Workspace:
             return len(ri.manifest), 0
 
     def _put(self, ri: RootIndex, rel: str, text: str, sig: tuple[int, int]) -> None:
-        with self._memory_lock:
-            n = ri.memory.update_file(rel, text)
-            if n == 0 and text.strip():  # refused: over maxTokens
-                ri.memory.remove_file(rel)
-        if n == 0 and text.strip():
+        n = ri.memory.update_file(rel, text)
+        if n == 0 and text:  # refused: over maxTokens (and no longer indexed)
             ri.manifest.pop(rel, None)
             if sig != BUFFER_SIG:
                 ri.refused[rel] = sig
@@ -620,8 +621,7 @@ class Workspace:
     def _drop(self, ri: RootIndex, rel: str) -> None:
         if rel not in ri.manifest:
             return
-        with self._memory_lock:
-            ri.memory.remove_file(rel)
+        ri.memory.remove_file(rel)
         del ri.manifest[rel]
         ri.dirty, ri.changed_at = True, time.monotonic()
 

@@ -24,7 +24,8 @@ from dlm.lsp.workspace import Workspace
 
 
 class FakeMemory:
-    """The storage side of RepoMemory's interface; a token is a whitespace-separated word."""
+    """The storage side of RepoMemory's interface; a token is a whitespace-separated word
+    (the tests index no blank files, which the real lexer counts and this does not)."""
 
     def __init__(self, max_tokens: int = 20_000_000) -> None:
         self.max_tokens = max_tokens
@@ -33,6 +34,7 @@ class FakeMemory:
     def update_file(self, path: str, text: str) -> int:
         n = len(text.split())
         if self.tokens - len(self.texts.get(path, "").split()) + n > self.max_tokens:
+            self.texts.pop(path, None)  # refused: no longer indexed (as RepoMemory does)
             return 0
         self.texts[path] = text
         return n
