@@ -84,7 +84,9 @@ class IndexStore:
                             "(set XDG_CACHE_HOME outside the project to keep it between runs)")  # fmt: skip
             return
         try:
-            self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.dir.parent.parent.mkdir(parents=True, exist_ok=True)  # ~/.cache: the user's own
+            self.dir.parent.mkdir(mode=0o700, exist_ok=True)  # dlm-lsp/: no one else lists the roots
+            self.dir.mkdir(mode=0o700, exist_ok=True)
             st = os.stat(self.dir)
             if st.st_uid != os.getuid():
                 self._read_only(f"the cache folder {self.dir} belongs to another user; "

@@ -142,6 +142,7 @@ def test_indexes_sources_only_persists_0600_and_writes_nothing_into_the_project(
     cache_dir = index_store.cache_dir_for(str(root))
     assert cache_dir.parent.parent == cache_home and cache_dir.name == index_store.root_key(str(root))
     assert stat.S_IMODE(os.stat(cache_dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(cache_dir.parent).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(cache_dir / "index.bin").st_mode) == 0o600
     assert not list(cache_dir.glob("*.tmp"))
 
@@ -506,3 +507,16 @@ def test_real_memory_round_trip(tmp_path: Path):
     loaded = index_store.IndexStore(str(root)).load(memory.RepoMemory.load)
     assert loaded is not None and loaded[0].files == 3 and loaded[0].tokens == tokens
     again.close()
+
+
+def test_index_options_from_initialization_options():
+    from dlm.lsp.options import parse_options
+
+    opts, problems = parse_options({"index": {"enabled": False, "maxFiles": 10, "maxFileBytes": 2048,
+                                              "maxTokens": 1000, "rescanS": 0, "exclude": ["fixtures/"]}})  # fmt: skip
+    assert problems == []
+    assert opts.index == IndexOptions(enabled=False, max_files=10, max_file_bytes=2048, max_tokens=1000,
+                                      rescan_s=0.0, exclude=["fixtures/"])  # fmt: skip
+    opts, problems = parse_options({"index": {"exclude": "fixtures/", "maxFiles": -1, "enabled": "yes"}})
+    assert opts.index == IndexOptions() and len(problems) == 3
+    assert any("index.exclude must be a list" in p for p in problems)
