@@ -313,8 +313,16 @@ def initialized(ls: DlmServer, params: types.InitializedParams) -> None:
     if ls.options.index.enabled and client_supports_watching(caps):
         index.watching = True  # until the client says otherwise: no rescans to race the registration
         watch_files(ls.protocol, index.set_watching)
-    index.set_roots(ls.roots)
+    index.set_roots(index_roots(ls))
     ls.send_status()
+
+
+def index_roots(ls: DlmServer) -> list[str]:
+    """The folders to index: the workspace folders (else the root) as pygls tracks them, file:
+    URIs only (a folder of another scheme is not on this disk)."""
+    folders = [f.uri for f in ls.workspace.folders.values()]
+    uris = folders or ([ls.workspace.root_uri] if ls.workspace.root_uri else [])
+    return [p for uri in uris if (p := file_path(uri)) is not None]
 
 
 def shutdown(ls: DlmServer, params: Any) -> None:
@@ -333,7 +341,7 @@ def workspace_did_change_workspace_folders(ls: DlmServer, params: types.DidChang
     removed = {unquote(urlparse(f.uri).path) for f in params.event.removed}
     ls.roots = [r for r in ls.roots if r not in removed]
     ls.roots += [unquote(urlparse(f.uri).path) for f in params.event.added]
-    ls.workspace_index.set_roots(ls.roots)
+    ls.workspace_index.set_roots(index_roots(ls))
 
 
 def workspace_did_change_watched_files(ls: DlmServer, params: types.DidChangeWatchedFilesParams) -> None:

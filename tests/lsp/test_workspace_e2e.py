@@ -6,6 +6,7 @@ special files never indexed, the cache outside the project."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -122,12 +123,24 @@ async def test_index_progress_status_and_watching(tmp_path: Path):
             open_document(client, uri, text)
             client.text_document_did_save(types.DidSaveTextDocumentParams(types.TextDocumentIdentifier(uri)))
         await wait_index(client, lambda idx: idx["files"] == 6, "the draft buffer indexed, not the secret")
+        # workspace folders come and go (a vscode-vfs folder is not on this disk: never indexed)
+        other = tmp_path / "other"
+        write(other, "lib.py", "def mul(a, b):\n    return a * b\n")
+        event = types.WorkspaceFoldersChangeEvent(
+            added=[types.WorkspaceFolder(uri=other.as_uri(), name="other"),
+                   types.WorkspaceFolder(uri="vscode-vfs://github/x/tmp", name="remote")], removed=[])  # fmt: skip
+        client.workspace_did_change_workspace_folders(types.DidChangeWorkspaceFoldersParams(event=event))
+        await wait_index(client, lambda idx: idx["files"] == 7 and idx["state"] == "ready", "the other folder")
+        event = types.WorkspaceFoldersChangeEvent(
+            added=[], removed=[types.WorkspaceFolder(uri=root.as_uri(), name=root.name)])
+        client.workspace_did_change_workspace_folders(types.DidChangeWorkspaceFoldersParams(event=event))
+        await wait_index(client, lambda idx: idx["files"] == 1, "only the other folder")
     finally:
         await client.shutdown_session()
         await client.stop()
     after = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
     assert after == sorted([*before, "pkg/extra.py"])  # the test's file; nothing written by the server
-    (cache_dir,) = (tmp_path / "cache" / "dlm-lsp").iterdir()
+    cache_dir = tmp_path / "cache" / "dlm-lsp" / hashlib.sha256(str(root).encode()).hexdigest()
     assert stat.S_IMODE(cache_dir.stat().st_mode) == 0o700
     assert stat.S_IMODE((cache_dir / "index.bin").stat().st_mode) == 0o600
 
