@@ -29,6 +29,7 @@ while being read. It never raises for a file: a skipped file has a reason.
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import logging
 import os
 import re
@@ -82,12 +83,15 @@ MAX_LINE_CHARS = 10_000  # a longer line is minified or generated code, not sour
 MAX_IGNORE_FILE_BYTES = 1_000_000
 
 
+_SECRET_NAME = re.compile("|".join(fnmatch.translate(p) for p in SECRET_NAME_PATTERNS))
+
+
 def is_secret_path(rel: str) -> bool:
     """Does this path (relative, '/'-separated) name a secret, by its name or a folder?"""
     parts = rel.lower().split("/")
     if any(p in SECRET_DIRS for p in parts[:-1]):
         return True
-    return any(fnmatch.fnmatchcase(parts[-1], pat) for pat in SECRET_NAME_PATTERNS)
+    return _SECRET_NAME.match(parts[-1]) is not None
 
 
 def is_vendored_dir(name: str) -> bool:
@@ -199,8 +203,8 @@ def walk(
         if rel_dir:
             ignore.add(Rules.from_text(rel_dir, read_ignore_file(os.path.join(abs_dir, ".gitignore"))))
         try:
-            with os.scandir(abs_dir) as it:
-                listing = sorted(it, key=lambda e: e.name)
+            with os.scandir(abs_dir) as it:  # never more than the entries left to look at
+                listing = sorted(itertools.islice(it, limits.max_entries - entries + 1), key=lambda e: e.name)
         except OSError as exc:  # unreadable, vanished, or no longer a directory
             log.debug("index: skipping directory %s: %s", abs_dir, exc)
             out.skipped["unreadable_dir"] += 1
