@@ -299,8 +299,7 @@ class Workspace:
         for path, kind in changes:
             if not self._wants(path):
                 continue
-            name = path.rsplit("/", 1)[-1]
-            if name in (".gitignore", "exclude"):
+            if path.endswith(("/.gitignore", "/.git/info/exclude")):
                 self._event(path, ("rescan", None))  # the rules changed: walk again
             elif kind == 3:
                 self._event(path, ("removed", None))
@@ -666,6 +665,7 @@ class Workspace:
             if why:
                 log.debug("index: not indexing the buffer %s: %s", rel, why)
                 self._open.pop(path, None)
+                self._drop(ri, rel)  # what the file holds now must not stay in the index either
                 return
             self._open[path] = value
             self._put(ri, rel, value, BUFFER_SIG)
