@@ -382,6 +382,11 @@ def test_open_buffers_update_the_index_and_closing_falls_back_to_disk(tmp_path: 
         assert sorted(ws.open_files()) == ["app/main.py", "app/new.py"]
         ws.buffer_closed(main)
         wait_until(lambda: "helper" in ws.memory.texts["app/main.py"])  # the disk again
+        util = str(root / "app" / "util.py")
+        ws.buffer_saved(util, lambda: "KEY = '-----BEGIN PRIVATE KEY-----'\n")  # a key pasted in
+        wait_until(lambda: "app/util.py" not in ws.memory.texts)  # out of the index at once
+        ws.buffer_closed(util)  # closed without saving: the disk's text is fine
+        wait_until(lambda: "app/util.py" in ws.memory.texts)
         ws.buffer_closed(str(root / "app" / "new.py"))  # never saved: gone with its buffer
         wait_until(lambda: "app/new.py" not in ws.memory.texts)
         assert sorted(ws.open_files()) == []
