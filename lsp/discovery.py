@@ -358,7 +358,12 @@ def check_text(text: str, max_file_bytes: int) -> str:
 
 def _read_regular(path: str, max_bytes: int) -> tuple[bytes, os.stat_result] | str:
     """(bytes, stat) of a regular file of at most `max_bytes`, or why not."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags = (
+        os.O_RDONLY
+        | getattr(os, "O_NOFOLLOW", 0)
+        | getattr(os, "O_NONBLOCK", 0)
+        | getattr(os, "O_CLOEXEC", 0)
+    )
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:

@@ -101,9 +101,7 @@ def parse_line(line: str) -> Rule | None:
         stripped += " "
     line = stripped
     negated = line.startswith("!")
-    if negated:
-        line = line[1:]
-    elif line.startswith("\\!") or line.startswith("\\#"):
+    if negated or line.startswith(("\\!", "\\#")):
         line = line[1:]
     dir_only = line.endswith("/") and not line.endswith("\\/")
     if dir_only:

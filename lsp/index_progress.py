@@ -70,7 +70,7 @@ class IndexProgress:
                 fut = self.protocol.send_request(
                     types.WINDOW_WORK_DONE_PROGRESS_CREATE, types.WorkDoneProgressCreateParams(token=token)
                 )
-            except Exception:  # noqa: BLE001 - a client that went away gets no progress
+            except Exception:
                 log.debug("index: could not create a progress token", exc_info=True)
                 run["created"] = False
                 return
@@ -119,7 +119,7 @@ class IndexProgress:
     def _send(self, token: str, value: Any) -> None:
         try:
             self.protocol.notify(types.PROGRESS, types.ProgressParams(token=token, value=value))
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.debug("index: could not send $/progress", exc_info=True)
 
 
@@ -146,6 +146,6 @@ def watch_files(protocol: Any, on_result: Callable[[bool], None]) -> None:
 
     try:
         protocol.send_request(types.CLIENT_REGISTER_CAPABILITY, params).add_done_callback(done)
-    except Exception:  # noqa: BLE001
+    except Exception:
         log.debug("index: could not register file watching", exc_info=True)
         on_result(False)

@@ -177,7 +177,9 @@ class IndexStore:
         fh.seek(_FIXED.size)
         header = json.loads(fh.read(header_len).decode("utf-8"))
         if not isinstance(header, dict) or header.get("root") != self.root:
-            raise ValueError(f"it indexes another root ({header.get('root') if isinstance(header, dict) else '?'})")
+            raise ValueError(
+                f"it indexes another root ({header.get('root') if isinstance(header, dict) else '?'})"
+            )
         fh.seek(_FIXED.size + header_len)
         memory = read_memory(fh)  # the memory's bytes run to the end of the file
         return memory, header

@@ -39,7 +39,12 @@ from dlm.lsp.convert import ACCEPT_COMMAND
 from dlm.lsp.documents import Document, Documents
 from dlm.lsp.engine_holder import EngineHolder
 from dlm.lsp.history import History
-from dlm.lsp.index_progress import IndexProgress, client_supports_progress, client_supports_watching, watch_files
+from dlm.lsp.index_progress import (
+    IndexProgress,
+    client_supports_progress,
+    client_supports_watching,
+    watch_files,
+)
 from dlm.lsp.options import ContextOptions, Options, parse_options
 from dlm.lsp.protocol import DlmProtocol
 from dlm.lsp.scheduler import Scheduler

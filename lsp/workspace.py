@@ -171,7 +171,9 @@ class Workspace:
         roots = list(self._roots.values())
         target = None
         if path is not None:
-            target = max((ri for ri in roots if ri.rel(path) is not None), key=lambda r: len(r.real), default=None)
+            target = max(
+                (ri for ri in roots if ri.rel(path) is not None), key=lambda r: len(r.real), default=None
+            )
         elif roots:
             target = roots[0]
         if target is None:
@@ -217,7 +219,7 @@ class Workspace:
                 try:
                     files += int(mem.files)
                     tokens += int(mem.tokens)
-                except Exception:  # noqa: BLE001 - a status must never fail
+                except Exception:
                     log.debug("index: could not read the memory's size", exc_info=True)
         message = "; ".join(ri.message for ri in roots if ri.message)
         return {"state": state, "files": files, "tokens": tokens, "message": message}
@@ -347,7 +349,7 @@ class Workspace:
         self._timers.pop(path, None)
         try:
             value = text()
-        except Exception:  # noqa: BLE001 - a document closed under us: nothing to index
+        except Exception:
             log.debug("index: could not read the buffer %s", path, exc_info=True)
             return
         self._event(path, ("text", value))
@@ -366,13 +368,13 @@ class Workspace:
     def _notify_status(self) -> None:
         try:
             self._on_status()
-        except Exception:  # noqa: BLE001 - the client went away: the index carries on
+        except Exception:
             log.debug("index: status callback failed", exc_info=True)
 
     def _progress(self, ev: ProgressEvent) -> None:
         try:
             self.on_progress(ev)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.debug("index: progress callback failed", exc_info=True)
 
     # ---- the indexer thread ----------------------------------------------------------------------
@@ -387,12 +389,15 @@ class Workspace:
                     with self._cv:
                         if not self._stop and not self._events and not self._busy():
                             self._cv.wait(self._idle_wait())
-        except Exception:  # noqa: BLE001 - the index fails, the server goes on
+        except Exception:
             log.exception("index: the indexer stopped on an unexpected error; suggestions go on without "
                           "the repository memory (restart the server to index again)")  # fmt: skip
             for ri in list(self._roots.values()):
                 if ri.state in ("loading", "indexing"):
-                    ri.state, ri.message = "failed", "the indexer stopped on an unexpected error (see the log)"
+                    ri.state, ri.message = (
+                        "failed",
+                        "the indexer stopped on an unexpected error (see the log)",
+                    )
             self._notify_status()
         finally:
             self._finish()
@@ -493,7 +498,9 @@ class Workspace:
             self._root_missing(ri)
             return
         t0 = time.monotonic()
-        ri.ignore = discovery.ignore_stack(ri.real, tuple(x for x in self.options.exclude if isinstance(x, str)))
+        ri.ignore = discovery.ignore_stack(
+            ri.real, tuple(x for x in self.options.exclude if isinstance(x, str))
+        )
         limits = discovery.Limits.for_files(self.options.max_files, self.options.max_file_bytes)
         other_roots = frozenset(r.real for r in self._roots.values() if r is not ri)
         skip = other_roots | {os.path.realpath(cache_base())}
@@ -501,7 +508,9 @@ class Workspace:
         if progress:
             ri.state = "indexing"
             self._notify_status()
-            self._progress(ProgressEvent(ri.real, "begin", f"dlm: indexing {ri.name}", "looking for files", 0))
+            self._progress(
+                ProgressEvent(ri.real, "begin", f"dlm: indexing {ri.name}", "looking for files", 0)
+            )
         walked = discovery.walk(ri.real, limits, ri.ignore, skip, self._turn)
         if walked.stopped == "stopped":
             return
@@ -538,7 +547,9 @@ class Workspace:
             now = time.monotonic()
             if progress and pct != last_pct and now - last_report >= PROGRESS_EVERY_S:
                 last_report, last_pct = now, pct
-                self._progress(ProgressEvent(ri.real, "report", "", f"indexing {pct}% ({i + 1}/{len(todo)} files)", pct))
+                self._progress(
+                    ProgressEvent(ri.real, "report", "", f"indexing {pct}% ({i + 1}/{len(todo)} files)", pct)
+                )
         for p, text in list(self._open.items()):  # buffers opened before the memory existed
             rel = ri.rel(p)
             if rel is not None and ri.manifest.get(rel) != BUFFER_SIG:

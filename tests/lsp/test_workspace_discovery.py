@@ -23,7 +23,9 @@ def write(root: Path, rel: str, text: str = "x = 1\n") -> Path:
 
 
 def walked(root: Path, limits: discovery.Limits = LIMITS, exclude: tuple[str, ...] = ()) -> list[str]:
-    return [c.rel for c in discovery.walk(str(root), limits, discovery.ignore_stack(str(root), exclude)).files]
+    return [
+        c.rel for c in discovery.walk(str(root), limits, discovery.ignore_stack(str(root), exclude)).files
+    ]
 
 
 # ---- .gitignore semantics ----------------------------------------------------------------------
@@ -127,13 +129,19 @@ def test_secret_names(rel: str):
 def test_secrets_are_never_listed_nor_read(tmp_path: Path):
     for rel in SECRETS:
         write(tmp_path, rel, "API_KEY = 'hunter2'\n")
-    write(tmp_path, "keys.py", "KEY = '''\n-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----\n'''\n")
+    write(
+        tmp_path,
+        "keys.py",
+        "KEY = '''\n-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----\n'''\n",
+    )
     write(tmp_path, "ssh.py", "-----BEGIN OPENSSH PRIVATE KEY-----\nb3Bl\n")
     write(tmp_path, "aws.py", "AWS = 'AKIAABCDEFGHIJKLMNOP'\n")
     write(tmp_path, "app.py", "def main():\n    pass\n")
     files = walked(tmp_path)
     assert not any(discovery.is_secret_path(f) for f in files)
-    readable = [f for f in files if isinstance(discovery.read_source(str(tmp_path / f), 1_000_000), discovery.Source)]
+    readable = [
+        f for f in files if isinstance(discovery.read_source(str(tmp_path / f), 1_000_000), discovery.Source)
+    ]
     assert readable == ["app.py"]
     assert discovery.read_source(str(tmp_path / "keys.py"), 1_000_000) == "secret_content"
     assert discovery.read_source(str(tmp_path / "ssh.py"), 1_000_000) == "secret_content"
@@ -177,7 +185,9 @@ def test_a_fifo_a_socket_and_symlinks_are_never_opened(tmp_path: Path):
     (tmp_path / "b").symlink_to(tmp_path / "a")
     (tmp_path / "outside.py").symlink_to("/etc/passwd")
     done: list = []
-    t = threading.Thread(target=lambda: done.append(discovery.walk(str(tmp_path), LIMITS, IgnoreStack())), daemon=True)
+    t = threading.Thread(
+        target=lambda: done.append(discovery.walk(str(tmp_path), LIMITS, IgnoreStack())), daemon=True
+    )
     t.start()
     t.join(30)
     assert done, "the walk hung"

@@ -98,9 +98,12 @@ async def test_index_progress_status_and_watching(tmp_path: Path):
     client, statuses, registrations = await start(tmp_path, root, "visual-studio-code")
     try:
         ready = await wait_for(
-            lambda: next((s for s in statuses if s["index"]["state"] == "ready"), None), "dlm/status index ready"
+            lambda: next((s for s in statuses if s["index"]["state"] == "ready"), None),
+            "dlm/status index ready",
         )
-        assert ready["index"]["files"] == 4  # __init__, core, cli, app.ts: no secret, ignored or vendored file
+        assert (
+            ready["index"]["files"] == 4
+        )  # __init__, core, cli, app.ts: no secret, ignored or vendored file
         assert ready["index"]["tokens"] > 0
         assert {s["index"]["state"] for s in statuses} <= {"loading", "indexing", "ready"}
         # work-done progress: create, begin "indexing", end
@@ -130,9 +133,12 @@ async def test_index_progress_status_and_watching(tmp_path: Path):
             added=[types.WorkspaceFolder(uri=other.as_uri(), name="other"),
                    types.WorkspaceFolder(uri="vscode-vfs://github/x/tmp", name="remote")], removed=[])  # fmt: skip
         client.workspace_did_change_workspace_folders(types.DidChangeWorkspaceFoldersParams(event=event))
-        await wait_index(client, lambda idx: idx["files"] == 7 and idx["state"] == "ready", "the other folder")
+        await wait_index(
+            client, lambda idx: idx["files"] == 7 and idx["state"] == "ready", "the other folder"
+        )
         event = types.WorkspaceFoldersChangeEvent(
-            added=[], removed=[types.WorkspaceFolder(uri=root.as_uri(), name=root.name)])
+            added=[], removed=[types.WorkspaceFolder(uri=root.as_uri(), name=root.name)]
+        )
         client.workspace_did_change_workspace_folders(types.DidChangeWorkspaceFoldersParams(event=event))
         await wait_index(client, lambda idx: idx["files"] == 1, "only the other folder")
     finally:

@@ -125,7 +125,9 @@ def tree(root: Path) -> dict[str, tuple[int, int]]:
 # ---- building and persisting ------------------------------------------------------------------------
 
 
-def test_indexes_sources_only_persists_0600_and_writes_nothing_into_the_project(tmp_path: Path, cache_home: Path):
+def test_indexes_sources_only_persists_0600_and_writes_nothing_into_the_project(
+    tmp_path: Path, cache_home: Path
+):
     root = make_project(tmp_path / "proj")
     before = tree(root)
     ws = start(root)

@@ -7,7 +7,12 @@ import asyncio
 from concurrent.futures import Future
 
 import pytest
-from dlm.lsp.index_progress import IndexProgress, client_supports_progress, client_supports_watching, watch_files
+from dlm.lsp.index_progress import (
+    IndexProgress,
+    client_supports_progress,
+    client_supports_watching,
+    watch_files,
+)
 from dlm.lsp.workspace import ProgressEvent
 from lsprotocol import types
 from pytest_lsp import client_capabilities
