@@ -5,16 +5,17 @@ textDocument/completion (fallback), dlm/editPrediction, dlm/stats,
 textDocument/didShowCompletion, textDocument/didPartiallyAcceptCompletion,
 workspace/executeCommand dlm.acceptCompletion, Copilot's next-edit methods
 textDocument/copilotInlineEdit and textDocument/didShowInlineEdit
-(lsp.copilot_nes), and the dlm/status notification. The workspace index
-(lsp.workspace: the repository memory of each workspace folder) starts at
-`initialized` and follows didOpen/didChange/didSave/didClose,
-workspace/didChangeWatchedFiles and workspace/didChangeWorkspaceFolders. The server answers `initialize` at once; the model loads in a
+(lsp.copilot_nes), and the dlm/status notification. The server answers `initialize` at once; the model loads in a
 background thread (lsp.engine_holder) and, until it is ready (or when it
 failed to load), every request returns an empty result, never an error.
 
 Handlers read params, call plain functions (lsp.context builds the prompt,
 the engine predicts, lsp.postprocess makes the suggestion) and translate the
 result with lsp.convert.
+
+The workspace index (lsp.workspace: the repository memory of each workspace
+folder) starts at `initialized` and follows didOpen/didChange/didSave/didClose,
+workspace/didChangeWatchedFiles and workspace/didChangeWorkspaceFolders.
 
 Documents are kept by lsp.documents (not by pygls' workspace: ours keeps a
 tree-sitter tree and the edit history, and does not re-split the text on
