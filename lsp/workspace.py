@@ -554,15 +554,22 @@ class Workspace:
             rel = ri.rel(p)
             if rel is not None and ri.manifest.get(rel) != BUFFER_SIG:
                 self._put(ri, rel, text, BUFFER_SIG)
-        messages = [m for m in (walked.stopped, ri.store.message if ri.store else "",
-                                self._cap_message(ri)) if m]  # fmt: skip
+        if ri.dirty and time.monotonic() - self._last_prediction >= QUIET_S:
+            # Before "ready": RepoMemory.save holds the memory while it writes (else the save
+            # waits for SAVE_AFTER_S and a quiet spell: _step).
+            if progress:
+                self._progress(ProgressEvent(ri.real, "report", "", "saving the index", 100))
+            self._save(ri)
+        messages = [
+            m for m in (walked.stopped, ri.store.message if ri.store else "", self._cap_message(ri)) if m
+        ]
         ri.state, ri.message = "ready", "; ".join(messages)
         files, tokens = self._size(ri)
         if progress or todo:
-            log.info("index: %s: %d files, %d tokens (%d read in %.1f s; skipped %s)", ri.real, files, tokens,
-                     len(todo), time.monotonic() - t0, dict(skipped) or "none")  # fmt: skip
-        if ri.dirty and time.monotonic() - self._last_prediction >= QUIET_S:
-            self._save(ri)  # else after SAVE_AFTER_S and a quiet spell (_step)
+            log.info(
+                "index: %s: %d files, %d tokens (%d read in %.1f s; skipped %s)",
+                ri.real, files, tokens, len(todo), time.monotonic() - t0, dict(skipped) or "none",
+            )  # fmt: skip
         if progress:
             self._progress(ProgressEvent(ri.real, "end", "", f"{files} files indexed"))
         if not self.watching and self.options.rescan_s > 0:
