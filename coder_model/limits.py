@@ -43,8 +43,9 @@ MAX_REQUEST_DEADLINES = 10
 
 @dataclass(frozen=True)
 class Cap:
-    """The accepted values of one option or parameter: `kind` is "int", "float", "bool" or
-    "choice"; numbers lie in [low, high]; a choice is one of `choices`."""
+    """The accepted values of one option or parameter: `kind` is "int", "float", "bool",
+    "choice" or "strings"; numbers lie in [low, high]; a choice is one of `choices`; strings
+    are a list of at most `high` of them."""
 
     kind: str
     low: float | None = None
@@ -57,6 +58,8 @@ class Cap:
             return "true or false"
         if self.kind == "choice":
             return "one of " + ", ".join(self.choices)
+        if self.kind == "strings":
+            return f"a list of at most {int(self.high or 0):,} strings"
         what = "an integer" if self.kind == "int" else "a number"
         return f"{what} in [{_fmt(self.low)}, {_fmt(self.high)}]"
 
@@ -85,6 +88,10 @@ def check(name: str, value: Any, cap: Cap) -> tuple[Any, str | None]:
         if isinstance(value, str) and value in cap.choices:
             return value, None
         return None, f"{name} must be one of {', '.join(cap.choices)}, got {_show(value)}"
+    if cap.kind == "strings":
+        if isinstance(value, list) and all(isinstance(v, str) for v in value) and len(value) <= (cap.high or 0):
+            return list(value), None
+        return None, f"{name} must be {cap.describe()}, got {_show(value)}"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None, f"{name} must be {cap.describe()}, got {_show(value)}"
     if isinstance(value, float) and not math.isfinite(value):

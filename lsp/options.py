@@ -47,11 +47,24 @@ class SchedulerOptions:
 
 
 @dataclass
+class IndexOptions:
+    """The workspace index (lsp.workspace; README "Repository memory")."""
+
+    enabled: bool = True
+    max_files: int = 50_000  # source files per workspace root; the walk stops there
+    max_file_bytes: int = 1_000_000  # larger files are skipped (minified bundles, generated code)
+    max_tokens: int = 20_000_000  # tokens per root (RepoMemory's cap)
+    rescan_s: float = 60.0  # mtime rescan interval when the client does not watch files (0: never)
+    exclude: list[str] = field(default_factory=list)  # more .gitignore-style patterns to leave out
+
+
+@dataclass
 class Options:
     context: ContextOptions = field(default_factory=ContextOptions)
     history: HistoryOptions = field(default_factory=HistoryOptions)
     scheduler: SchedulerOptions = field(default_factory=SchedulerOptions)
     sampler: dict[str, Any] = field(default_factory=dict)  # SamplerParams overrides
+    index: IndexOptions = field(default_factory=IndexOptions)
     # Deadline and confidence gate (lsp.gate; README "Protocol"). minConfidence is chosen by
     # `dlm-lsp eval` on the embedded model (BENCHMARKS.md "Acceptance through the server").
     deadline_ms: int = DEFAULT_DEADLINE_MS  # answer this long after the keystroke, or not at all
@@ -89,6 +102,12 @@ OPTION_CAPS: dict[str, Cap] = {
     "scheduler.throttle_ms": Cap("int", 0, 2000),
     "scheduler.timeout_ms": Cap("int", 100, 600_000),
     "scheduler.type_through": Cap("bool"),
+    "index.enabled": Cap("bool"),
+    "index.max_files": Cap("int", 0, 10_000_000),
+    "index.max_file_bytes": Cap("int", 0, 100_000_000),
+    "index.max_tokens": Cap("int", 0, 1_000_000_000),
+    "index.rescan_s": Cap("float", 0.0, 86_400.0),
+    "index.exclude": Cap("strings", high=10_000),
     "deadline_ms": Cap("int", 1, int(REQUEST_CAPS["deadline_ms"].high)),
     "min_confidence": Cap("float", 0.0, 1.0),
     "min_confidence_rewrite_recent": Cap("float", 0.0, 1.0),

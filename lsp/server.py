@@ -13,6 +13,10 @@ Handlers read params, call plain functions (lsp.context builds the prompt,
 the engine predicts, lsp.postprocess makes the suggestion) and translate the
 result with lsp.convert.
 
+The workspace index (lsp.workspace: the repository memory of each workspace
+folder) starts at `initialized` and follows didOpen/didChange/didSave/didClose,
+workspace/didChangeWatchedFiles and workspace/didChangeWorkspaceFolders.
+
 Documents are kept by lsp.documents (not by pygls' workspace: ours keeps a
 tree-sitter tree and the edit history, and does not re-split the text on
 each change).
@@ -38,10 +42,17 @@ from dlm.lsp.convert import ACCEPT_COMMAND
 from dlm.lsp.documents import Document, Documents
 from dlm.lsp.engine_holder import EngineHolder
 from dlm.lsp.history import History
+from dlm.lsp.index_progress import (
+    IndexProgress,
+    client_supports_progress,
+    client_supports_watching,
+    watch_files,
+)
 from dlm.lsp.options import Options, parse_options
 from dlm.lsp.protocol import DlmProtocol
 from dlm.lsp.scheduler import LatestWins
 from dlm.lsp.stats import Stats
+from dlm.lsp.workspace import Workspace, file_path
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
@@ -70,6 +81,7 @@ class DlmServer(LanguageServer):
         # acceptance counters count only these, each once (a client bug cannot inflate them).
         self.issued: OrderedDict[str, set[str]] = OrderedDict()  # id -> the events counted for it
         self._refused_messages: set[str] = set()  # engine refusals already logged (once each)
+        self.workspace_index = Workspace(on_status=self._status_changed)  # the repository memory
         self.last: dict[str, dict] = {}  # uri -> last suggestion (for editPrediction reuse + prefix cache)
         self.type_through: dict[str, dict] = {}  # uri -> the shown insertion (typing through it)
         self.recent: dict[str, gate.RecentEdits] = {}  # uri -> lines typed recently (confidence gate)
@@ -107,6 +119,7 @@ class DlmServer(LanguageServer):
             "accepted": c["accepted"],
             "shown": c["shown"],
             **self.stats.held_back(),
+            "index": self.workspace_index.status(),
         }
 
     def send_status(self) -> None:
@@ -387,7 +400,23 @@ def initialize(ls: DlmServer, params: types.InitializeParams) -> None:
 
 def initialized(ls: DlmServer, params: types.InitializedParams) -> None:
     ls._initialized = True
+    # The index starts now, not at initialize: its progress is a request to the client.
+    caps, index = ls.client_capabilities, ls.workspace_index
+    index.configure(ls.options.index)
+    index.on_progress = IndexProgress(ls.protocol, ls.loop, client_supports_progress(caps))
+    if ls.options.index.enabled and client_supports_watching(caps):
+        index.watching = True  # until the client says otherwise: no rescans to race the registration
+        watch_files(ls.protocol, index.set_watching)
+    index.set_roots(index_roots(ls))
     ls.send_status()
+
+
+def index_roots(ls: DlmServer) -> list[str]:
+    """The folders to index: the workspace folders (else the root) as pygls tracks them, file:
+    URIs only (a folder of another scheme is not on this disk)."""
+    folders = [f.uri for f in ls.workspace.folders.values()]
+    uris = folders or ([ls.workspace.root_uri] if ls.workspace.root_uri else [])
+    return [p for uri in uris if (p := file_path(uri)) is not None]
 
 
 def shutdown(ls: DlmServer, params: Any) -> None:
@@ -399,12 +428,19 @@ def shutdown(ls: DlmServer, params: Any) -> None:
     except Exception:  # the client is waiting for the shutdown reply: log, don't fail it
         log.exception("engine.close() failed")
     ls.pool.shutdown(wait=False, cancel_futures=True)
+    ls.workspace_index.close()  # saves the index if it changed, releases its lock
 
 
 def workspace_did_change_workspace_folders(ls: DlmServer, params: types.DidChangeWorkspaceFoldersParams) -> None:
     removed = {unquote(urlparse(f.uri).path).rstrip("/") or "/" for f in params.event.removed}
     added = [unquote(urlparse(f.uri).path) for f in params.event.added]
     ls.set_roots([r for r in ls.roots if r not in removed] + added)
+    ls.workspace_index.set_roots(index_roots(ls))
+
+
+def workspace_did_change_watched_files(ls: DlmServer, params: types.DidChangeWatchedFilesParams) -> None:
+    changes = [(path, int(c.type)) for c in params.changes if (path := file_path(c.uri))]
+    ls.workspace_index.files_changed(changes)
 
 
 def text_document_did_open(ls: DlmServer, params: types.DidOpenTextDocumentParams) -> None:
@@ -415,6 +451,7 @@ def text_document_did_open(ls: DlmServer, params: types.DidOpenTextDocumentParam
     forget_results(ls, td.uri)  # a re-open may reuse a version number: nothing from before counts
     doc = ls.documents.open(td.uri, td.text, td.version, limits.bound_language(td.language_id))
     doc.history = History(ls.path_of(td.uri), ls.options.history)
+    index_buffer(ls, doc)
 
 
 def text_document_did_change(ls: DlmServer, params: types.DidChangeTextDocumentParams) -> None:
@@ -440,6 +477,7 @@ def apply_changes(ls: DlmServer, params: types.DidChangeTextDocumentParams) -> N
             recent.record(doc.replace_all(change.text, version))
     ls.scheduler.invalidate(uri)
     ls.last.pop(uri, None)  # results are for the text before this change
+    index_buffer(ls, doc)
     if doc.size > ls.options.max_document_chars:
         log.warning("%s grew over max_document_chars; no longer tracked", uri)
         ls.documents.close(uri)
@@ -450,6 +488,20 @@ def text_document_did_close(ls: DlmServer, params: types.DidCloseTextDocumentPar
     uri = params.text_document.uri
     ls.documents.close(uri)
     forget_results(ls, uri)
+    if (path := file_path(uri)) is not None:
+        ls.workspace_index.buffer_closed(path)
+
+
+def text_document_did_save(ls: DlmServer, params: types.DidSaveTextDocumentParams) -> None:
+    doc = ls.documents.get(params.text_document.uri)
+    if doc is not None and (path := file_path(doc.uri)) is not None:
+        ls.workspace_index.buffer_saved(path, lambda: doc.text)
+
+
+def index_buffer(ls: DlmServer, doc: Document) -> None:
+    """An open buffer's text goes into the workspace index (debounced there)."""
+    if (path := file_path(doc.uri)) is not None:
+        ls.workspace_index.buffer_changed(path, doc.size, lambda: doc.text)
 
 
 def forget_results(ls: DlmServer, uri: str) -> None:
@@ -518,6 +570,7 @@ def dlm_stats(ls: DlmServer, params: Any) -> dict:
     out["pending_futures"] = ls.protocol.pending_futures  # pygls' request table (bounded: lsp.protocol)
     out["state"] = ls.holder.status.state
     out["workspace_folders"] = len(ls.roots)
+    out["index"] = ls.workspace_index.status()
     return out
 
 
@@ -560,6 +613,8 @@ def create_server(engine_factory: Callable[[], Engine]) -> DlmServer:
     server.feature(types.TEXT_DOCUMENT_DID_OPEN)(text_document_did_open)
     server.feature(types.TEXT_DOCUMENT_DID_CHANGE)(text_document_did_change)
     server.feature(types.TEXT_DOCUMENT_DID_CLOSE)(text_document_did_close)
+    server.feature(types.TEXT_DOCUMENT_DID_SAVE)(text_document_did_save)
+    server.feature(types.WORKSPACE_DID_CHANGE_WATCHED_FILES)(workspace_did_change_watched_files)
     # InlineCompletionOptions(): without it pygls does not announce the capability (DESIGN §8).
     server.feature(types.TEXT_DOCUMENT_INLINE_COMPLETION, types.InlineCompletionOptions())(
         text_document_inline_completion

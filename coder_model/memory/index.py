@@ -1,0 +1,471 @@
+"""RepoMemory: the workspace's token n-gram and snippet index, nested under open buffers and the file.
+
+Writers (`update_file`, `remove_file`) and readers (`complete`, `retrieve`)
+may run on different threads. Counts of the workspace live in a few sorted
+tables (an LSM: changes go to a small dict table, which is sealed into a
+sorted table at SEAL_TOKENS; tables of one size tier merge when TIER of
+them exist), so a file saved in the editor costs milliseconds and a bulk
+index of a 200k-line repository a few rebuilds at most. Merges build
+outside the lock that readers take: a suggestion never waits for one.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import threading
+import typing
+import zlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from sys import byteorder
+
+from dlm.coder_model.memory.lexer import is_line_break, lex, line_start
+from dlm.coder_model.memory.ngram import (
+    BOS,
+    MAX_TOKEN_ID,
+    DictTable,
+    Level,
+    Smoothing,
+    SortedTable,
+    beam_search,
+    next_tokens,
+    order_keys,
+)
+from dlm.coder_model.memory.retrieve import Snippet, SnippetIndex
+
+DEFAULT_ORDER = 6
+SEAL_TOKENS = 40_000  # changed tokens kept in dicts before they are sealed into a sorted table
+TIER = 4  # sorted tables of one size tier merged into one
+CURRENT_FILE_CHARS = 400_000  # of the current document around the cursor, for the file level
+OPEN_BUFFER_CHARS = 400_000  # of each open buffer
+OPEN_BUFFERS = 16  # open-buffer tables cached
+_LINE_BREAK = re.compile(r"\r\n|\n|\r")  # the lexer's line breaks
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One whole-line continuation proposed by the memory."""
+
+    text: str  # the insertion at the cursor, up to the end of the line
+    score: float  # the memory's probability of exactly this insertion, in [0, 1]
+    support: int  # how many times the continuation was seen (its rarest step)
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Nested cache: counts of each level are multiplied by its weight (workspace = 1)."""
+
+    current_file: float = 20.0
+    open_buffers: float = 5.0
+
+
+@dataclass
+class _Segment:
+    table: SortedTable
+    parts: list[tuple[str, array, int]]  # (path, tokens, sign): what the table counts
+
+    @property
+    def size(self) -> int:
+        return sum(len(toks) for _, toks, _ in self.parts)
+
+
+@dataclass
+class _CurrentFile:
+    """The file level for one document: the text above the cursor's line and below it, counted."""
+
+    above: str = ""
+    above_ids: list[int] = field(default_factory=list)
+    above_table: DictTable | None = None
+    below: str = ""
+    below_table: DictTable | None = None
+
+
+class RepoMemory:
+    def __init__(
+        self,
+        max_tokens: int = 20_000_000,
+        order: int = DEFAULT_ORDER,
+        *,
+        smoothing: Smoothing | None = None,
+        weights: Weights | None = None,
+    ) -> None:
+        if not 1 <= order <= 16:
+            raise ValueError(f"order must be between 1 and 16, got {order}")
+        self.max_tokens = max_tokens
+        self.order = order
+        self.smoothing = smoothing or Smoothing()
+        self.weights = weights or Weights()
+        self._strings: list[str] = [""]  # token id -> text; id 0 is BOS
+        self._ids: dict[str, int] = {"": BOS}
+        self._breaks = bytearray(b"\x00")  # token id -> 1 for a line break
+        self._files: dict[str, array] = {}
+        self._line_starts: dict[str, array] = {}  # path -> token index of each line's first token
+        self._tokens = 0
+        self._segments: tuple[_Segment, ...] = ()
+        self._delta = DictTable(order)
+        self._delta_parts: list[tuple[str, array, int]] = []
+        self._snippets = SnippetIndex()
+        self._lock = threading.RLock()  # readers, and writers' short mutations
+        self._write_lock = threading.Lock()  # one writer at a time (merges run under it only)
+        self._current: OrderedDict[str, _CurrentFile] = OrderedDict()
+        self._open: OrderedDict[str, tuple[str, DictTable]] = OrderedDict()
+        self._excluded: tuple[str, int, DictTable] | None = None
+
+    # --- sizes ---------------------------------------------------------------------------------
+
+    @property
+    def files(self) -> int:
+        return len(self._files)
+
+    @property
+    def tokens(self) -> int:
+        return self._tokens
+
+    @property
+    def vocabulary(self) -> int:
+        return len(self._strings)
+
+    def paths(self) -> list[str]:
+        with self._lock:
+            return list(self._files)
+
+    # --- writing -------------------------------------------------------------------------------
+
+    def _intern(self, tokens: Sequence[str]) -> array:
+        ids = self._ids
+        out = array("I")
+        for tok in tokens:
+            i = ids.get(tok)
+            if i is None:
+                i = len(self._strings)
+                if i > MAX_TOKEN_ID:
+                    i = BOS  # vocabulary full: an unknown token matches no context
+                else:
+                    ids[tok] = i
+                    self._strings.append(tok)
+                    self._breaks.append(1 if is_line_break(tok) else 0)
+            out.append(i)
+        return out
+
+    def update_file(self, path: str, text: str) -> int:
+        """Index `text` as the content of `path` (replacing what was there); its token count.
+
+        Refuses (returns 0, and the path is no longer indexed) when the
+        index would pass max_tokens.
+        """
+        toks = lex(text)
+        lines = _LINE_BREAK.split(text)
+        with self._write_lock:
+            old = self._files.get(path)
+            if self._tokens - (len(old) if old is not None else 0) + len(toks) > self.max_tokens:
+                self._remove_locked(path)
+                return 0
+            with self._lock:
+                ids = self._intern(toks)
+                self._remove_counts(path)
+                self._files[path] = ids
+                self._line_starts[path] = self._starts_of_lines(ids)
+                self._tokens += len(ids)
+                self._delta.add(ids, +1)
+                self._delta_parts.append((path, ids, +1))
+                self._snippets.update_file(path, lines)
+            self._maybe_seal()
+            return len(ids)
+
+    def remove_file(self, path: str) -> None:
+        with self._write_lock:
+            self._remove_locked(path)
+            self._maybe_seal()
+
+    def _remove_locked(self, path: str) -> None:
+        with self._lock:
+            self._remove_counts(path)
+            self._snippets.remove_file(path)
+
+    def _remove_counts(self, path: str) -> None:
+        old = self._files.pop(path, None)
+        if old is None:
+            return
+        self._line_starts.pop(path, None)
+        self._tokens -= len(old)
+        self._delta.add(old, -1)
+        self._delta_parts.append((path, old, -1))
+
+    def _starts_of_lines(self, ids: array) -> array:
+        breaks = self._breaks
+        starts = array("I", [0])
+        starts.extend(i + 1 for i, t in enumerate(ids) if breaks[t])
+        return starts
+
+    def _maybe_seal(self) -> None:
+        if sum(len(toks) for _, toks, _ in self._delta_parts) >= SEAL_TOKENS:
+            self._compact_locked(full=False)
+
+    def compact(self, full: bool = True) -> None:
+        """Seal pending changes into a sorted table; `full` merges every table into one.
+
+        Called by update_file as changes accumulate; call it with full=True
+        after a bulk index (fewer tables answer faster). Runs its builds
+        outside the readers' lock.
+        """
+        with self._write_lock:
+            self._compact_locked(full)
+
+    def _compact_locked(self, full: bool) -> None:
+        parts = _cancel(list(self._delta_parts))
+        if self._delta_parts:
+            new: tuple[_Segment, ...] = ()
+            if parts:
+                new = (_Segment(SortedTable.build(self.order, [(t, sign) for _, t, sign in parts]), parts),)
+            with self._lock:
+                self._segments = self._segments + new
+                self._delta = DictTable(self.order)
+                self._delta_parts = []
+        while True:
+            segs = self._segments
+            group = _merge_group(segs, full)
+            if group is None:
+                return
+            lo, hi = group
+            merged_parts = _cancel([p for s in segs[lo:hi] for p in s.parts])
+            table = SortedTable.build(self.order, [(toks, sign) for _, toks, sign in merged_parts])
+            with self._lock:
+                self._segments = segs[:lo] + (_Segment(table, merged_parts),) + segs[hi:]
+            if full and len(self._segments) <= 1:
+                return
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def complete(
+        self,
+        before: str,
+        after: str = "",
+        *,
+        path: str = "",
+        beam: int = 8,
+        max_tokens: int = 24,
+        open_files: dict[str, str] | None = None,
+        exclude_path: str | None = None,
+    ) -> list[Candidate]:
+        """Whole-line continuations at the cursor, most probable first (at most `beam`).
+
+        `before`/`after`: the document around the cursor. Levels, most
+        trusted first: this document (minus the cursor's line), the other
+        `open_files` (path -> text), the workspace (minus `exclude_path`).
+        """
+        if beam <= 0 or max_tokens <= 0:
+            return []
+        rest_of_line = _LINE_BREAK.split(after, maxsplit=1)[0] if after else ""
+        tail_tokens = _tail_tokens(before, self.order)
+        partial = ""
+        if tail_tokens and not is_line_break(tail_tokens[-1]):
+            partial = tail_tokens.pop()
+        with self._lock:
+            ctx = list(self._intern(tail_tokens))
+            if len(tail_tokens) < self.order and len(before) > sum(map(len, tail_tokens)) + len(partial):
+                ctx = [-1] * (self.order - len(ctx)) + ctx  # more text above: not a file start
+            levels = self._levels(before, after, path, open_files, exclude_path)
+            strings = self._strings
+            vocab = len(strings)
+            memo: dict[tuple[tuple[int, ...], bool], list[tuple[int, float, int]]] = {}
+            accept = (lambda t: strings[t].startswith(partial)) if partial else None
+
+            def step(generated: tuple[int, ...], first: bool) -> list[tuple[int, float, int]]:
+                full = (ctx + list(generated))[-(self.order - 1) :] if self.order > 1 else []
+                key = (tuple(full), first)
+                got = memo.get(key)
+                if got is None:
+                    keys = order_keys(full, self.order)
+                    got = next_tokens(levels, keys, vocab, self.smoothing, accept if first else None)
+                    memo[key] = got
+                return got
+
+            found = beam_search(step, strings, partial, beam, max_tokens, is_line_break)
+        out = []
+        right = rest_of_line.strip()
+        for text, prob, support in found:
+            if right:
+                # the line already ends with `right` (say a bracket the editor closed): a candidate
+                # must end with it too, and the insertion stops before it
+                body = text.rstrip()
+                if not body.endswith(right):
+                    continue
+                text = body[: len(body) - len(right)]
+                if not text.strip():
+                    continue
+            out.append(Candidate(text, min(1.0, max(0.0, prob)), int(support)))
+        return out
+
+    def retrieve(self, before_lines: Sequence[str], k: int = 4, *, exclude_path: str | None = None) -> list[Snippet]:
+        """Snippets of other files like the lines above the cursor (pass complete lines only).
+
+        Stable while the cursor stays on one line: the line being typed is
+        not part of the query.
+        """
+        with self._lock:
+            found = self._snippets.search(before_lines, k, exclude_path)
+            out = []
+            for wid, score in found:
+                path = self._snippets.win_path[wid]
+                start = self._snippets.win_start[wid]
+                out.append(Snippet(path, start, self._lines_text(path, start, start + _window()), score))
+            return out
+
+    def _lines_text(self, path: str, start: int, end: int) -> str:
+        ids = self._files[path]
+        starts = self._line_starts[path]
+        lo = starts[start] if start < len(starts) else len(ids)
+        hi = starts[end] if end < len(starts) else len(ids)
+        strings = self._strings
+        return "".join(strings[t] for t in ids[lo:hi])
+
+    def _levels(
+        self,
+        before: str,
+        after: str,
+        path: str,
+        open_files: dict[str, str] | None,
+        exclude_path: str | None,
+    ) -> list[Level]:
+        levels = [Level(self.weights.current_file, self._current_tables(path, before, after))]
+        if open_files:
+            tables = []
+            for p, text in open_files.items():
+                if p == path:
+                    continue
+                tables.append((+1, self._open_table(p, text)))
+            if tables:
+                levels.append(Level(self.weights.open_buffers, tables))
+        ws: list = [(+1, s.table) for s in self._segments]
+        if self._delta_parts:
+            ws.append((+1, self._delta))
+        if exclude_path is not None and exclude_path in self._files:
+            ws.append((-1, self._excluded_table(exclude_path)))
+        levels.append(Level(1.0, ws))
+        return levels
+
+    def _current_tables(self, path: str, before: str, after: str) -> list:
+        state = self._current.get(path)
+        if state is None:
+            state = _CurrentFile()
+            self._current[path] = state
+            while len(self._current) > 4:
+                self._current.popitem(last=False)
+        self._current.move_to_end(path)
+        above = before[: line_start(before)]
+        if state.above_table is None or not (above.startswith(state.above) and len(above) - len(state.above) < 65536):
+            text = _window_from_line(above, CURRENT_FILE_CHARS)
+            state.above_ids = list(self._intern(lex(text)))
+            state.above_table = DictTable(self.order)
+            state.above_table.add(state.above_ids)
+            state.above = above
+        elif len(above) > len(state.above):
+            new_ids = list(self._intern(lex(above[len(state.above) :])))
+            state.above_table.add(new_ids, history=state.above_ids)
+            state.above_ids.extend(new_ids)
+            state.above = above
+        brk = _LINE_BREAK.search(after)
+        below = after[brk.end() :] if brk else ""
+        if state.below_table is None or below != state.below:
+            state.below = below
+            state.below_table = DictTable(self.order)
+            state.below_table.add(list(self._intern(lex(below[:CURRENT_FILE_CHARS]))))
+        return [(+1, state.above_table), (+1, state.below_table)]
+
+    def _open_table(self, path: str, text: str) -> DictTable:
+        got = self._open.get(path)
+        if got is not None and got[0] == text:
+            self._open.move_to_end(path)
+            return got[1]
+        table = DictTable(self.order)
+        table.add(list(self._intern(lex(text[:OPEN_BUFFER_CHARS]))))
+        self._open[path] = (text, table)
+        while len(self._open) > OPEN_BUFFERS:
+            self._open.popitem(last=False)
+        return table
+
+    def _excluded_table(self, path: str) -> DictTable:
+        ids = self._files[path]
+        if self._excluded is not None and self._excluded[0] == path and self._excluded[1] == id(ids):
+            return self._excluded[2]
+        table = DictTable(self.order)
+        table.add(ids)
+        self._excluded = (path, id(ids), table)
+        return table
+
+    # --- persistence ---------------------------------------------------------------------------
+
+    def save(self, fh: typing.BinaryIO) -> None:
+        """Write the index: versioned, little-endian arrays, CRC-checked; no pickle."""
+        from dlm.coder_model.memory import persist
+
+        with self._write_lock:
+            self._compact_locked(full=True)
+            with self._lock:
+                persist.save(self, fh)
+
+    @classmethod
+    def load(cls, fh: typing.BinaryIO) -> RepoMemory:
+        """Read an index written by save; ValueError (saying what is wrong) on a bad file."""
+        from dlm.coder_model.memory import persist
+
+        return persist.load(cls, fh)
+
+
+def _window() -> int:
+    from dlm.coder_model.memory.retrieve import WINDOW
+
+    return WINDOW
+
+
+def _merge_group(segs: Sequence[_Segment], full: bool) -> tuple[int, int] | None:
+    """Which adjacent tables to merge next: TIER of one size tier, or all of them when `full`."""
+    if full:
+        return (0, len(segs)) if len(segs) > 1 else None
+    tiers = [_tier(s.size) for s in segs]
+    for lo in range(len(segs) - TIER, -1, -1):
+        if len(set(tiers[lo : lo + TIER])) == 1:
+            return lo, lo + TIER
+    return None
+
+
+def _tier(size: int) -> int:
+    tier = 0
+    limit = SEAL_TOKENS * 2
+    while size >= limit:
+        tier += 1
+        limit *= TIER
+    return tier
+
+
+def _cancel(parts: list[tuple[str, array, int]]) -> list[tuple[str, array, int]]:
+    """Drop a file's content counted in and counted out (the same token array, opposite signs)."""
+    net: dict[int, list] = {}
+    for path, toks, sign in parts:
+        slot = net.get(id(toks))
+        if slot is None:
+            net[id(toks)] = [path, toks, sign]
+        else:
+            slot[2] += sign
+    return [(p, t, s) for p, t, s in net.values() if s]
+
+
+def _window_from_line(text: str, chars: int) -> str:
+    """The last `chars` of `text`, starting at a line start (so it lexes as the whole would)."""
+    if len(text) <= chars:
+        return text
+    cut = len(text) - chars
+    return text[line_start(text, cut) :] if line_start(text, cut) > 0 else text[cut:]
+
+
+def _tail_tokens(before: str, order: int) -> list[str]:
+    """Tokens of the end of `before`: enough whole lines for the context and the typed word."""
+    start = line_start(before)
+    while True:
+        tokens = lex(before[start:])
+        if start == 0 or (len(tokens) > order and len(before) - start >= 200):
+            return tokens
+        start = line_start(before, start - 1)
