@@ -37,7 +37,11 @@ from dlm.coder_model.memory.ngram import (
 from dlm.coder_model.memory.retrieve import Snippet, SnippetIndex
 
 DEFAULT_ORDER = 6
-SEAL_TOKENS = 40_000  # changed tokens kept in dicts before they are sealed into a sorted table
+# Changed files wait in a list; a query counts them into dicts (about 150 bytes per n-gram), so
+# while queries come they are sealed into a sorted table early, and a bulk index with no query
+# in between seals big batches (fewer rebuilds).
+SEAL_TOKENS = 40_000  # pending tokens sealed once a query has counted some of them
+SEAL_TOKENS_BULK = 250_000  # pending tokens sealed when no query has counted them
 TIER = 4  # sorted tables of one size tier merged into one
 CURRENT_FILE_CHARS = 400_000  # of the current document around the cursor, for the file level
 OPEN_BUFFER_CHARS = 400_000  # of each open buffer
@@ -106,7 +110,8 @@ class RepoMemory:
         self._tokens = 0
         self._segments: tuple[_Segment, ...] = ()
         self._delta = DictTable(order)
-        self._delta_parts: list[tuple[str, array, int]] = []
+        self._delta_parts: list[tuple[str, array, int]] = []  # changes since the last seal
+        self._counted = 0  # how many of _delta_parts are counted in _delta
         self._snippets = SnippetIndex()
         self._lock = threading.RLock()  # readers, and writers' short mutations
         self._write_lock = threading.Lock()  # one writer at a time (merges run under it only)
@@ -169,7 +174,6 @@ class RepoMemory:
                 self._files[path] = ids
                 self._line_starts[path] = self._starts_of_lines(ids)
                 self._tokens += len(ids)
-                self._delta.add(ids, +1)
                 self._delta_parts.append((path, ids, +1))
                 self._snippets.update_file(path, lines)
             self._maybe_seal()
@@ -191,7 +195,6 @@ class RepoMemory:
             return
         self._line_starts.pop(path, None)
         self._tokens -= len(old)
-        self._delta.add(old, -1)
         self._delta_parts.append((path, old, -1))
 
     def _starts_of_lines(self, ids: array) -> array:
@@ -201,7 +204,8 @@ class RepoMemory:
         return starts
 
     def _maybe_seal(self) -> None:
-        if sum(len(toks) for _, toks, _ in self._delta_parts) >= SEAL_TOKENS:
+        limit = SEAL_TOKENS if self._counted else SEAL_TOKENS_BULK
+        if sum(len(toks) for _, toks, _ in self._delta_parts) >= limit:
             self._compact_locked(full=False)
 
     def compact(self, full: bool = True) -> None:
@@ -224,6 +228,7 @@ class RepoMemory:
                 self._segments = self._segments + new
                 self._delta = DictTable(self.order)
                 self._delta_parts = []
+                self._counted = 0
         while True:
             segs = self._segments
             group = _merge_group(segs, full)
@@ -269,7 +274,6 @@ class RepoMemory:
                 ctx = [-1] * (self.order - len(ctx)) + ctx  # more text above: not a file start
             levels = self._levels(before, after, path, open_files, exclude_path)
             strings = self._strings
-            vocab = len(strings)
             memo: dict[tuple[tuple[int, ...], bool], list[tuple[int, float, int]]] = {}
             accept = (lambda t: strings[t].startswith(partial)) if partial else None
 
@@ -279,12 +283,12 @@ class RepoMemory:
                 got = memo.get(key)
                 if got is None:
                     keys = order_keys(full, self.order)
-                    got = next_tokens(levels, keys, vocab, self.smoothing, accept if first else None)
+                    got = next_tokens(levels, keys, self.smoothing, accept if first else None)
                     memo[key] = got
                 return got
 
             found = beam_search(step, strings, partial, beam, max_tokens, is_line_break)
-        out = []
+        merged: dict[str, list] = {}
         right = rest_of_line.strip()
         for text, prob, support in found:
             if right:
@@ -296,8 +300,14 @@ class RepoMemory:
                 text = body[: len(body) - len(right)]
                 if not text.strip():
                     continue
-            out.append(Candidate(text, min(1.0, max(0.0, prob)), int(support)))
-        return out
+            slot = merged.get(text)
+            if slot is None:
+                merged[text] = [prob, support]
+            else:
+                slot[0] += prob
+                slot[1] = max(slot[1], support)
+        ranked = sorted(merged.items(), key=lambda kv: -kv[1][0])
+        return [Candidate(text, min(1.0, max(0.0, p)), int(sup)) for text, (p, sup) in ranked]
 
     def retrieve(self, before_lines: Sequence[str], k: int = 4, *, exclude_path: str | None = None) -> list[Snippet]:
         """Snippets of other files like the lines above the cursor (pass complete lines only).
@@ -341,6 +351,9 @@ class RepoMemory:
                 levels.append(Level(self.weights.open_buffers, tables))
         ws: list = [(+1, s.table) for s in self._segments]
         if self._delta_parts:
+            for _, toks, sign in self._delta_parts[self._counted :]:
+                self._delta.add(toks, sign)
+            self._counted = len(self._delta_parts)
             ws.append((+1, self._delta))
         if exclude_path is not None and exclude_path in self._files:
             ws.append((-1, self._excluded_table(exclude_path)))

@@ -26,37 +26,40 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-MASK64 = (1 << 64) - 1
-MULT = 0x9E3779B97F4A7C15
+CTX_BITS = 40  # context keys: 40 bits of the chain hash
+CTX_MASK = (1 << CTX_BITS) - 1
 SEED = 0x2545F4914F6CDD1D
 TOKEN_BITS = 24  # token ids in a combined (context, token) sort key
 MAX_TOKEN_ID = (1 << TOKEN_BITS) - 1
 BOS = 0  # token id 0: the empty string, pads contexts before a file's first token
+# The chain uses CPython's hash of a pair of ints: deterministic (no per-process salt, unlike
+# str), C-fast, and well mixed. A saved index records this fingerprint and is rebuilt if an
+# interpreter hashes differently.
+HASH_FINGERPRINT = hash((SEED, 1)) & CTX_MASK
 
 
 def order_keys(ctx: Sequence[int], order: int) -> list[int]:
     """Context keys of orders 1..order for the position after `ctx` (keys[k-1] is order k)."""
     h = SEED
-    keys = [h >> TOKEN_BITS]
+    keys = [h & CTX_MASK]
     n = len(ctx)
     for j in range(1, order):
-        t = ctx[n - j] if j <= n else BOS
-        h = ((h ^ (h >> 29) ^ (t + 1)) * MULT) & MASK64
-        keys.append(h >> TOKEN_BITS)
+        h = hash((h, ctx[n - j] if j <= n else BOS))
+        keys.append(h & CTX_MASK)
     return keys
 
 
 def file_key_columns(tokens: Sequence[int], order: int) -> Iterable[list[int]]:
     """For k = 1..order, the order-k context key of every position of `tokens` (a file from its start)."""
     n = len(tokens)
-    h = [SEED] * n
-    yield [SEED >> TOKEN_BITS] * n
+    h: list[int] = [SEED] * n
+    yield [SEED & CTX_MASK] * n
     padded = [BOS] * (order - 1) + list(tokens)
     for j in range(1, order):
         # the token j places back from each position
         col = padded[order - 1 - j : order - 1 - j + n]
-        h = [((a ^ (a >> 29) ^ (b + 1)) * MULT) & MASK64 for a, b in zip(h, col)]
-        yield [a >> TOKEN_BITS for a in h]
+        h = [hash(pair) for pair in zip(h, col)]
+        yield [a & CTX_MASK for a in h]
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,47 +153,49 @@ class SortedTable:
         """Count every (token stream, sign) part; each stream is a whole file from its start."""
         table = cls(order)
         table.tokens = sum(sign * len(toks) for toks, sign in parts)
+        parts = [(toks, sign) for toks, sign in parts if len(toks)]
+        # the hash chain of every position, one order further per pass (8 bytes a token)
+        chains = [array("q", [SEED]) * len(toks) for toks, _ in parts]
         for k in range(order):
             pos: list[int] = []
             neg: list[int] = []
-            for toks, sign in parts:
-                if not toks:
-                    continue
-                col = _nth(file_key_columns(toks, order), k)
-                (pos if sign > 0 else neg).extend([(c << TOKEN_BITS) | t for c, t in zip(col, toks)])
-            table._fill(k, _signed_runs(pos, neg))
+            for f, (toks, sign) in enumerate(parts):
+                if k:
+                    back = list(toks[: max(len(toks) - k, 0)])
+                    col = [BOS] * min(k, len(toks)) + back
+                    chains[f] = array("q", [hash(pair) for pair in zip(chains[f], col)])
+                (pos if sign > 0 else neg).extend(
+                    [((h & CTX_MASK) << TOKEN_BITS) | t for h, t in zip(chains[f], toks)]
+                )
+            table._fill(k, *_signed_counts(pos, neg))
+            del pos, neg
         return table
 
-    def _fill(self, k: int, runs: Iterable[tuple[int, int]]) -> None:
-        keys, offsets, totals = self.keys[k], self.offsets[k], self.totals[k]
-        succ_tok, succ_cnt = self.succ_tok[k], self.succ_cnt[k]
-        cur = -1
-        group: list[tuple[int, int]] = []
-
-        def flush() -> None:
-            if len(group) > 1:
-                group.sort(key=lambda tc: -tc[1])
-            keys.append(cur)
-            total = 0
-            for t, c in group:
-                succ_tok.append(t)
-                succ_cnt.append(c)
-                total += c
-            totals.append(total)
-            offsets.append(len(succ_tok))
-
-        for combined, count in runs:
-            if not count:
+    def _fill(self, k: int, combined: list[int], counts: list[int]) -> None:
+        """Arrays of order k from distinct (context << TOKEN_BITS | token) keys, sorted, and their counts."""
+        m = len(combined)
+        if not m:
+            return
+        shift = TOKEN_BITS
+        ctxs = [c >> shift for c in combined]
+        toks = [c & MAX_TOKEN_ID for c in combined]
+        starts = [0]
+        starts += [i for i in range(1, m) if ctxs[i] != ctxs[i - 1]]
+        ends = starts[1:] + [m]
+        totals = []
+        for lo, hi in zip(starts, ends):
+            if hi - lo == 1:
+                totals.append(counts[lo])
                 continue
-            ctx = combined >> TOKEN_BITS
-            if ctx != cur:
-                if group:
-                    flush()
-                cur = ctx
-                group = []
-            group.append((combined & MAX_TOKEN_ID, count))
-        if group:
-            flush()
+            group = sorted(zip(counts[lo:hi], toks[lo:hi]), key=_by_count)
+            counts[lo:hi] = [c for c, _ in group]
+            toks[lo:hi] = [t for _, t in group]
+            totals.append(sum(counts[lo:hi]))
+        self.keys[k] = array("Q", [ctxs[i] for i in starts])
+        self.offsets[k] = array("I", starts + [m])
+        self.totals[k] = array("q", totals)
+        self.succ_tok[k] = array("I", toks)
+        self.succ_cnt[k] = array("i", counts)
 
     def lookup(self, k: int, key: int, limit: int) -> Stats | None:
         keys = self.keys[k - 1]
@@ -215,45 +220,42 @@ class SortedTable:
     ARRAYS = ("keys", "offsets", "totals", "succ_tok", "succ_cnt")
 
 
-def _nth(it: Iterable[list[int]], k: int) -> list[int]:
-    for i, col in enumerate(it):
-        if i == k:
-            return col
-    raise IndexError(k)
+def _by_count(ct: tuple[int, int]) -> int:
+    return -ct[0]
 
 
-def _runs(sorted_keys: Iterable[int]) -> Iterable[tuple[int, int]]:
-    prev = -1
-    count = 0
-    for key in sorted_keys:
-        if key == prev:
-            count += 1
-        else:
-            if count:
-                yield prev, count
-            prev = key
-            count = 1
-    if count:
-        yield prev, count
+def _by_value_desc(kv: tuple[int, float]) -> float:
+    return -kv[1]
 
 
-def _signed_runs(pos: list[int], neg: list[int]) -> Iterable[tuple[int, int]]:
-    pos.sort()
+def _distinct(keys: list[int]) -> tuple[list[int], list[int]]:
+    """Sort `keys` in place; (distinct keys, how many of each)."""
+    keys.sort()
+    n = len(keys)
+    if not n:
+        return [], []
+    starts = [0]
+    starts += [i for i in range(1, n) if keys[i] != keys[i - 1]]
+    counts = [b - a for a, b in zip(starts, starts[1:] + [n])]
+    return [keys[i] for i in starts], counts
+
+
+def _signed_counts(pos: list[int], neg: list[int]) -> tuple[list[int], list[int]]:
+    """Distinct keys and their counts: occurrences in `pos` minus occurrences in `neg`, zeros dropped."""
+    keys, counts = _distinct(pos)
     if not neg:
-        yield from _runs(pos)
-        return
-    neg.sort()
-    merged = heapq.merge(_runs(pos), ((k, -c) for k, c in _runs(neg)))
-    prev, total = -1, 0
-    for key, c in merged:
-        if key == prev:
-            total += c
-        else:
-            if total:
-                yield prev, total
-            prev, total = key, c
-    if total:
-        yield prev, total
+        return keys, counts
+    nkeys, ncounts = _distinct(neg)
+    taken = dict(zip(nkeys, ncounts))
+    for i, key in enumerate(keys):
+        c = taken.pop(key, None)
+        if c is not None:
+            counts[i] -= c
+    pairs = [(key, c) for key, c in zip(keys, counts) if c]
+    if taken:
+        pairs.extend((key, -c) for key, c in taken.items())
+        pairs.sort()
+    return [key for key, _ in pairs], [c for _, c in pairs]
 
 
 # --- probabilities ---------------------------------------------------------------------------
@@ -265,7 +267,7 @@ class Smoothing:
 
     wb: float = 1.0  # Witten-Bell weight of the lower order: larger trusts long contexts less
     top: int = 12  # successors read per context per table
-    first_scan: int = 4000  # successors scanned for the first token when a word is half typed
+    first_scan: int = 600  # successors scanned for the first token when a word is half typed
 
 
 class Level:
@@ -281,9 +283,9 @@ class Level:
 def next_tokens(
     levels: Sequence[Level],
     keys: Sequence[int],
-    vocab_size: int,
     smoothing: Smoothing,
     accept: Callable[[int], bool] | None = None,
+    want: int = 16,
 ) -> list[tuple[int, float, int]]:
     """Interpolated next-token probabilities after one context: [(token, p, support)], best first.
 
@@ -301,28 +303,45 @@ def next_tokens(
         found = False
         for level in levels:
             w = level.weight
+            merged: dict[int, int] = {}
+            unseen = 0  # successors past the lists read: they count as distinct types
             for sign, table in level.tables:
                 st = table.lookup(k, keys[k - 1], limit)
                 if st is None:
                     continue
                 found = True
                 total += sign * w * st.total
-                types += sign * w * st.types
+                unseen += sign * (st.types - len(st.top))
                 for t, c in st.top:
-                    if accept is not None and not accept(t):
-                        continue
-                    counts[t] = counts.get(t, 0.0) + sign * w * c
-                    raw[t] = raw.get(t, 0) + sign * c
+                    merged[t] = merged.get(t, 0) + sign * c
+            if not merged:
+                continue
+            # distinct successors of the level's tables together: a file counted in one table
+            # and out in another cancels (the state after a removal equals the state before)
+            types += w * max(0, sum(1 for c in merged.values() if c > 0) + unseen)
+            for t, c in merged.items():
+                if c > 0 and (accept is None or accept(t)):
+                    counts[t] = counts.get(t, 0.0) + w * c
+                    raw[t] = raw.get(t, 0) + c
         if not found or total <= 0:
             break
         per_order.append((total, max(types, 1e-9), counts, raw))
     if not per_order:
         return []
-    candidates: set[int] = set()
-    for _, _, counts, _ in per_order:
-        candidates.update(t for t, c in counts.items() if c > 0)
-    candidates.discard(BOS)
-    base = 1.0 / max(vocab_size, 1)
+    # candidates from the longest context down, until there are `want` of them: a token that
+    # only a short context proposes rarely beats one the longer contexts saw
+    candidates: list[int] = []
+    seen = {BOS}
+    for _, _, counts, _ in reversed(per_order):
+        for t, c in sorted(counts.items(), key=_by_value_desc):
+            if c > 0 and t not in seen:
+                seen.add(t)
+                candidates.append(t)
+                if len(candidates) >= want:
+                    break
+        if len(candidates) >= want:
+            break
+    base = 1.0 / UNIFORM_VOCAB
     beta = smoothing.wb
     out = []
     for t in candidates:
@@ -342,6 +361,12 @@ def next_tokens(
         out = [(t, p / z, s) for t, p, s in out]
     out.sort(key=lambda x: -x[1])
     return out
+
+
+# The floor under order 1: a fixed vocabulary size, not the index's (which only grows), so that
+# removing a file restores exactly the probabilities from before it was added.
+UNIFORM_VOCAB = 1 << 16
+PRUNE = math.log(1000.0)  # a hypothesis 1000 times less likely than the best one is dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,7 +397,7 @@ def beam_search(
     for depth in range(max_tokens):
         expanded: list[Hypothesis] = []
         for hyp in live:
-            for t, p, support in step(hyp.tokens, depth == 0)[: beam * 2]:
+            for t, p, support in step(hyp.tokens, depth == 0)[:beam]:
                 if p <= 0:
                     continue
                 s = strings[t]
@@ -397,7 +422,8 @@ def beam_search(
         if not expanded:
             break
         expanded.sort(key=lambda h: -h.logp)
-        live = expanded[:beam]
+        floor = expanded[0].logp - PRUNE
+        live = [h for h in expanded[:beam] if h.logp >= floor]
         if len(done) >= beam:
             kth = sorted((v[0] for v in done.values()), reverse=True)[beam - 1]
             if math.exp(live[0].logp) < kth:
