@@ -280,6 +280,11 @@ class Level:
         self.tables = tables  # (sign, table): sign -1 subtracts (an excluded file)
 
 
+# The floor under order 1: a fixed vocabulary size, not the index's (which only grows), so that
+# removing a file restores exactly the probabilities from before it was added.
+UNIFORM_VOCAB = 1 << 16
+
+
 def next_tokens(
     levels: Sequence[Level],
     keys: Sequence[int],
@@ -295,6 +300,8 @@ def next_tokens(
     """
     limit = smoothing.first_scan if accept is not None else smoothing.top
     per_order: list[tuple[float, float, dict[int, float], dict[int, int]]] = []
+    # a table without the order-k context has none of the longer ones: it is not asked again
+    missing: set[int] = set()
     for k in range(1, len(keys) + 1):
         total = 0.0
         types = 0.0
@@ -306,8 +313,11 @@ def next_tokens(
             merged: dict[int, int] = {}
             unseen = 0  # successors past the lists read: they count as distinct types
             for sign, table in level.tables:
+                if id(table) in missing:
+                    continue
                 st = table.lookup(k, keys[k - 1], limit)
                 if st is None:
+                    missing.add(id(table))
                     continue
                 found = True
                 total += sign * w * st.total
@@ -363,9 +373,6 @@ def next_tokens(
     return out
 
 
-# The floor under order 1: a fixed vocabulary size, not the index's (which only grows), so that
-# removing a file restores exactly the probabilities from before it was added.
-UNIFORM_VOCAB = 1 << 16
 PRUNE = math.log(1000.0)  # a hypothesis 1000 times less likely than the best one is dropped
 
 
