@@ -12,15 +12,12 @@ outside the lock that readers take: a suggestion never waits for one.
 from __future__ import annotations
 
 import re
-import struct
 import threading
 import typing
-import zlib
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from sys import byteorder
 
 from dlm.coder_model.memory.lexer import is_line_break, lex, line_start
 from dlm.coder_model.memory.ngram import (
@@ -43,9 +40,10 @@ DEFAULT_ORDER = 6
 SEAL_TOKENS = 40_000  # pending tokens sealed once a query has counted some of them
 SEAL_TOKENS_BULK = 250_000  # pending tokens sealed when no query has counted them
 TIER = 4  # sorted tables of one size tier merged into one
-CURRENT_FILE_CHARS = 400_000  # of the current document around the cursor, for the file level
+CURRENT_FILE_CHARS = 64_000  # of the current document above the cursor's line (below: half), for the file level
 OPEN_BUFFER_CHARS = 400_000  # of each open buffer
 OPEN_BUFFERS = 16  # open-buffer tables cached
+MEMO_ENTRIES = 50_000  # next-token answers cached across keystrokes
 _LINE_BREAK = re.compile(r"\r\n|\n|\r")  # the lexer's line breaks
 
 
@@ -82,7 +80,8 @@ class _CurrentFile:
 
     above: str = ""
     above_ids: list[int] = field(default_factory=list)
-    above_table: DictTable | None = None
+    above_table: DictTable | None = None  # built when the cursor comes to the document or moves up
+    above_added: DictTable | None = None  # lines added above since (the cursor moved down)
     below: str = ""
     below_table: DictTable | None = None
 
@@ -118,6 +117,8 @@ class RepoMemory:
         self._current: OrderedDict[str, _CurrentFile] = OrderedDict()
         self._open: OrderedDict[str, tuple[str, DictTable]] = OrderedDict()
         self._excluded: tuple[str, int, DictTable] | None = None
+        self._memo: dict = {}
+        self._memo_signature: tuple | None = None
 
     # --- sizes ---------------------------------------------------------------------------------
 
@@ -274,12 +275,22 @@ class RepoMemory:
                 ctx = [-1] * (self.order - len(ctx)) + ctx  # more text above: not a file start
             levels = self._levels(before, after, path, open_files, exclude_path)
             strings = self._strings
-            memo: dict[tuple[tuple[int, ...], bool], list[tuple[int, float, int]]] = {}
+            # answers per context stay valid while no table changes: the next keystroke on the
+            # same line asks mostly the same contexts (the words after the one being typed)
+            signature = (
+                id(self.smoothing),
+                id(self.weights),
+                tuple((lv.weight, tuple((sign, t.serial) for sign, t in lv.tables)) for lv in levels),
+            )
+            if self._memo_signature != signature or len(self._memo) > MEMO_ENTRIES:
+                self._memo = {}
+                self._memo_signature = signature
+            memo = self._memo
             accept = (lambda t: strings[t].startswith(partial)) if partial else None
 
             def step(generated: tuple[int, ...], first: bool) -> list[tuple[int, float, int]]:
                 full = (ctx + list(generated))[-(self.order - 1) :] if self.order > 1 else []
-                key = (tuple(full), first)
+                key = (tuple(full), partial if first else None)
                 got = memo.get(key)
                 if got is None:
                     keys = order_keys(full, self.order)
@@ -369,24 +380,29 @@ class RepoMemory:
                 self._current.popitem(last=False)
         self._current.move_to_end(path)
         above = before[: line_start(before)]
-        if state.above_table is None or not (above.startswith(state.above) and len(above) - len(state.above) < 65536):
+        if state.above_table is None or not (above.startswith(state.above) and len(above) - len(state.above) < 8192):
             text = _window_from_line(above, CURRENT_FILE_CHARS)
             state.above_ids = list(self._intern(lex(text)))
             state.above_table = DictTable(self.order)
             state.above_table.add(state.above_ids)
+            state.above_added = DictTable(self.order)
             state.above = above
         elif len(above) > len(state.above):
             new_ids = list(self._intern(lex(above[len(state.above) :])))
-            state.above_table.add(new_ids, history=state.above_ids)
+            state.above_added.add(new_ids, history=state.above_ids)
             state.above_ids.extend(new_ids)
             state.above = above
         brk = _LINE_BREAK.search(after)
         below = after[brk.end() :] if brk else ""
         if state.below_table is None or below != state.below:
             state.below = below
+            ids = list(self._intern(lex(_head_to_line(below, CURRENT_FILE_CHARS // 2))))
             state.below_table = DictTable(self.order)
-            state.below_table.add(list(self._intern(lex(below[:CURRENT_FILE_CHARS]))))
-        return [(+1, state.above_table), (+1, state.below_table)]
+            state.below_table.add(ids)
+        tables = [(+1, state.above_table), (+1, state.below_table)]
+        if state.above_added.tokens:
+            tables.append((+1, state.above_added))
+        return tables
 
     def _open_table(self, path: str, text: str) -> DictTable:
         got = self._open.get(path)
@@ -472,6 +488,14 @@ def _window_from_line(text: str, chars: int) -> str:
         return text
     cut = len(text) - chars
     return text[line_start(text, cut) :] if line_start(text, cut) > 0 else text[cut:]
+
+
+def _head_to_line(text: str, chars: int) -> str:
+    """The first `chars` of `text`, cut at a line end."""
+    if len(text) <= chars:
+        return text
+    cut = text.rfind("\n", 0, chars)
+    return text[: cut + 1] if cut >= 0 else text[:chars]
 
 
 def _tail_tokens(before: str, order: int) -> list[str]:

@@ -20,6 +20,7 @@ interpolated Witten-Bell from order 1 up to the longest context seen.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from array import array
 from bisect import bisect_left
@@ -32,6 +33,8 @@ SEED = 0x2545F4914F6CDD1D
 TOKEN_BITS = 24  # token ids in a combined (context, token) sort key
 MAX_TOKEN_ID = (1 << TOKEN_BITS) - 1
 BOS = 0  # token id 0: the empty string, pads contexts before a file's first token
+# Every table state gets a fresh serial (a DictTable on each change): cached answers are keyed by them.
+_serials = itertools.count(1)
 # The chain uses CPython's hash of a pair of ints: deterministic (no per-process salt, unlike
 # str), C-fast, and well mixed. A saved index records this fingerprint and is rebuilt if an
 # interpreter hashes differently.
@@ -74,10 +77,11 @@ class Stats:
 class DictTable:
     """Counts in dicts, for small token streams that change; signed counts allowed."""
 
-    __slots__ = ("order", "succ", "totals", "_sorted", "tokens")
+    __slots__ = ("_sorted", "order", "serial", "succ", "tokens", "totals")
 
     def __init__(self, order: int) -> None:
         self.order = order
+        self.serial = next(_serials)
         self.succ: list[dict[int, dict[int, int]]] = [{} for _ in range(order)]
         self.totals: list[dict[int, int]] = [{} for _ in range(order)]
         self._sorted: dict[tuple[int, int], list[tuple[int, int]]] = {}
@@ -86,6 +90,7 @@ class DictTable:
     def add(self, tokens: Sequence[int], sign: int = 1, history: Sequence[int] = ()) -> None:
         """Count `tokens` (with `history`, the tokens before them, as context); sign -1 subtracts."""
         self._sorted.clear()
+        self.serial = next(_serials)
         self.tokens += sign * len(tokens)
         if not tokens:
             return
@@ -137,10 +142,11 @@ class DictTable:
 class SortedTable:
     """Counts in arrays sorted by context key; successors by count. Immutable once built."""
 
-    __slots__ = ("order", "keys", "offsets", "totals", "succ_tok", "succ_cnt", "tokens")
+    __slots__ = ("keys", "offsets", "order", "serial", "succ_cnt", "succ_tok", "tokens", "totals")
 
     def __init__(self, order: int) -> None:
         self.order = order
+        self.serial = next(_serials)
         self.keys = [array("Q") for _ in range(order)]
         self.offsets = [array("I", [0]) for _ in range(order)]
         self.totals = [array("q") for _ in range(order)]
@@ -273,7 +279,7 @@ class Smoothing:
 class Level:
     """One level of the nested cache: tables whose counts add up, with one weight."""
 
-    __slots__ = ("weight", "tables")
+    __slots__ = ("tables", "weight")
 
     def __init__(self, weight: float, tables: Sequence[tuple[int, DictTable | SortedTable]]) -> None:
         self.weight = weight

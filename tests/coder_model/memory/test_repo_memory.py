@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 
 import pytest
-
 from dlm.coder_model.memory import Candidate, RepoMemory, Snippet
 from dlm.coder_model.memory import index as memory_index
 
