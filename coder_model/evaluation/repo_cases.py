@@ -141,6 +141,7 @@ def measure(memory, cases: Sequence[Case], beam: int = 8) -> dict:
     rows = []
     latencies = []  # a new line of a document: the file level is built for it
     keystrokes = []  # the next keystroke on that line: the file level and answers are cached
+    retrievals = []  # similar snippets for the lines above (no figure of their use yet: that needs the model)
     for case in cases:
         t0 = time.perf_counter()
         cands = memory.complete(case.before, case.after, path=case.path, beam=beam)
@@ -148,17 +149,23 @@ def measure(memory, cases: Sequence[Case], beam: int = 8) -> dict:
         t0 = time.perf_counter()
         memory.complete(case.before + case.answer[0], case.after, path=case.path, beam=beam)
         keystrokes.append((time.perf_counter() - t0) * 1000)
+        t0 = time.perf_counter()
+        memory.retrieve(case.before.split("\n")[:-1], 4, exclude_path=case.path)
+        retrievals.append((time.perf_counter() - t0) * 1000)
         texts = [c.text for c in cands]
         rows.append(
             {
                 "len": len(case.answer),
                 "typed": case.typed,
                 "top1": bool(texts) and texts[0] == case.answer,
-                "topk": case.answer in texts,
+                "topk": case.answer in texts[:8],
                 "score": cands[0].score if cands else 0.0,
             }
         )
-    return summarize(rows, latencies, keystrokes)
+    out = summarize(rows, latencies, keystrokes)
+    if retrievals:
+        out["retrieve_ms"] = _percentiles(retrievals)
+    return out
 
 
 def _percentiles(values: Sequence[float]) -> dict:
@@ -268,11 +275,15 @@ def report(name: str, cost: dict, result: dict) -> str:
     lines.append("  score cut  shown            precision")
     for c in result["cuts"]:
         lines.append(f"  {c['cut']:9.2f}  {_fmt_rate(c['shown'])}  {_fmt_rate(c['precision'])}")
-    for key, what in (("latency_ms", "first query on a line"), ("keystroke_ms", "next keystroke")):
+    for key, what in (
+        ("latency_ms", "complete(), first query on a line"),
+        ("keystroke_ms", "complete(), next keystroke"),
+        ("retrieve_ms", "retrieve(), 4 snippets"),
+    ):
         if key in result:
             lat = result[key]
             lines.append(
-                f"complete(), {what}: p50 {lat['p50']:.1f} ms, p90 {lat['p90']:.1f} ms, "
+                f"{what}: p50 {lat['p50']:.1f} ms, p90 {lat['p90']:.1f} ms, "
                 f"p99 {lat['p99']:.1f} ms, max {lat['max']:.1f} ms"
             )
     return "\n".join(lines)

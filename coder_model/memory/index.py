@@ -43,6 +43,7 @@ TIER = 4  # sorted tables of one size tier merged into one
 CURRENT_FILE_CHARS = 64_000  # of the current document above the cursor's line (below: half), for the file level
 OPEN_BUFFER_CHARS = 400_000  # of each open buffer
 OPEN_BUFFERS = 16  # open-buffer tables cached
+TYPED_WORD = -2  # token id of a half-typed word the vocabulary does not know
 MEMO_ENTRIES = 50_000  # next-token answers cached across keystrokes
 _LINE_BREAK = re.compile(r"\r\n|\n|\r")  # the lexer's line breaks
 
@@ -116,7 +117,7 @@ class RepoMemory:
         self._write_lock = threading.Lock()  # one writer at a time (merges run under it only)
         self._current: OrderedDict[str, _CurrentFile] = OrderedDict()
         self._open: OrderedDict[str, tuple[str, DictTable]] = OrderedDict()
-        self._excluded: tuple[str, int, DictTable] | None = None
+        self._excluded: tuple[str, array, DictTable] | None = None
         self._memo: dict = {}
         self._memo_signature: tuple | None = None
 
@@ -286,7 +287,13 @@ class RepoMemory:
                 self._memo = {}
                 self._memo_signature = signature
             memo = self._memo
-            accept = (lambda t: strings[t].startswith(partial)) if partial else None
+            accept = (lambda t: t >= 0 and strings[t].startswith(partial)) if partial else None
+            # the word being typed, as a token: known, or a stand-in id no table holds (typing a
+            # new name must not grow the vocabulary one prefix per keystroke)
+            typed_id = self._ids.get(partial, TYPED_WORD) if partial else None
+
+            def text_of(t: int) -> str:
+                return partial if t == TYPED_WORD else strings[t]
 
             def step(generated: tuple[int, ...], first: bool) -> list[tuple[int, float, int]]:
                 full = (ctx + list(generated))[-(self.order - 1) :] if self.order > 1 else []
@@ -294,11 +301,14 @@ class RepoMemory:
                 got = memo.get(key)
                 if got is None:
                     keys = order_keys(full, self.order)
-                    got = next_tokens(levels, keys, self.smoothing, accept if first else None)
+                    if first:
+                        got = next_tokens(levels, keys, self.smoothing, accept, typed=typed_id)
+                    else:
+                        got = next_tokens(levels, keys, self.smoothing)
                     memo[key] = got
                 return got
 
-            found = beam_search(step, strings, partial, beam, max_tokens, is_line_break)
+            found = beam_search(step, text_of, partial, beam, max_tokens, is_line_break)
         merged: dict[str, list] = {}
         right = rest_of_line.strip()
         for text, prob, support in found:
@@ -418,11 +428,11 @@ class RepoMemory:
 
     def _excluded_table(self, path: str) -> DictTable:
         ids = self._files[path]
-        if self._excluded is not None and self._excluded[0] == path and self._excluded[1] == id(ids):
+        if self._excluded is not None and self._excluded[0] == path and self._excluded[1] is ids:
             return self._excluded[2]
         table = DictTable(self.order)
         table.add(ids)
-        self._excluded = (path, id(ids), table)
+        self._excluded = (path, ids, table)
         return table
 
     # --- persistence ---------------------------------------------------------------------------

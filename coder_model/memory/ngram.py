@@ -297,12 +297,15 @@ def next_tokens(
     smoothing: Smoothing,
     accept: Callable[[int], bool] | None = None,
     want: int = 16,
+    typed: int | None = None,
 ) -> list[tuple[int, float, int]]:
     """Interpolated next-token probabilities after one context: [(token, p, support)], best first.
 
     `keys` are the context keys of orders 1..N; `accept` restricts the
     candidates (the first token must extend what is typed of a word) and
-    the result is then renormalised over the accepted ones.
+    the result is then renormalised over the accepted ones. `typed`, the
+    word as typed so far, is always a candidate then: the word may be
+    complete, and new to this context.
     """
     limit = smoothing.first_scan if accept is not None else smoothing.top
     per_order: list[tuple[float, float, dict[int, float], dict[int, int]]] = []
@@ -343,7 +346,7 @@ def next_tokens(
             break
         per_order.append((total, max(types, 1e-9), counts, raw))
     if not per_order:
-        return []
+        return [(typed, 1.0, 0)] if typed is not None else []
     # candidates from the longest context down, until there are `want` of them: a token that
     # only a short context proposes rarely beats one the longer contexts saw
     candidates: list[int] = []
@@ -357,6 +360,8 @@ def next_tokens(
                     break
         if len(candidates) >= want:
             break
+    if typed is not None and typed not in seen:
+        candidates.append(typed)
     base = 1.0 / UNIFORM_VOCAB
     beta = smoothing.wb
     out = []
@@ -392,7 +397,7 @@ class Hypothesis:
 
 def beam_search(
     step: Callable[[tuple[int, ...], bool], list[tuple[int, float, int]]],
-    strings: Sequence[str],
+    text_of: Callable[[int], str],
     partial: str,
     beam: int,
     max_tokens: int,
@@ -413,7 +418,7 @@ def beam_search(
             for t, p, support in step(hyp.tokens, depth == 0)[:beam]:
                 if p <= 0:
                     continue
-                s = strings[t]
+                s = text_of(t)
                 if depth == 0:
                     s = s[len(partial) :]
                 logp = hyp.logp + math.log(p)
