@@ -24,6 +24,7 @@ import itertools
 import math
 from array import array
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -77,14 +78,13 @@ class Stats:
 class DictTable:
     """Counts in dicts, for small token streams that change; signed counts allowed."""
 
-    __slots__ = ("_sorted", "order", "serial", "succ", "tokens", "totals")
+    __slots__ = ("_sorted", "order", "serial", "succ", "tokens")
 
     def __init__(self, order: int) -> None:
         self.order = order
         self.serial = next(_serials)
         self.succ: list[dict[int, dict[int, int]]] = [{} for _ in range(order)]
-        self.totals: list[dict[int, int]] = [{} for _ in range(order)]
-        self._sorted: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        self._sorted: dict[tuple[int, int], tuple[int, list[tuple[int, int]]]] = {}
         self.tokens = 0
 
     def add(self, tokens: Sequence[int], sign: int = 1, history: Sequence[int] = ()) -> None:
@@ -99,41 +99,38 @@ class DictTable:
         ctx = [BOS] * ((self.order - 1) - len(ctx)) + ctx
         stream = ctx + list(tokens)
         offset = len(ctx)
+        toks = stream[offset:]
         for k, col in enumerate(file_key_columns(stream, self.order)):
             succ = self.succ[k]
-            totals = self.totals[k]
-            for i in range(offset, len(stream)):
-                key = col[i]
-                t = stream[i]
+            ctxs = col[offset:]
+            # count in C (Counter over pairs), then one Python step per distinct n-gram
+            for (key, t), c in Counter(zip(ctxs, toks)).items():
+                c *= sign
                 d = succ.get(key)
                 if d is None:
-                    succ[key] = {t: sign}
-                else:
-                    c = d.get(t, 0) + sign
-                    if c:
-                        d[t] = c
-                    else:
-                        del d[t]
-                        if not d:
-                            del succ[key]
-                c = totals.get(key, 0) + sign
+                    succ[key] = {t: c}
+                    continue
+                c += d.get(t, 0)
                 if c:
-                    totals[key] = c
+                    d[t] = c
                 else:
-                    totals.pop(key, None)
+                    del d[t]
+                    if not d:
+                        del succ[key]
 
     def lookup(self, k: int, key: int, limit: int) -> Stats | None:
         d = self.succ[k - 1].get(key)
         if not d:
             return None
-        top = self._sorted.get((k, key))
-        if top is None:
+        got = self._sorted.get((k, key))
+        if got is None:
+            # totals and order are computed for the contexts asked only, once per table state
             if len(d) == 1:
                 top = list(d.items())
             else:
-                top = heapq.nlargest(256, d.items(), key=lambda kv: kv[1])
-            self._sorted[(k, key)] = top
-        return Stats(self.totals[k - 1].get(key, 0), len(d), top[:limit])
+                top = heapq.nlargest(1024, d.items(), key=lambda kv: kv[1])
+            got = self._sorted[(k, key)] = (sum(d.values()), top)
+        return Stats(got[0], len(d), got[1][:limit])
 
     def entries(self) -> int:
         return sum(len(d) for s in self.succ for d in s.values())
