@@ -168,6 +168,17 @@ def measure(memory, cases: Sequence[Case], beam: int = 8) -> dict:
     return out
 
 
+def typing_latency(memory, cases: Sequence[Case], lines: int, beam: int = 8) -> dict:
+    """complete() at every keystroke while `lines` held-out lines are typed out one character at a time."""
+    per_key = []
+    for case in cases[:lines]:
+        for i in range(len(case.answer) + 1):
+            t0 = time.perf_counter()
+            memory.complete(case.before + case.answer[:i], case.after, path=case.path, beam=beam)
+            per_key.append((time.perf_counter() - t0) * 1000)
+    return {**_percentiles(per_key), "keystrokes": len(per_key), "lines": min(lines, len(cases))} if per_key else {}
+
+
 def _percentiles(values: Sequence[float]) -> dict:
     v = sorted(values)
     at = lambda q: v[min(len(v) - 1, int(len(v) * q))]
@@ -279,6 +290,7 @@ def report(name: str, cost: dict, result: dict) -> str:
         ("latency_ms", "complete(), first query on a line"),
         ("keystroke_ms", "complete(), next keystroke"),
         ("retrieve_ms", "retrieve(), 4 snippets"),
+        ("typing_ms", "complete(), every keystroke of typed-out lines"),
     ):
         if key in result:
             lat = result[key]
@@ -298,6 +310,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     ap.add_argument("--order", type=int, default=None, help="n-gram order (default: the memory's)")
     ap.add_argument("--beam", type=int, default=8)
     ap.add_argument("--json", default=None, help="write the figures to this file")
+    ap.add_argument("--typing-lines", type=int, default=0, help="also time complete() at every keystroke of this many lines")
     args = ap.parse_args(list(argv) if argv is not None else None)
     results = {}
     for repo in args.repo:
@@ -311,6 +324,8 @@ def main(argv: Iterable[str] | None = None) -> int:
         kwargs = {"order": args.order} if args.order else {}
         memory, cost = build_memory(workspace, **kwargs)
         result = measure(memory, cases, beam=args.beam)
+        if args.typing_lines:
+            result["typing_ms"] = typing_latency(memory, cases, args.typing_lines, beam=args.beam)
         name = os.path.basename(os.path.normpath(repo))
         print(report(name, cost, result), flush=True)
         results[name] = {"cost": cost, "result": result, "cases": len(cases), "seed": args.seed}

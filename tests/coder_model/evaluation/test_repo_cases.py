@@ -71,8 +71,10 @@ def test_measure_on_a_repetitive_repository(tmp_path):
 def test_main_reports_each_repository(tmp_path, capsys):
     make_repo(tmp_path / "r")
     out = tmp_path / "figures.json"
-    assert repo_cases.main(["--repo", str(tmp_path / "r"), "--cases", "20", "--json", str(out)]) == 0
+    argv = ["--repo", str(tmp_path / "r"), "--cases", "20", "--json", str(out), "--typing-lines", "2"]
+    assert repo_cases.main(argv) == 0
     printed = capsys.readouterr().out
-    assert "top-1 exact" in printed and "score cut" in printed
-    assert json.loads(out.read_text())["r"]["cases"] == 20
+    assert "top-1 exact" in printed and "score cut" in printed and "every keystroke" in printed
+    figures = json.loads(out.read_text())["r"]
+    assert figures["cases"] == 20 and figures["result"]["typing_ms"]["lines"] == 2
     assert repo_cases.main(["--repo", str(tmp_path / "missing")]) == 2

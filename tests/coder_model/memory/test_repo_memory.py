@@ -178,3 +178,36 @@ def test_odd_input_does_not_break_it():
     assert memory.update_file("empty.py", "") == 0 and memory.files == 4
     with pytest.raises(ValueError, match="order"):
         RepoMemory(order=0)
+
+
+def test_queries_while_another_thread_indexes(monkeypatch):
+    import threading
+
+    monkeypatch.setattr(memory_index, "SEAL_TOKENS", 30)
+    monkeypatch.setattr(memory_index, "SEAL_TOKENS_BULK", 60)
+    memory = build(REPO)
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            for i in range(150):
+                memory.update_file(f"gen/m{i % 7}.py", f"value_{i} = compute({i})\nprint(value_{i})\n")
+                if i % 5 == 0:
+                    memory.remove_file(f"gen/m{(i + 3) % 7}.py")
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    while thread.is_alive():
+        memory.complete("x = 1\nprint(", "\n", path="new.py")
+        memory.retrieve(["value_3 = compute(3)"], 2)
+    thread.join()
+    assert not errors
+    memory.compact()
+    fresh = RepoMemory()
+    for path in memory.paths():
+        fresh.update_file(path, memory._lines_text(path, 0, 10**9))
+    fresh.compact()
+    assert (fresh.files, fresh.tokens) == (memory.files, memory.tokens)
+    assert answers(fresh) == answers(memory)
