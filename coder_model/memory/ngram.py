@@ -20,43 +20,50 @@ interpolated Witten-Bell from order 1 up to the longest context seen.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from array import array
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-MASK64 = (1 << 64) - 1
-MULT = 0x9E3779B97F4A7C15
+CTX_BITS = 40  # context keys: 40 bits of the chain hash
+CTX_MASK = (1 << CTX_BITS) - 1
 SEED = 0x2545F4914F6CDD1D
 TOKEN_BITS = 24  # token ids in a combined (context, token) sort key
 MAX_TOKEN_ID = (1 << TOKEN_BITS) - 1
 BOS = 0  # token id 0: the empty string, pads contexts before a file's first token
+# Every table state gets a fresh serial (a DictTable on each change): cached answers are keyed by them.
+_serials = itertools.count(1)
+# The chain uses CPython's hash of a pair of ints: deterministic (no per-process salt, unlike
+# str), C-fast, and well mixed. A saved index records this fingerprint and is rebuilt if an
+# interpreter hashes differently.
+HASH_FINGERPRINT = hash((SEED, 1)) & CTX_MASK
 
 
 def order_keys(ctx: Sequence[int], order: int) -> list[int]:
     """Context keys of orders 1..order for the position after `ctx` (keys[k-1] is order k)."""
     h = SEED
-    keys = [h >> TOKEN_BITS]
+    keys = [h & CTX_MASK]
     n = len(ctx)
     for j in range(1, order):
-        t = ctx[n - j] if j <= n else BOS
-        h = ((h ^ (h >> 29) ^ (t + 1)) * MULT) & MASK64
-        keys.append(h >> TOKEN_BITS)
+        h = hash((h, ctx[n - j] if j <= n else BOS))
+        keys.append(h & CTX_MASK)
     return keys
 
 
 def file_key_columns(tokens: Sequence[int], order: int) -> Iterable[list[int]]:
     """For k = 1..order, the order-k context key of every position of `tokens` (a file from its start)."""
     n = len(tokens)
-    h = [SEED] * n
-    yield [SEED >> TOKEN_BITS] * n
+    h: list[int] = [SEED] * n
+    yield [SEED & CTX_MASK] * n
     padded = [BOS] * (order - 1) + list(tokens)
     for j in range(1, order):
         # the token j places back from each position
         col = padded[order - 1 - j : order - 1 - j + n]
-        h = [((a ^ (a >> 29) ^ (b + 1)) * MULT) & MASK64 for a, b in zip(h, col)]
-        yield [a >> TOKEN_BITS for a in h]
+        h = [hash(pair) for pair in zip(h, col)]
+        yield [a & CTX_MASK for a in h]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,18 +78,19 @@ class Stats:
 class DictTable:
     """Counts in dicts, for small token streams that change; signed counts allowed."""
 
-    __slots__ = ("order", "succ", "totals", "_sorted", "tokens")
+    __slots__ = ("_sorted", "order", "serial", "succ", "tokens")
 
     def __init__(self, order: int) -> None:
         self.order = order
+        self.serial = next(_serials)
         self.succ: list[dict[int, dict[int, int]]] = [{} for _ in range(order)]
-        self.totals: list[dict[int, int]] = [{} for _ in range(order)]
-        self._sorted: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        self._sorted: dict[tuple[int, int], tuple[int, list[tuple[int, int]]]] = {}
         self.tokens = 0
 
     def add(self, tokens: Sequence[int], sign: int = 1, history: Sequence[int] = ()) -> None:
         """Count `tokens` (with `history`, the tokens before them, as context); sign -1 subtracts."""
         self._sorted.clear()
+        self.serial = next(_serials)
         self.tokens += sign * len(tokens)
         if not tokens:
             return
@@ -91,41 +99,38 @@ class DictTable:
         ctx = [BOS] * ((self.order - 1) - len(ctx)) + ctx
         stream = ctx + list(tokens)
         offset = len(ctx)
+        toks = stream[offset:]
         for k, col in enumerate(file_key_columns(stream, self.order)):
             succ = self.succ[k]
-            totals = self.totals[k]
-            for i in range(offset, len(stream)):
-                key = col[i]
-                t = stream[i]
+            ctxs = col[offset:]
+            # count in C (Counter over pairs), then one Python step per distinct n-gram
+            for (key, t), c in Counter(zip(ctxs, toks)).items():
+                c *= sign
                 d = succ.get(key)
                 if d is None:
-                    succ[key] = {t: sign}
-                else:
-                    c = d.get(t, 0) + sign
-                    if c:
-                        d[t] = c
-                    else:
-                        del d[t]
-                        if not d:
-                            del succ[key]
-                c = totals.get(key, 0) + sign
+                    succ[key] = {t: c}
+                    continue
+                c += d.get(t, 0)
                 if c:
-                    totals[key] = c
+                    d[t] = c
                 else:
-                    totals.pop(key, None)
+                    del d[t]
+                    if not d:
+                        del succ[key]
 
     def lookup(self, k: int, key: int, limit: int) -> Stats | None:
         d = self.succ[k - 1].get(key)
         if not d:
             return None
-        top = self._sorted.get((k, key))
-        if top is None:
+        got = self._sorted.get((k, key))
+        if got is None:
+            # totals and order are computed for the contexts asked only, once per table state
             if len(d) == 1:
                 top = list(d.items())
             else:
-                top = heapq.nlargest(256, d.items(), key=lambda kv: kv[1])
-            self._sorted[(k, key)] = top
-        return Stats(self.totals[k - 1].get(key, 0), len(d), top[:limit])
+                top = heapq.nlargest(1024, d.items(), key=lambda kv: kv[1])
+            got = self._sorted[(k, key)] = (sum(d.values()), top)
+        return Stats(got[0], len(d), got[1][:limit])
 
     def entries(self) -> int:
         return sum(len(d) for s in self.succ for d in s.values())
@@ -134,10 +139,11 @@ class DictTable:
 class SortedTable:
     """Counts in arrays sorted by context key; successors by count. Immutable once built."""
 
-    __slots__ = ("order", "keys", "offsets", "totals", "succ_tok", "succ_cnt", "tokens")
+    __slots__ = ("keys", "offsets", "order", "serial", "succ_cnt", "succ_tok", "tokens", "totals")
 
     def __init__(self, order: int) -> None:
         self.order = order
+        self.serial = next(_serials)
         self.keys = [array("Q") for _ in range(order)]
         self.offsets = [array("I", [0]) for _ in range(order)]
         self.totals = [array("q") for _ in range(order)]
@@ -150,47 +156,49 @@ class SortedTable:
         """Count every (token stream, sign) part; each stream is a whole file from its start."""
         table = cls(order)
         table.tokens = sum(sign * len(toks) for toks, sign in parts)
+        parts = [(toks, sign) for toks, sign in parts if len(toks)]
+        # the hash chain of every position, one order further per pass (8 bytes a token)
+        chains = [array("q", [SEED]) * len(toks) for toks, _ in parts]
         for k in range(order):
             pos: list[int] = []
             neg: list[int] = []
-            for toks, sign in parts:
-                if not toks:
-                    continue
-                col = _nth(file_key_columns(toks, order), k)
-                (pos if sign > 0 else neg).extend([(c << TOKEN_BITS) | t for c, t in zip(col, toks)])
-            table._fill(k, _signed_runs(pos, neg))
+            for f, (toks, sign) in enumerate(parts):
+                if k:
+                    back = list(toks[: max(len(toks) - k, 0)])
+                    col = [BOS] * min(k, len(toks)) + back
+                    chains[f] = array("q", [hash(pair) for pair in zip(chains[f], col)])
+                (pos if sign > 0 else neg).extend(
+                    [((h & CTX_MASK) << TOKEN_BITS) | t for h, t in zip(chains[f], toks)]
+                )
+            table._fill(k, *_signed_counts(pos, neg))
+            del pos, neg
         return table
 
-    def _fill(self, k: int, runs: Iterable[tuple[int, int]]) -> None:
-        keys, offsets, totals = self.keys[k], self.offsets[k], self.totals[k]
-        succ_tok, succ_cnt = self.succ_tok[k], self.succ_cnt[k]
-        cur = -1
-        group: list[tuple[int, int]] = []
-
-        def flush() -> None:
-            if len(group) > 1:
-                group.sort(key=lambda tc: -tc[1])
-            keys.append(cur)
-            total = 0
-            for t, c in group:
-                succ_tok.append(t)
-                succ_cnt.append(c)
-                total += c
-            totals.append(total)
-            offsets.append(len(succ_tok))
-
-        for combined, count in runs:
-            if not count:
+    def _fill(self, k: int, combined: list[int], counts: list[int]) -> None:
+        """Arrays of order k from distinct (context << TOKEN_BITS | token) keys, sorted, and their counts."""
+        m = len(combined)
+        if not m:
+            return
+        shift = TOKEN_BITS
+        ctxs = [c >> shift for c in combined]
+        toks = [c & MAX_TOKEN_ID for c in combined]
+        starts = [0]
+        starts += [i for i in range(1, m) if ctxs[i] != ctxs[i - 1]]
+        ends = starts[1:] + [m]
+        totals = []
+        for lo, hi in zip(starts, ends):
+            if hi - lo == 1:
+                totals.append(counts[lo])
                 continue
-            ctx = combined >> TOKEN_BITS
-            if ctx != cur:
-                if group:
-                    flush()
-                cur = ctx
-                group = []
-            group.append((combined & MAX_TOKEN_ID, count))
-        if group:
-            flush()
+            group = sorted(zip(counts[lo:hi], toks[lo:hi]), key=_by_count)
+            counts[lo:hi] = [c for c, _ in group]
+            toks[lo:hi] = [t for _, t in group]
+            totals.append(sum(counts[lo:hi]))
+        self.keys[k] = array("Q", [ctxs[i] for i in starts])
+        self.offsets[k] = array("I", starts + [m])
+        self.totals[k] = array("q", totals)
+        self.succ_tok[k] = array("I", toks)
+        self.succ_cnt[k] = array("i", counts)
 
     def lookup(self, k: int, key: int, limit: int) -> Stats | None:
         keys = self.keys[k - 1]
@@ -215,45 +223,42 @@ class SortedTable:
     ARRAYS = ("keys", "offsets", "totals", "succ_tok", "succ_cnt")
 
 
-def _nth(it: Iterable[list[int]], k: int) -> list[int]:
-    for i, col in enumerate(it):
-        if i == k:
-            return col
-    raise IndexError(k)
+def _by_count(ct: tuple[int, int]) -> int:
+    return -ct[0]
 
 
-def _runs(sorted_keys: Iterable[int]) -> Iterable[tuple[int, int]]:
-    prev = -1
-    count = 0
-    for key in sorted_keys:
-        if key == prev:
-            count += 1
-        else:
-            if count:
-                yield prev, count
-            prev = key
-            count = 1
-    if count:
-        yield prev, count
+def _by_value_desc(kv: tuple[int, float]) -> float:
+    return -kv[1]
 
 
-def _signed_runs(pos: list[int], neg: list[int]) -> Iterable[tuple[int, int]]:
-    pos.sort()
+def _distinct(keys: list[int]) -> tuple[list[int], list[int]]:
+    """Sort `keys` in place; (distinct keys, how many of each)."""
+    keys.sort()
+    n = len(keys)
+    if not n:
+        return [], []
+    starts = [0]
+    starts += [i for i in range(1, n) if keys[i] != keys[i - 1]]
+    counts = [b - a for a, b in zip(starts, starts[1:] + [n])]
+    return [keys[i] for i in starts], counts
+
+
+def _signed_counts(pos: list[int], neg: list[int]) -> tuple[list[int], list[int]]:
+    """Distinct keys and their counts: occurrences in `pos` minus occurrences in `neg`, zeros dropped."""
+    keys, counts = _distinct(pos)
     if not neg:
-        yield from _runs(pos)
-        return
-    neg.sort()
-    merged = heapq.merge(_runs(pos), ((k, -c) for k, c in _runs(neg)))
-    prev, total = -1, 0
-    for key, c in merged:
-        if key == prev:
-            total += c
-        else:
-            if total:
-                yield prev, total
-            prev, total = key, c
-    if total:
-        yield prev, total
+        return keys, counts
+    nkeys, ncounts = _distinct(neg)
+    taken = dict(zip(nkeys, ncounts))
+    for i, key in enumerate(keys):
+        c = taken.pop(key, None)
+        if c is not None:
+            counts[i] -= c
+    pairs = [(key, c) for key, c in zip(keys, counts) if c]
+    if taken:
+        pairs.extend((key, -c) for key, c in taken.items())
+        pairs.sort()
+    return [key for key, _ in pairs], [c for _, c in pairs]
 
 
 # --- probabilities ---------------------------------------------------------------------------
@@ -265,34 +270,44 @@ class Smoothing:
 
     wb: float = 1.0  # Witten-Bell weight of the lower order: larger trusts long contexts less
     top: int = 12  # successors read per context per table
-    first_scan: int = 4000  # successors scanned for the first token when a word is half typed
+    first_scan: int = 600  # successors scanned for the first token when a word is half typed
 
 
 class Level:
     """One level of the nested cache: tables whose counts add up, with one weight."""
 
-    __slots__ = ("weight", "tables")
+    __slots__ = ("tables", "weight")
 
     def __init__(self, weight: float, tables: Sequence[tuple[int, DictTable | SortedTable]]) -> None:
         self.weight = weight
         self.tables = tables  # (sign, table): sign -1 subtracts (an excluded file)
 
 
+# The floor under order 1: a fixed vocabulary size, not the index's (which only grows), so that
+# removing a file restores exactly the probabilities from before it was added.
+UNIFORM_VOCAB = 1 << 16
+
+
 def next_tokens(
     levels: Sequence[Level],
     keys: Sequence[int],
-    vocab_size: int,
     smoothing: Smoothing,
     accept: Callable[[int], bool] | None = None,
+    want: int = 16,
+    typed: int | None = None,
 ) -> list[tuple[int, float, int]]:
     """Interpolated next-token probabilities after one context: [(token, p, support)], best first.
 
     `keys` are the context keys of orders 1..N; `accept` restricts the
     candidates (the first token must extend what is typed of a word) and
-    the result is then renormalised over the accepted ones.
+    the result is then renormalised over the accepted ones. `typed`, the
+    word as typed so far, is always a candidate then: the word may be
+    complete, and new to this context.
     """
     limit = smoothing.first_scan if accept is not None else smoothing.top
     per_order: list[tuple[float, float, dict[int, float], dict[int, int]]] = []
+    # a table without the order-k context has none of the longer ones: it is not asked again
+    missing: set[int] = set()
     for k in range(1, len(keys) + 1):
         total = 0.0
         types = 0.0
@@ -301,28 +316,50 @@ def next_tokens(
         found = False
         for level in levels:
             w = level.weight
+            merged: dict[int, int] = {}
+            unseen = 0  # successors past the lists read: they count as distinct types
             for sign, table in level.tables:
+                if id(table) in missing:
+                    continue
                 st = table.lookup(k, keys[k - 1], limit)
                 if st is None:
+                    missing.add(id(table))
                     continue
                 found = True
                 total += sign * w * st.total
-                types += sign * w * st.types
+                unseen += sign * (st.types - len(st.top))
                 for t, c in st.top:
-                    if accept is not None and not accept(t):
-                        continue
-                    counts[t] = counts.get(t, 0.0) + sign * w * c
-                    raw[t] = raw.get(t, 0) + sign * c
+                    merged[t] = merged.get(t, 0) + sign * c
+            if not merged:
+                continue
+            # distinct successors of the level's tables together: a file counted in one table
+            # and out in another cancels (the state after a removal equals the state before)
+            types += w * max(0, sum(1 for c in merged.values() if c > 0) + unseen)
+            for t, c in merged.items():
+                if c > 0 and (accept is None or accept(t)):
+                    counts[t] = counts.get(t, 0.0) + w * c
+                    raw[t] = raw.get(t, 0) + c
         if not found or total <= 0:
             break
         per_order.append((total, max(types, 1e-9), counts, raw))
     if not per_order:
-        return []
-    candidates: set[int] = set()
-    for _, _, counts, _ in per_order:
-        candidates.update(t for t, c in counts.items() if c > 0)
-    candidates.discard(BOS)
-    base = 1.0 / max(vocab_size, 1)
+        return [(typed, 1.0, 0)] if typed is not None else []
+    # candidates from the longest context down, until there are `want` of them: a token that
+    # only a short context proposes rarely beats one the longer contexts saw
+    candidates: list[int] = []
+    seen = {BOS}
+    for _, _, counts, _ in reversed(per_order):
+        for t, c in sorted(counts.items(), key=_by_value_desc):
+            if c > 0 and t not in seen:
+                seen.add(t)
+                candidates.append(t)
+                if len(candidates) >= want:
+                    break
+        if len(candidates) >= want:
+            break
+    if typed is not None and typed not in seen:
+        candidates.append(typed)
+    base = 1.0 / UNIFORM_VOCAB
     beta = smoothing.wb
     out = []
     for t in candidates:
@@ -344,6 +381,9 @@ def next_tokens(
     return out
 
 
+PRUNE = math.log(1000.0)  # a hypothesis 1000 times less likely than the best one is dropped
+
+
 @dataclass(frozen=True, slots=True)
 class Hypothesis:
     logp: float
@@ -354,7 +394,7 @@ class Hypothesis:
 
 def beam_search(
     step: Callable[[tuple[int, ...], bool], list[tuple[int, float, int]]],
-    strings: Sequence[str],
+    text_of: Callable[[int], str],
     partial: str,
     beam: int,
     max_tokens: int,
@@ -372,10 +412,10 @@ def beam_search(
     for depth in range(max_tokens):
         expanded: list[Hypothesis] = []
         for hyp in live:
-            for t, p, support in step(hyp.tokens, depth == 0)[: beam * 2]:
+            for t, p, support in step(hyp.tokens, depth == 0)[:beam]:
                 if p <= 0:
                     continue
-                s = strings[t]
+                s = text_of(t)
                 if depth == 0:
                     s = s[len(partial) :]
                 logp = hyp.logp + math.log(p)
@@ -397,7 +437,8 @@ def beam_search(
         if not expanded:
             break
         expanded.sort(key=lambda h: -h.logp)
-        live = expanded[:beam]
+        floor = expanded[0].logp - PRUNE
+        live = [h for h in expanded[:beam] if h.logp >= floor]
         if len(done) >= beam:
             kth = sorted((v[0] for v in done.values()), reverse=True)[beam - 1]
             if math.exp(live[0].logp) < kth:

@@ -1,0 +1,213 @@
+"""RepoMemory: completions from a tiny in-test repository, nesting, updates, caps, persistence."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from dlm.coder_model.memory import Candidate, RepoMemory, Snippet
+from dlm.coder_model.memory import index as memory_index
+
+REPO = {
+    "pkg/a.py": "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n",
+    "pkg/b.py": "from pkg.a import add\n\nprint(add(1, 2))\nprint(add(1, 2))\n",
+    "pkg/c.py": "import os\n\nROOT = os.path.dirname(os.path.abspath(__file__))\n",
+}
+QUERIES = [
+    ("x = 1\nprint(", "\n"),
+    ("x = 1\nprint(ad", "\n"),
+    ("def mul(a, b):\n    ", "\n"),
+    ("import os\n\nROOT = ", "\n"),
+    ("", ""),
+]
+
+
+def build(files: dict[str, str], **kwargs) -> RepoMemory:
+    memory = RepoMemory(**kwargs)
+    for path, text in files.items():
+        assert memory.update_file(path, text) > 0
+    return memory
+
+
+def answers(memory: RepoMemory) -> list[list[tuple[str, int]]]:
+    return [[(c.text, c.support) for c in memory.complete(b, a, path="new.py")] for b, a in QUERIES]
+
+
+def test_complete_gives_the_continuation_seen_in_the_repository():
+    memory = build(REPO)
+    assert memory.files == 3 and memory.tokens > 0
+    got = memory.complete("x = 1\nprint(", "\n", path="new.py")
+    assert got and got[0] == Candidate("add(1, 2))", got[0].score, 2)
+    assert all(0.0 <= c.score <= 1.0 for c in got)
+    assert [c.score for c in got] == sorted((c.score for c in got), reverse=True)
+    # half a word typed: the insertion finishes it
+    assert memory.complete("x = 1\nprint(ad", "\n", path="new.py")[0].text == "d(1, 2))"
+    # nothing typed on an indented line
+    assert memory.complete("def mul(a, b):\n    ", "\n", path="new.py")[0].text in {"return a + b", "return a - b"}
+    assert len(memory.complete("x = 1\nprint(", "\n", path="new.py", beam=1)) == 1
+
+
+def test_the_rest_of_the_line_after_the_cursor_is_respected():
+    memory = build(REPO)
+    got = memory.complete("x = 1\nprint(", ")\n", path="new.py")
+    assert got and got[0].text == "add(1, 2)"  # the editor's closing bracket is already there
+    assert len({c.text for c in got}) == len(got)
+
+
+def test_nested_cache_current_file_then_open_buffers_then_workspace():
+    workspace = {f"w{i}.py": "value = compute_global(x)\n" for i in range(3)}
+    memory = build(workspace)
+    assert memory.complete("value = ", "\n", path="cur.py")[0].text == "compute_global(x)"
+    opened = {"open.py": "value = compute_open(x)\n"}
+    assert memory.complete("value = ", "\n", path="cur.py", open_files=opened)[0].text == "compute_open(x)"
+    before = "value = compute_local(x)\nvalue = "
+    assert memory.complete(before, "\n", path="cur.py", open_files=opened)[0].text == "compute_local(x)"
+    # the current file's own lines below the cursor count too
+    after = "\nvalue = compute_below(x)\n"
+    assert memory.complete("value = ", after, path="cur2.py")[0].text == "compute_below(x)"
+    # and the buffer of the current document is not an "open buffer" of itself
+    got = memory.complete("value = ", "\n", path="open.py", open_files=opened)
+    assert got[0].text == "compute_global(x)"
+
+
+def test_exclude_path_takes_a_workspace_file_out():
+    memory = build({"a.py": "flag = special_value\n", "b.py": "x = 1\n"})
+    assert memory.complete("flag = ", "\n", path="z.py")[0].text == "special_value"
+    assert all(c.text != "special_value" for c in memory.complete("flag = ", "\n", path="z.py", exclude_path="a.py"))
+
+
+def top1(memory: RepoMemory) -> list[str | None]:
+    return [got[0][0] if got else None for got in answers(memory)]
+
+
+def test_remove_and_update_restore_the_earlier_state(monkeypatch):
+    # tiny seal thresholds: changes go through sealed tables and merges, not only the dict delta
+    monkeypatch.setattr(memory_index, "SEAL_TOKENS", 7)
+    monkeypatch.setattr(memory_index, "SEAL_TOKENS_BULK", 11)
+    memory = build(REPO)
+    memory.compact()
+    before = answers(memory)
+    files, tokens = memory.files, memory.tokens
+    snippets = memory.retrieve(["from pkg.a import add"], 2)
+    memory.update_file("pkg/d.py", "print(add(3, 4))\nprint(sub(5, 6))\n")
+    memory.update_file("pkg/b.py", "print(mul(1, 2))\n")
+    assert answers(memory) != before
+    memory.complete("x", "", path="q.py")  # a query between changes counts the pending ones
+    memory.remove_file("pkg/d.py")
+    memory.update_file("pkg/b.py", REPO["pkg/b.py"])
+    memory.remove_file("never/indexed.py")  # no-op
+    assert (memory.files, memory.tokens) == (files, tokens)
+    assert memory.retrieve(["from pkg.a import add"], 2) == snippets
+    # before compaction the counts are restored (tables counted in and out cancel) and so is what
+    # the memory proposes first; low-ranked candidates may differ (each table is read to its top)
+    assert len(memory._segments) > 1
+    assert [a[0] if a else None for a in answers(memory)] == [b[0] if b else None for b in before]
+    memory.compact()
+    assert len(memory._segments) == 1
+    assert answers(memory) == before
+
+
+def test_max_tokens_is_respected():
+    memory = RepoMemory(max_tokens=40)
+    n = memory.update_file("a.py", "x = 1\n")
+    assert n > 0
+    assert memory.update_file("big.py", "y = 2\n" * 100) == 0
+    assert (memory.files, memory.tokens) == (1, n)
+    # a file that grows past the cap is dropped, not kept stale
+    assert memory.update_file("a.py", "x = 1\n" * 100) == 0
+    assert (memory.files, memory.tokens) == (0, 0)
+    assert memory.complete("x = ", "\n") == []
+
+
+def test_save_and_load_round_trip():
+    memory = build(REPO)
+    buf = io.BytesIO()
+    memory.save(buf)
+    loaded = RepoMemory.load(io.BytesIO(buf.getvalue()))
+    assert (loaded.files, loaded.tokens, loaded.order) == (memory.files, memory.tokens, memory.order)
+    assert answers(loaded) == answers(memory)
+    assert loaded.retrieve(["from pkg.a import add"], 2) == memory.retrieve(["from pkg.a import add"], 2)
+    # the loaded index keeps working: update and remove
+    loaded.update_file("pkg/b.py", "print(sub(9, 9))\n")
+    loaded.remove_file("pkg/c.py")
+    assert loaded.files == 2
+    assert loaded.complete("x = 1\nprint(", "\n", path="new.py")[0].text == "sub(9, 9))"
+    empty = io.BytesIO()
+    RepoMemory().save(empty)
+    assert RepoMemory.load(io.BytesIO(empty.getvalue())).files == 0
+
+
+def test_corrupt_truncated_or_foreign_files_raise_value_error():
+    buf = io.BytesIO()
+    build(REPO).save(buf)
+    data = buf.getvalue()
+    bad = [b"", b"hello world", b"PK\x03\x04" + data[4:], data[:-1]]
+    bad += [data[:cut] for cut in range(0, len(data), max(1, len(data) // 97))]
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0x40
+    bad.append(bytes(flipped))
+    newer = bytearray(data)
+    newer[16] = 99  # the format version
+    bad.append(bytes(newer))
+    for blob in bad:
+        with pytest.raises(ValueError, match="repository memory|rebuild"):
+            RepoMemory.load(io.BytesIO(blob))
+
+
+def test_retrieve_finds_the_similar_window_and_is_stable_on_one_line():
+    files = {
+        "geo.py": "def area(width, height):\n    return width * height\n",
+        "net.py": "def fetch(url, timeout):\n    return request(url, timeout)\n",
+    }
+    memory = build(files)
+    above = ["def perimeter(width, height):"]
+    got = memory.retrieve(above, 2)
+    assert got and isinstance(got[0], Snippet)
+    assert got[0].path == "geo.py" and got[0].start_line == 0 and got[0].text == files["geo.py"]
+    assert 0 < got[0].score <= 1
+    assert memory.retrieve(above, 2) == got  # the query is the lines above: same answer every keystroke
+    assert all(s.path != "geo.py" for s in memory.retrieve(above, 2, exclude_path="geo.py"))
+    assert memory.retrieve([], 2) == [] and memory.retrieve(["nothing_in_common"], 2) == []
+
+
+def test_odd_input_does_not_break_it():
+    memory = build(REPO)
+    assert memory.complete("", "") == [] or isinstance(memory.complete("", ""), list)
+    assert memory.complete("x", "", beam=0) == []
+    assert memory.complete("\ud800 weird \x00", "\r\n", path="w.py") is not None
+    assert memory.update_file("empty.py", "") == 0 and memory.files == 4
+    with pytest.raises(ValueError, match="order"):
+        RepoMemory(order=0)
+
+
+def test_queries_while_another_thread_indexes(monkeypatch):
+    import threading
+
+    monkeypatch.setattr(memory_index, "SEAL_TOKENS", 30)
+    monkeypatch.setattr(memory_index, "SEAL_TOKENS_BULK", 60)
+    memory = build(REPO)
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            for i in range(150):
+                memory.update_file(f"gen/m{i % 7}.py", f"value_{i} = compute({i})\nprint(value_{i})\n")
+                if i % 5 == 0:
+                    memory.remove_file(f"gen/m{(i + 3) % 7}.py")
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    while thread.is_alive():
+        memory.complete("x = 1\nprint(", "\n", path="new.py")
+        memory.retrieve(["value_3 = compute(3)"], 2)
+    thread.join()
+    assert not errors
+    memory.compact()
+    fresh = RepoMemory()
+    for path in memory.paths():
+        fresh.update_file(path, memory._lines_text(path, 0, 10**9))
+    fresh.compact()
+    assert (fresh.files, fresh.tokens) == (memory.files, memory.tokens)
+    assert answers(fresh) == answers(memory)
