@@ -36,7 +36,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from dlm.coder_model import limits
-from dlm.coder_model.types import Engine, LayoutBudget, Prediction, SamplerParams
+from dlm.coder_model.types import Engine, LayoutBudget, MemoryProposal, Prediction, SamplerParams
 from dlm.lsp import context, convert, copilot_nes, framing, gate, positions, postprocess
 from dlm.lsp.convert import ACCEPT_COMMAND
 from dlm.lsp.documents import Document, Documents
@@ -217,8 +217,34 @@ class DlmServer(LanguageServer):
                 return None
             # path, language and history entries are cut to coder_model.limits before any tokenizer
             built = replace(built, prompt=limits.bound_fields(built.prompt))
-            return engine_future(engine, self.pool, built, (time.monotonic() - t_start) * 1000, params, cancel,
-                                 deadline, self.refused)
+            memory, rel = self.memory_for(doc, built)
+            ctx_ms = (time.monotonic() - t_start) * 1000
+            if memory is None:
+                return engine_future(engine, self.pool, built, ctx_ms, params, cancel, deadline, self.refused)
+            # The memory's proposals are computed on a pool thread (a first query can take tens of
+            # ms), then the engine's denoiser checks them (coder_model.verify).
+            out: Future = Future()
+            opened = self.workspace_index.open_files(file_path(uri) or "")
+            opened.pop(rel, None)  # this document is the memory's first level, from the text below
+            before, after = text_around(doc, row, col)
+
+            def propose() -> None:
+                try:
+                    with self.workspace_index.prediction():  # the indexer starts nothing meanwhile
+                        proposals = memory_proposals(memory, before, after, rel, opened)
+                        if cancel.cancelled:
+                            out.set_result(None)
+                            return
+                        with_memory = replace(built, prompt=replace(built.prompt, proposals=proposals))
+                        inner = engine_future(engine, self.pool, with_memory, ctx_ms, params, cancel, deadline,
+                                              self.refused)
+                        chain(inner, out)
+                except Exception as exc:  # a memory failure costs this keystroke, never the server
+                    if not out.done():
+                        out.set_exception(exc)
+
+            self.pool.submit(propose)
+            return out
 
         def valid() -> bool:
             return self.documents.get(uri) is doc and doc.version == version
@@ -291,6 +317,16 @@ class DlmServer(LanguageServer):
             self.stats.add("no_change")
             return False
         return True
+
+    def memory_for(self, doc: Document, built: context.BuiltContext):
+        """(the repository memory, the file's path in it) for an inline request while typing, or
+        (None, ""): no index yet, the file is in no indexed root, or a wide (edit) request."""
+        if built.mode != "typing" or not self.options.index.enabled:
+            return None, ""
+        path = file_path(doc.uri)
+        if path is None:
+            return None, ""
+        return self.workspace_index.memory_for(path)
 
     def refused(self, exc: ValueError) -> None:
         """An engine refused a request: one warning per distinct reason (no traceback: it is a
@@ -377,6 +413,45 @@ def engine_future(engine: Engine, pool: ThreadPoolExecutor, built: context.Built
 
     inner.add_done_callback(done)
     return out
+
+
+MEMORY_BEAM = 8  # proposals the memory makes per request (DESIGN §10: its beam of 8 held the answer 26.5%)
+
+
+MEMORY_LINES = 4000  # lines of the document on each side of the cursor the memory reads as this file
+
+
+def text_around(doc: Document, row: int, col: int) -> tuple[str, str]:
+    """The document before and after the cursor, up to MEMORY_LINES lines each way (taken on the
+    event loop: the document changes there)."""
+    lines = doc.lines
+    line = lines[row]
+    before = "".join(lines[max(0, row - MEMORY_LINES) : row]) + line[:col]
+    after = line[col:] + "".join(lines[row + 1 : row + 1 + MEMORY_LINES])
+    return before, after
+
+
+def memory_proposals(memory, before: str, after: str, rel_path: str,
+                     open_files: dict[str, str]) -> tuple[MemoryProposal, ...]:
+    """The memory's whole-line insertions at the cursor (coder_model.memory.RepoMemory.complete)."""
+    found = memory.complete(before, after, path=rel_path, beam=MEMORY_BEAM, open_files=open_files,
+                            exclude_path=rel_path)
+    return tuple(MemoryProposal(c.text, c.score) for c in found if c.text)
+
+
+def chain(inner: Future, out: Future) -> None:
+    """Resolve `out` with `inner`'s outcome."""
+
+    def done(f: Future) -> None:
+        if out.done():
+            return
+        exc = f.exception()
+        if exc is not None:
+            out.set_exception(exc)
+        else:
+            out.set_result(f.result())
+
+    inner.add_done_callback(done)
 
 
 # ---- handlers: one per LSP method -----------------------------------------------------------------
