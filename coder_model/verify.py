@@ -80,7 +80,9 @@ def score_proposals(model, tok, cache, region: str, cursor: int, proposals: tupl
         if len(ids) > block_len:
             continue
         a = _common_prefix(before, ids)
-        rows.append(ids + [tok.pad_id] * (block_len - len(ids)))
+        # the block ends one <pad> after <eom> (as in training, pads follow <eom>), not at block_len:
+        # the slots past it would cost every pass and say nothing about this proposal
+        rows.append(ids + [tok.pad_id] * min(1, block_len - len(ids)))
         spans.append((a, len(ids)))
         keep.append(j)
     scores: list[float | None] = [None] * len(proposals)

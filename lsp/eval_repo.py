@@ -2,7 +2,8 @@
 
 Some of the repository's files are held out (by a hash of the path,
 coder_model.evaluation.repo_cases); the rest are copied into a temporary
-workspace that the server indexes (its repository memory) from `initialize`.
+workspace that the server indexes (its repository memory) from `initialize`
+(kept in the temp dir by content, so the ablation rows share one persisted index).
 The held-out files never enter the index. A case is one line of a held-out
 file, typed up to a word boundary or not at all, with the rest of the file
 after it; the answer is the rest of the line. The replay opens the file as it
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
+import os
 import shutil
 import tempfile
 import time
@@ -187,6 +190,26 @@ def _ms(v) -> str:
     return "-" if v is None else f"{v:.0f}"
 
 
+def workspace_copy(repo: Path, workspace: dict[str, str]) -> Path:
+    """The workspace (every file but the held-out ones) in a folder of the temp dir named by its
+    content, so that the ablation rows reuse one persisted index: files keep a fixed mtime, and the
+    index finds nothing changed. Held-out files are never written there."""
+    digest = hashlib.sha256()
+    for rel in sorted(workspace):
+        digest.update(rel.encode() + b"\0" + hashlib.sha256(workspace[rel].encode()).digest())
+    root = Path(tempfile.gettempdir()) / "dlm-eval-repo" / f"{repo.resolve().name}-{digest.hexdigest()[:12]}"
+    done = root.parent / (root.name + ".complete")
+    if not done.exists():
+        shutil.rmtree(root, ignore_errors=True)
+        for rel, text in workspace.items():
+            dest = root / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text(text, encoding="utf-8")
+            os.utime(dest, (1_000_000_000, 1_000_000_000))
+        done.touch()
+    return root
+
+
 def run_repo(args: argparse.Namespace, thresholds: list[float]) -> int:
     import json
 
@@ -200,19 +223,11 @@ def run_repo(args: argparse.Namespace, thresholds: list[float]) -> int:
         raise SystemExit(f"dlm-lsp eval: --repo {repo} has no held-out source lines to evaluate "
                          "(it needs Python or other source files)")
     rcases = typing_cases(cases)
-    tmp = Path(tempfile.mkdtemp(prefix="dlm-eval-repo-"))
-    try:
-        root = tmp / repo.resolve().name
-        for rel, text in workspace.items():  # the workspace: every file but the held-out ones
-            dest = root / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_text(text, encoding="utf-8")
-        options = config_options(args.config)
-        t0 = time.monotonic()
-        replay = RepoReplay(args, [c.typing for c in rcases], root, options)
-        res = asyncio.run(replay.run())
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    root = workspace_copy(repo, workspace)
+    options = config_options(args.config)
+    t0 = time.monotonic()
+    replay = RepoReplay(args, [c.typing for c in rcases], root, options)
+    res = asyncio.run(replay.run())
     finals_by_case: dict[int, Answer] = {}
     for a in replay.answers:
         if a.final:
