@@ -11,6 +11,7 @@ class Stats:
     COUNTERS = (
         "requests", "model_runs", "completed", "cancelled", "superseded", "skipped", "outdated",
         "cache_hits", "empty", "failed", "shown", "accepted", "partially_accepted", "steps", "tokens",
+        "held_back_degenerate",
     )  # fmt: skip
 
     def __init__(self, window: int = 200) -> None:
