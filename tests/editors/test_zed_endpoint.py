@@ -297,8 +297,10 @@ def test_fim_request_gets_an_openai_completion(endpoint):
     assert body["choices"][0]["text"] == expected_text(predictor, prompt, stop)
 
 
-def test_zeta_request_answers_a_region_zed_can_read(endpoint):
+def test_zeta_request_answers_a_region_zed_can_read(endpoint, monkeypatch):
     url, predictor = endpoint
+    # the tiny random model writes filler (test_degenerate_answer_is_no_suggestion); here the format
+    monkeypatch.setattr(he.postprocess, "degenerate_reason", lambda *a, **k: None)
     s, e = FILE.index("def add"), FILE.index("\n\nprint")
     prompt = zed_zeta1("m.py", FILE, (s, e), CURSOR, [("m.py", "@@ -5,1 +5,2 @@\n def mul(a, b):\n+    ret")])
     stop = ["<|editable_region_end|>", "<|editable_region_end|>\n"]
@@ -312,8 +314,25 @@ def test_zeta_request_answers_a_region_zed_can_read(endpoint):
     assert new_editable.startswith("def add(a, b):\n    return a + b\n")
 
 
-def test_zeta2_request_answers_a_region_zed_can_read(endpoint):
+def test_degenerate_answer_is_no_suggestion(endpoint):
+    from dlm.coder_model.types import CancelToken
+
     url, predictor = endpoint
+    s, e = FILE.index("def add"), FILE.index("\n\nprint")
+    prompt = zed_zeta1("m.py", FILE, (s, e), CURSOR, [])
+    zp = zed.parse_prompt(prompt)
+    built = zed.build_prompt(zp, predictor.opts.zeta_lines_before, predictor.opts.zeta_lines_after)
+    p = built.prompt
+    raw = predictor.engine().predict(p, predictor.params, CancelToken()).text
+    assert he.postprocess.degenerate_reason(p.region, raw, p.prefix, p.suffix)  # the random model's filler
+    status, body = post(url + "/v1/completions", {"model": "zeta", "prompt": prompt, "max_tokens": 1024,
+                                                  "stop": ["<|editable_region_end|>"]})
+    assert status == 200 and body["choices"][0]["text"] == ""
+
+
+def test_zeta2_request_answers_a_region_zed_can_read(endpoint, monkeypatch):
+    url, predictor = endpoint
+    monkeypatch.setattr(he.postprocess, "degenerate_reason", lambda *a, **k: None)  # as for zeta
     prompt = zed_zeta2("v0131", "src/m.py", FILE, (S2, E2), CURSOR, events=[("src/m.py", EDIT_DIFF)])
     # Zed's body for prompt_format "zeta2": stop_tokens_for_format is empty for the merge-marker layouts
     status, body = post(url + "/v1/completions", {"model": "zeta2", "prompt": prompt, "max_tokens": 1024,
