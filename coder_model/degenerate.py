@@ -37,6 +37,8 @@ MIN_UNIT_REPEATS = 4
 MAX_UNIT_CHARS = 24
 # The same non-blank line this many times in a row.
 MIN_LINE_REPEATS = 3
+# How much document text on each side of the region counts as its style (a few dozen lines).
+STYLE_CONTEXT_CHARS = 2000
 
 # a unit of 2..MAX_UNIT_CHARS characters, then at least MIN_UNIT_REPEATS - 1 more copies of it
 _UNIT_RUN = re.compile(r"(.{2,%d}?)\1{%d,}" % (MAX_UNIT_CHARS, MIN_UNIT_REPEATS - 1), re.DOTALL)
@@ -96,3 +98,11 @@ def is_degenerate(text: str, context: str = "") -> str | None:
         if unit * copies not in context:
             return REPEATED_UNIT
     return None
+
+
+def degenerate_region(old: str, new: str, prefix: str = "", suffix: str = "") -> str | None:
+    """Why the model's new region `new` (replacing `old`, between `prefix` and `suffix`) is
+    degenerate, or None; the old region and the document text around it are the context."""
+    if new == old:
+        return None
+    return is_degenerate(new, prefix[-STYLE_CONTEXT_CHARS:] + old + suffix[:STYLE_CONTEXT_CHARS])

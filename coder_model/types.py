@@ -84,6 +84,14 @@ class SamplerParams:
     temperature: float = 0.0  # 0 = greedy
     order: DecodeOrder = "confidence"
     seed: int = 0
+    # Against degenerate answers (issue 23; coder_model.sampler). repeat_penalty: logits
+    # subtracted from a token that would repeat its committed neighbour, start a third copy of
+    # the n-gram before or after it, or add a blank line to a blank line (0 = off).
+    # end_threshold: length-aware decoding; at a block's first step <eom> is committed at the
+    # first slot where p(<eom>) + p(<pad>) (the answer has ended) reaches it (0 = off; confidence
+    # order only: the autoregressive baseline finds its end left to right).
+    repeat_penalty: float = 2.0
+    end_threshold: float = 0.5
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -100,6 +108,10 @@ class SamplerParams:
             raise ValueError(f"threshold={self.threshold}: use a value in [0, 1]")
         if self.temperature < 0:
             raise ValueError(f"temperature={self.temperature}: use a value >= 0")
+        if self.repeat_penalty < 0:
+            raise ValueError(f"repeat_penalty={self.repeat_penalty}: use a value >= 0 (0 = off)")
+        if not 0.0 <= self.end_threshold <= 1.0:
+            raise ValueError(f"end_threshold={self.end_threshold}: use a value in [0, 1] (0 = off)")
 
 
 @dataclass

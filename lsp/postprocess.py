@@ -22,7 +22,7 @@ import difflib
 import re
 from dataclasses import dataclass, field
 
-from dlm.coder_model.degenerate import is_degenerate
+from dlm.coder_model.degenerate import degenerate_region
 
 _OPEN = {"(": ")", "[": "]", "{": "}"}
 _CLOSE = {v: k for k, v in _OPEN.items()}
@@ -134,16 +134,9 @@ def filter_insertion(text: str, line_before: str, rest_of_line: str, following: 
     return text if text.strip() else ""
 
 
-# How much document text on each side of the region counts as its style (a few dozen lines).
-STYLE_CONTEXT_CHARS = 2000
-
-
 def degenerate_reason(old: str, new: str, prefix: str = "", suffix: str = "") -> str | None:
-    """Why the model's new region `new` must not be shown (coder_model.degenerate), or None;
-    the old region and the text around it are the context."""
-    if new == old:
-        return None
-    return is_degenerate(new, prefix[-STYLE_CONTEXT_CHARS:] + old + suffix[:STYLE_CONTEXT_CHARS])
+    """Why the model's new region `new` must not be shown (coder_model.degenerate), or None."""
+    return degenerate_region(old, new, prefix, suffix)
 
 
 def suggest(old: str, cursor: int, new: str, suffix: str = "", prefix: str = "") -> Suggestion:
