@@ -1,13 +1,16 @@
 """How the model ends its answers: <eom> rate, non-empty and degenerate answers (issue 23).
 
     python -m dlm.coder_model.bench.answers [--model DIR] [--typing 60] [--safim 30] [--json out.json]
+        [--corpus data/corpus --corpus-cases 60 --kinds completion,fim]
 
 Fixed prompts that need no corpus:
 - `typing`: lines of the Python standard library (this interpreter's, files in
   sorted order, a seeded choice of line and of the point typed so far), the cursor
   line typed up to a word boundary and the rest of it missing, as while typing;
   the region is the typed part and its line end;
-- `safim`: SAFIM's block-completion holes (`evaluation.safim`, the dev data).
+- `safim`: SAFIM's block-completion holes (`evaluation.safim`, the dev data);
+- with `--corpus`, the evaluator's cases of the corpus test split
+  (`evaluation.evaluate.corpus_cases`), one row per kind.
 Each is decoded greedily, without a deadline, by the default sampler (or with
 `--params` overrides, e.g. `--params repeat_penalty=0`), and counted:
 - `eom_first_block`: the answer ends with <eom> inside the first block;
@@ -137,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help="checkpoint directory (default: embedded)")
     ap.add_argument("--typing", type=int, default=60, help="standard-library typing cases")
     ap.add_argument("--safim", type=int, default=30, help="SAFIM block cases (0: none)")
+    ap.add_argument("--corpus", default=None, help="corpus directory: add its test split's cases")
+    ap.add_argument("--corpus-cases", type=int, default=60, help="cases per kind from --corpus")
+    ap.add_argument("--kinds", default="completion,fim", help="example kinds from --corpus")
     ap.add_argument("--params", nargs="*", default=[], help="SamplerParams overrides, e.g. repeat_penalty=0")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None)
@@ -151,6 +157,12 @@ def main(argv: list[str] | None = None) -> int:
         res["typing"] = measure(model, tok, typing_cases(args.typing), params, budget)
     if args.safim:
         res["safim"] = measure(model, tok, safim_cases(args.safim), params, budget)
+    if args.corpus:
+        from dlm.coder_model.evaluation.evaluate import corpus_cases
+
+        for kind in args.kinds.split(","):
+            cases = [(c.prompt, c.target) for c in corpus_cases(Path(args.corpus), kind, args.corpus_cases)]
+            res[f"corpus_{kind}"] = measure(model, tok, cases, params, budget)
     text = json.dumps(res, indent=2)
     print(text)
     if args.json:

@@ -95,3 +95,19 @@ def test_the_filter_holds_back_at_most_one_percent_of_real_code():
     assert lines_n > 20_000 and chunks_n > 5_000  # the measurement really ran over code
     assert lines_held / lines_n <= 0.01, f"{lines_held} of {lines_n} real lines held back"
     assert chunks_held / chunks_n <= 0.01, f"{chunks_held} of {chunks_n} real chunks held back"
+
+
+def test_the_answers_bench_counts_ends_and_degenerate_answers(tmp_path):
+    import json
+
+    from dlm.coder_model.bench import answers
+
+    out = tmp_path / "a.json"
+    assert answers.main(["--typing", "3", "--safim", "0", "--params", "repeat_penalty=0", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    row = res["typing"]
+    assert res["params"]["repeat_penalty"] == 0.0 and row["n"] == 3
+    assert sum(row["ended_by"].values()) == 3 and 0 <= row["degenerate"] <= 1
+    assert sum(row["degenerate_reasons"].values()) == round(row["degenerate"] * 3)
+    with pytest.raises(SystemExit, match="'nope' is not a SamplerParams field"):
+        answers.main(["--typing", "1", "--safim", "0", "--params", "nope=1"])
