@@ -72,7 +72,8 @@ CONFIDENCE_KINDS = ("geo_mean", "min", "product")
 
 # Longest unit (in tokens) the repetition penalty looks for next to a slot.
 MAX_REPEAT_PERIOD = 4
-_ENDS_WITH_BLANK_LINE = re.compile(r"\n[ \t]*\n[ \t]*$")
+_TRAILING_BREAKS = re.compile(r"(?:\n[ \t]*)+$")  # line breaks with only spaces between, at the end
+_LEADING_BREAKS = re.compile(r"^(?:[ \t]*\n)+")  # ... at the start
 
 
 def raw_confidence(probs: list[float], kind: str) -> float:
@@ -424,7 +425,7 @@ class BlockDecoder:
 
     def _repeats(self, i: int) -> tuple[set[int], bool]:
         """(tokens that would repeat next to slot i, whether a line break there makes a second
-        blank line)."""
+        blank line in a row)."""
         left, right = self._neighbours(i)
         out: set[int] = set()
         if left:
@@ -436,8 +437,12 @@ class BlockDecoder:
                 out.add(left[-n])  # two copies to the left: the third would start here
             if len(right) >= 2 * n and right[:n] == right[n : 2 * n]:
                 out.add(right[n - 1])
-        blank = bool(left) and _ENDS_WITH_BLANK_LINE.search(self.tok.decode(left[-4:])) is not None
-        return out, blank
+        # a line break here joins the breaks that end the left side and start the right side
+        # (slots are committed in any order): two or more already make it a second blank line
+        before = _TRAILING_BREAKS.search(self.tok.decode(left[-4:])) if left else None
+        after = _LEADING_BREAKS.search(self.tok.decode(right[:4])) if right else None
+        breaks = (before.group(0).count("\n") if before else 0) + (after.group(0).count("\n") if after else 0)
+        return out, breaks >= 2
 
     def _penalise_repeats(self, hidden: torch.Tensor, pos: torch.Tensor, masked: list[int],
                           tokens: list[int], conf: list[float]) -> None:

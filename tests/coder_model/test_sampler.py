@@ -205,6 +205,11 @@ def test_repeats_next_to_a_slot_are_found_on_both_sides(tiny_model):
     nl = tok.encode("x\n\n")
     dec.slots = nl + [UNSET] * (10 - len(nl))
     assert dec._repeats(len(nl))[1]  # after a blank line, a line break makes a second one
+    left, right = tok.encode("x\n"), tok.encode("\ny")
+    dec.slots = left + [UNSET] + right + [UNSET] * (9 - len(left) - len(right))
+    assert dec._repeats(len(left))[1]  # between a line end and a blank line: the same
+    dec.slots = left + [UNSET] + tok.encode("y") + [UNSET] * (8 - len(left))
+    assert not dec._repeats(len(left))[1]  # one blank line is fine
 
 
 def test_repeat_penalty_moves_a_slot_off_a_repeating_token(tiny_model):
