@@ -41,7 +41,7 @@ MIN_LINE_REPEATS = 3
 STYLE_CONTEXT_CHARS = 2000
 
 # a unit of 2..MAX_UNIT_CHARS characters, then at least MIN_UNIT_REPEATS - 1 more copies of it
-_UNIT_RUN = re.compile(r"(.{2,%d}?)\1{%d,}" % (MAX_UNIT_CHARS, MIN_UNIT_REPEATS - 1), re.DOTALL)
+_UNIT_RUN = re.compile(rf"(.{{2,{MAX_UNIT_CHARS}}}?)\1{{{MIN_UNIT_REPEATS - 1},}}", re.DOTALL)
 _WORD = re.compile(r"[A-Za-z_]")
 
 

@@ -313,15 +313,17 @@ class BlockDecoder:
     def advance(self, hidden: torch.Tensor) -> None:
         """Commit slots given the block's final hidden states (L, dim)."""
         p = self.params
-        planned_end = 0
+        n_planned = 0  # <eom> committed by length-aware decoding (0 or 1)
         if self.block_steps == 0 and p.end_threshold > 0 and p.order == "confidence":
-            planned_end = self._plan_length(hidden)
+            n_planned = self._plan_length(hidden)
         masked = [i for i, s in enumerate(self.slots) if s == UNSET]
         if not masked:  # the answer ended at the block's first slot: nothing to write
             self.block_steps += 1
             self.stats.steps += 1
-            self.stats.committed += planned_end
-            self.stats.committed_per_step.append(planned_end)
+            if self._mark is not None:
+                self.step_timer.observe(p.block_len, (time.perf_counter() - self._mark) * 1000)
+            self.stats.committed += n_planned
+            self.stats.committed_per_step.append(n_planned)
             self._finish_block()
             self._mark = time.perf_counter()
             return
@@ -374,7 +376,7 @@ class BlockDecoder:
             for i in range(first_end + 1, len(self.slots)):
                 self.slots[i] = self.tok.pad_id
                 self.slot_probs[i] = 0.0
-        n_committed += planned_end
+        n_committed += n_planned
         self.stats.committed += n_committed
         self.stats.committed_per_step.append(n_committed)
 

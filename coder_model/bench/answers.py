@@ -39,7 +39,6 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-
 from dlm.coder_model.cache import PrefixCache
 from dlm.coder_model.checkpoint import embedded_checkpoint_dir, load_model
 from dlm.coder_model.degenerate import degenerate_region

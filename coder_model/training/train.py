@@ -396,7 +396,7 @@ class _StopOnSignal:
     def _handle(self, signum, frame) -> None:
         self.signal = signal.Signals(signum).name
 
-    def __enter__(self) -> _StopOnSignal:
+    def __enter__(self):
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._old[sig] = signal.signal(sig, self._handle)

@@ -181,7 +181,7 @@ def test_planned_end_is_the_first_slot_the_model_thinks_has_ended():
 
 def test_length_aware_decoding_commits_eom_before_any_content(tiny_model):
     model, tok = tiny_model
-    w, token_of_row = output_head(model, tok)
+    _w, token_of_row = output_head(model, tok)
     words = [5, 6, 7]  # output-head rows of three content tokens; row 0 is <pad>
     h = _crafted_hidden(model, tok, words + [0] * 5)
     # steps=1: every slot is committed in this one step
@@ -214,7 +214,7 @@ def test_repeats_next_to_a_slot_are_found_on_both_sides(tiny_model):
 
 def test_repeat_penalty_moves_a_slot_off_a_repeating_token(tiny_model):
     model, tok = tiny_model
-    w, token_of_row = output_head(model, tok)
+    _w, token_of_row = output_head(model, tok)
     a, b = int(token_of_row[5]), int(token_of_row[6])
     h = _crafted_hidden(model, tok, [5, 6, 5, 6, 5, 7, 7, 7])  # slot 4 wants `a` again: a b a b [a]
     for penalty, expect_a in ((0.0, True), (100.0, False)):

@@ -118,7 +118,7 @@ def test_a_paused_run_resumes_exactly_where_it_stopped(small_corpus, tmp_path, t
     def log(out):
         return [json.loads(line) for line in (out / "loss_log.jsonl").read_text().splitlines()]
 
-    kw = dict(steps=5, save_every=1000, eval_every=1000, save_dtype="bf16", warmup=2)
+    kw = {"steps": 5, "save_every": 1000, "eval_every": 1000, "save_dtype": "bf16", "warmup": 2}
     whole = train(_cfg(small_corpus, tmp_path / "whole", tiny_checkpoint, **kw))
 
     real_lr_at = train_mod.lr_at
