@@ -23,7 +23,8 @@ Each is decoded greedily, without a deadline, by the default sampler (or with
   (what postprocess could show, before its filters);
 - `degenerate`: `coder_model.degenerate` names the answer (before any filter),
   by reason;
-- `exact` (typing): the region equals the true line.
+- `exact`: the region equals the true one (typing: the true line); `edit_similarity`:
+  1 - Levenshtein / max length against it (`evaluation.metrics`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ import torch
 from dlm.coder_model.cache import PrefixCache
 from dlm.coder_model.checkpoint import embedded_checkpoint_dir, load_model
 from dlm.coder_model.degenerate import degenerate_region
+from dlm.coder_model.evaluation.metrics import edit_similarity
 from dlm.coder_model.layout import LayoutBudget, encode_prompt
 from dlm.coder_model.sampler import BlockDecoder, generate
 from dlm.coder_model.types import Prompt, SamplerParams
@@ -93,6 +95,7 @@ def measure(model, tok, cases, params: SamplerParams, budget: LayoutBudget) -> d
     reasons: Counter = Counter()
     ended_by: Counter = Counter()
     steps = tokens = 0
+    sim = 0.0
     t0 = time.perf_counter()
     examples = []
     for prompt, target in cases:
@@ -107,6 +110,7 @@ def measure(model, tok, cases, params: SamplerParams, budget: LayoutBudget) -> d
         tokens += len(dec.output)
         c["changes"] += text != prompt.region and bool(text.strip())
         c["exact"] += text.rstrip() == target.rstrip()
+        sim += edit_similarity(text, target)
         why = degenerate_region(prompt.region, text, prompt.prefix, prompt.suffix)
         if why:
             c["degenerate"] += 1
@@ -116,6 +120,7 @@ def measure(model, tok, cases, params: SamplerParams, budget: LayoutBudget) -> d
             examples.append({"region": prompt.region, "answer": text, "target": target})
     n = max(c["n"], 1)
     out = {k: round(c[k] / n, 3) for k in ("eom_first_block", "ended", "ends_clean", "changes", "degenerate", "exact")}
+    out["edit_similarity"] = round(sim / n, 3)
     out.update(n=c["n"], degenerate_reasons=dict(reasons), ended_by=dict(ended_by),
                answer_tokens_mean=round(tokens / n, 1), steps_mean=round(steps / n, 1),
                ms_mean=round((time.perf_counter() - t0) / n * 1000, 1), examples=examples)
