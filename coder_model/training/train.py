@@ -342,11 +342,12 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
             dt = time.time() - t0
             train_s += dt
             tokens_seen += tokens_per_step
-            if cfg.steps == 0 and step == 10 and total == 10**9:
-                # size the cosine schedule to the time budget
-                elapsed = time.time() - t_start
-                total = max(20, int(cfg.minutes * 60 / (elapsed / 10) * 0.97))
-                print(f"\n[train] {elapsed / 10:.2f}s/step -> schedule of {total} steps", file=sys.stderr)
+            if cfg.steps == 0 and total == 10**9 and step - step_start == 10:
+                # size the cosine schedule to the time budget (what is left of it, when a run that
+                # was paused before this point resumes)
+                per_step = (time.time() - t_start) / 10
+                total = max(20, step + int((deadline - time.time()) / per_step * 0.97))
+                print(f"\n[train] {per_step:.2f}s/step -> schedule of {total} steps", file=sys.stderr)
             rec = {"step": step, "loss": round(loss.item(), 4), "acc": round(acc.item(), 4), "lr": lr,
                    "gnorm": round(gnorm, 3), "s_per_step": round(dt, 3),
                    "tokens_per_s": round(tokens_per_step / max(dt, 1e-9)), "t": round(time.time() - t_start, 1)}

@@ -147,6 +147,26 @@ def test_a_paused_run_resumes_exactly_where_it_stopped(small_corpus, tmp_path, t
     assert info["steps"] == 5 and info["tokens_seen"] == 5 * 4 * (96 + 16) and info["layout_version"] >= 1
 
 
+def test_a_schedule_sized_by_minutes_is_fixed_after_ten_steps_and_kept_on_pause(small_corpus, tmp_path,
+                                                                                tiny_checkpoint, monkeypatch):
+    import signal
+
+    from dlm.coder_model.training import train as train_mod
+
+    real_lr_at = train_mod.lr_at
+
+    def lr_at_then_term(step, total, cfg):
+        if step == 11:
+            signal.raise_signal(signal.SIGTERM)
+        return real_lr_at(step, total, cfg)
+
+    monkeypatch.setattr(train_mod, "lr_at", lr_at_then_term)
+    out = tmp_path / "sized"
+    train(_cfg(small_corpus, out, tiny_checkpoint, steps=0, minutes=30, save_every=1000, eval_every=1000))
+    state = json.loads((out / "last" / "trainer_state.json").read_text())
+    assert state["step"] == 12 and 20 <= state["total"] < 10**9  # sized from the measured step time
+
+
 def test_the_committable_checkpoint_is_bf16_and_half_the_size(small_corpus, tmp_path, tiny_checkpoint):
     from dlm.coder_model.model import count_parameters
     from safetensors import safe_open
