@@ -299,7 +299,8 @@ def test_fim_request_gets_an_openai_completion(endpoint):
 
 def test_zeta_request_answers_a_region_zed_can_read(endpoint, monkeypatch):
     url, predictor = endpoint
-    # the tiny random model writes filler (test_degenerate_answer_is_no_suggestion); here the format
+    # the tiny random model may write filler, which is held back (test_degenerate_answer_is_no_suggestion);
+    # this test is about the format Zed reads
     monkeypatch.setattr(he.postprocess, "degenerate_reason", lambda *a, **k: None)
     s, e = FILE.index("def add"), FILE.index("\n\nprint")
     prompt = zed_zeta1("m.py", FILE, (s, e), CURSOR, [("m.py", "@@ -5,1 +5,2 @@\n def mul(a, b):\n+    ret")])
@@ -314,20 +315,25 @@ def test_zeta_request_answers_a_region_zed_can_read(endpoint, monkeypatch):
     assert new_editable.startswith("def add(a, b):\n    return a + b\n")
 
 
-def test_degenerate_answer_is_no_suggestion(endpoint):
-    from dlm.coder_model.types import CancelToken
+def test_degenerate_answer_is_no_suggestion(endpoint, monkeypatch):
+    """An engine answer that is filler (coder_model.degenerate) is answered as no suggestion,
+    in the zeta layout (a whole region, no postprocess) and in fill-in-the-middle."""
+    from dlm.coder_model.types import Prediction
 
     url, predictor = endpoint
+
+    def filler(prompt, params, cancel, deadline=None):  # what the embedded model wrote in issue 23
+        text = prompt.region[: prompt.cursor] + "get_get_get_get_get_name)" + prompt.region[prompt.cursor :]
+        return Prediction(text, steps=1, tokens=1, confidence=1.0)
+
+    monkeypatch.setattr(predictor.engine(), "predict", filler)
     s, e = FILE.index("def add"), FILE.index("\n\nprint")
-    prompt = zed_zeta1("m.py", FILE, (s, e), CURSOR, [])
-    zp = zed.parse_prompt(prompt)
-    built = zed.build_prompt(zp, predictor.opts.zeta_lines_before, predictor.opts.zeta_lines_after)
-    p = built.prompt
-    raw = predictor.engine().predict(p, predictor.params, CancelToken()).text
-    assert he.postprocess.degenerate_reason(p.region, raw, p.prefix, p.suffix)  # the random model's filler
-    status, body = post(url + "/v1/completions", {"model": "zeta", "prompt": prompt, "max_tokens": 1024,
-                                                  "stop": ["<|editable_region_end|>"]})
-    assert status == 200 and body["choices"][0]["text"] == ""
+    zeta = zed_zeta1("m.py", FILE, (s, e), CURSOR, [])
+    fim = zed_fim("qwen", FILE[:CURSOR], FILE[CURSOR:])
+    for model, prompt in (("zeta", zeta), ("dlm", fim)):
+        status, body = post(url + "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 64,
+                                                      "stop": ["<|editable_region_end|>"]})
+        assert status == 200 and body["choices"][0]["text"] == "", model
 
 
 def test_zeta2_request_answers_a_region_zed_can_read(endpoint, monkeypatch):
