@@ -5,6 +5,11 @@ with `model.safetensors.index.json` (Hugging Face's layout). Only safetensors
 are read, so loading a checkpoint never executes code. The model is built on
 the meta device and the tensors are assigned (`load_state_dict(assign=True)`),
 read with safetensors' memory map straight to the target device.
+
+config.json records the token layout the weights were trained with
+(`layout_version`; a checkpoint without it has version 1, the embedded one's).
+The loader refuses a layout this code does not speak (`layout.LAYOUT_VERSION`):
+a model fed prompts in a layout it never saw writes nonsense without an error.
 """
 
 from __future__ import annotations
@@ -14,10 +19,13 @@ from pathlib import Path
 
 import torch
 from dlm.coder_model.config import ModelConfig
+from dlm.coder_model.layout import LAYOUT_VERSION
 from dlm.coder_model.model import DLM
 from dlm.coder_model.tokenizer import Tokenizer
 
 INDEX_NAME = "model.safetensors.index.json"
+LAYOUT_KEY = "layout_version"  # in config.json, beside the model's shape
+UNRECORDED_LAYOUT = 1  # a checkpoint saved before layouts had versions: the embedded checkpoint's
 SINGLE_NAME = "model.safetensors"
 
 
@@ -48,15 +56,16 @@ def _state_dict_for_save(model: DLM) -> dict[str, torch.Tensor]:
 
 def save_checkpoint(
     model: DLM, tok: Tokenizer, directory: str | Path, shard_bytes: int | None = None,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | None = None, layout_version: int = LAYOUT_VERSION,
 ) -> Path:
-    """Write config.json, tokenizer.json and the weights (sharded when the
-    tensors exceed `shard_bytes`)."""
+    """Write config.json (with the layout version the weights were trained in: this code's, by
+    default), tokenizer.json and the weights (sharded when the tensors exceed `shard_bytes`)."""
     from safetensors.torch import save_file
 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
+    config = {**model.config.to_dict(), LAYOUT_KEY: layout_version}
+    (d / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     tok.save(d / "tokenizer.json")
     for old in list(d.glob("model*.safetensors")) + [d / INDEX_NAME]:
         old.unlink(missing_ok=True)
@@ -132,11 +141,41 @@ def read_config(d: str | Path) -> dict:
         raise CheckpointError(f"{cfg_path}: cannot read it as JSON ({exc}); re-download the checkpoint") from exc
 
 
+def layout_version(raw: dict, where: str | Path = "config.json") -> int:
+    """The token layout version a checkpoint's config.json records (1 when it records none)."""
+    v = raw.get(LAYOUT_KEY, UNRECORDED_LAYOUT)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise CheckpointError(f"{where}: {LAYOUT_KEY} is {v!r}, not a layout version (a whole number >= 1); "
+                              "fix config.json or re-save the checkpoint")
+    return v
+
+
+def check_layout(raw: dict, d: str | Path) -> None:
+    """Refuse a checkpoint trained in a token layout this code does not speak, saying what to do."""
+    v = layout_version(raw, Path(d) / "config.json")
+    if v == LAYOUT_VERSION:
+        return
+    if v > LAYOUT_VERSION:
+        todo = "upgrade dlm-lsp to a version that speaks it, or use a checkpoint of this version's layout"
+    else:
+        todo = (f"use a checkpoint trained in layout {LAYOUT_VERSION} (the embedded one), install the older "
+                "dlm-lsp this checkpoint was made with, or fine-tune it into the current layout with "
+                f"python -m dlm.coder_model.training.train --init {d}")
+    raise CheckpointError(
+        f"{d} was trained with token layout version {v}, but this dlm-lsp builds prompts in layout "
+        f"{LAYOUT_VERSION}; the model would read prompts in a layout it never saw. To fix: {todo}."
+    )
+
+
 def load_model(
     directory: str | Path | None = None, device: str = "cpu", impl: str = "auto",
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | None = None, any_layout: bool = False,
 ) -> tuple[DLM, Tokenizer]:
-    """Load a native `dlm` checkpoint; None loads the embedded one."""
+    """Load a native `dlm` checkpoint; None loads the embedded one.
+
+    A checkpoint of another token layout is refused (`check_layout`) unless `any_layout`: the
+    trainer's warm start (`--init`) reads old weights to train them in the current layout.
+    """
     from safetensors import safe_open
 
     d = Path(directory) if directory is not None else embedded_checkpoint_dir()
@@ -148,8 +187,12 @@ def load_model(
             f"{d} is a {raw.get('model_type')!r} checkpoint, not the native 'dlm' family; "
             "load it with dlm.coder_model.engine.load_engine"
         )
+    if not any_layout:
+        check_layout(raw, d)
+    else:
+        layout_version(raw, d / "config.json")
     try:
-        cfg = ModelConfig.from_dict(raw)
+        cfg = ModelConfig.from_dict({k: v for k, v in raw.items() if k != LAYOUT_KEY})
     except (TypeError, ValueError) as exc:
         raise CheckpointError(f"{d / 'config.json'}: {exc}") from exc
     tok = Tokenizer.from_file(d / "tokenizer.json")

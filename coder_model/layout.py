@@ -20,9 +20,16 @@ from dlm.coder_model.budget import clip_prompt, plan
 from dlm.coder_model.tokenizer import Tokenizer
 from dlm.coder_model.types import LayoutBudget, Prompt
 
-__all__ = ["PREFIX_CUT_QUANTUM", "LayoutBudget", "decode_context", "encode_prompt", "encode_target", "target_block"]
+__all__ = ["LAYOUT_VERSION", "PREFIX_CUT_QUANTUM", "LayoutBudget", "decode_context", "encode_prompt", "encode_target", "target_block"]
 
 PREFIX_CUT_QUANTUM = 32
+
+# The version of this layout (the tokens a Prompt becomes and the block's target). A checkpoint
+# records the version it was trained with (config.json "layout_version"; none = 1, the layout of
+# the embedded checkpoint) and the loader refuses any other: a model fed a layout it was not
+# trained on writes nonsense without an error. Bump it with every change to what encode_prompt,
+# encode_target or target_block produce.
+LAYOUT_VERSION = 1
 
 
 def encode_prompt(tok: Tokenizer, prompt: Prompt, budget: LayoutBudget | None = None) -> list[int]:

@@ -119,6 +119,8 @@ SAMPLER_CAPS: dict[str, Cap] = {
     "seed": Cap("int", 0, 2**63 - 1, doc="sampling seed"),
     "rule": Cap("choice", choices=("max_prob", "margin", "entropy"), doc="confidence rule"),
     "order": Cap("choice", choices=("confidence", "left_to_right"), doc="decode order"),
+    "repeat_penalty": Cap("float", 0.0, 100.0, doc="logits off a token that repeats (0: off)"),
+    "end_threshold": Cap("float", 0.0, 1.0, doc="length-aware end: p(<eom>) + p(<pad>) to end at (0: off)"),
     "memory_weight": Cap("float", -100.0, 100.0, doc="repository memory: weight of the memory's logit"),
     "model_weight": Cap("float", -100.0, 100.0, doc="repository memory: weight of the model's log score"),
     "memory_bias": Cap("float", -100.0, 100.0, doc="repository memory: bias of the mixed confidence"),

@@ -25,6 +25,22 @@ product; `evaluation.calibrate` measures which ranks correct suggestions best
 and stores the choice with a monotone calibration map in calibration.json);
 `Prediction.confidence` is the calibrated value.
 
+Against degenerate answers (issue 23: filler of blank lines, `get_get_get_`):
+- length-aware decoding (`end_threshold`): at a block's first step, where every
+  slot is masked, p(<eom>) + p(<pad>) at slot j is the model's probability that
+  the answer has ended by j (it was trained with <pad> after <eom>). <eom> is
+  committed at the first slot where that reaches the threshold, before any
+  content. Without it the most confident slot of the first step is the block's
+  last one (a <pad>), which pins the answer to the whole block, and the model
+  fills the gap with blank lines;
+- a repetition penalty (`repeat_penalty`): a slot whose best token would repeat
+  its committed neighbour, start a third copy of the n-gram next to it (up to
+  MAX_REPEAT_PERIOD tokens), or add a second blank line is scored again with
+  those tokens' logits lowered. Only such slots are rescored (a few rows of the
+  LM head), so the fused unmask kernel still scores the rest.
+What still gets through is caught by `coder_model.degenerate` before anything is
+shown.
+
 `BlockDecoder` is the per-request state machine, so that a server can run the
 steps of many requests in one forward pass (`DLM.forward_blocks`);
 `generate` is the one-request loop.
@@ -33,6 +49,7 @@ steps of many requests in one forward pass (`DLM.forward_blocks`);
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -52,6 +69,11 @@ UNSET = -1  # a slot not yet committed (its input token is <mask>)
 DEADLINE_MARGIN_S = 0.010
 
 CONFIDENCE_KINDS = ("geo_mean", "min", "product")
+
+# Longest unit (in tokens) the repetition penalty looks for next to a slot.
+MAX_REPEAT_PERIOD = 4
+_TRAILING_BREAKS = re.compile(r"(?:\n[ \t]*)+$")  # line breaks with only spaces between, at the end
+_LEADING_BREAKS = re.compile(r"^(?:[ \t]*\n)+")  # ... at the start
 
 
 def raw_confidence(probs: list[float], kind: str) -> float:
@@ -151,6 +173,9 @@ class DecodeStats:
     out_of_time: bool = False  # stopped before the block was done: the deadline left no room for a step
     late: bool = False  # finished after the deadline
     forced_by_deadline: int = 0  # steps that committed more slots than the step budget asked, to be on time
+    # how the answer's end was committed: "eom" (the model wrote <eom>), "pad" (it wrote <pad>,
+    # which ends the answer the same way), "length" (length-aware decoding); "" = no end yet
+    ended_by: str = ""
 
 
 def output_head(model: DLM, tok: Tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,6 +195,28 @@ def output_head(model: DLM, tok: Tokenizer) -> tuple[torch.Tensor, torch.Tensor]
     sub = w.detach()[token_of_row].contiguous()  # (V', dim)
     model._output_head = (w, sub, token_of_row)
     return sub, token_of_row
+
+
+def planned_end(ended: list[float], threshold: float) -> int | None:
+    """Length-aware decoding's end slot: the first slot whose P(the answer has ended there),
+    p(<eom>) + p(<pad>), reaches `threshold` (the median of the model's length distribution at
+    0.5); None when none does (the answer runs on past the block)."""
+    return next((j for j, e in enumerate(ended) if e >= threshold), None)
+
+
+def newline_rows(model: DLM, tok: Tokenizer) -> torch.Tensor:
+    """Rows of the output head (output_head) whose token is whitespace holding a line break:
+    the tokens that make blank lines. Bool (V',); cached on the model."""
+    _w, token_of_row = output_head(model, tok)
+    cached = getattr(model, "_newline_rows", None)
+    if cached is not None and cached[0] is token_of_row:
+        return cached[1]
+    ids = token_of_row.tolist()
+    texts = [tok.decode([t]) for t in ids]
+    rows = torch.tensor([t not in (tok.pad_id, tok.eom_id) and "\n" in x and not x.strip()
+                         for t, x in zip(ids, texts)], dtype=torch.bool, device=token_of_row.device)
+    model._newline_rows = (token_of_row, rows)
+    return rows
 
 
 class BlockDecoder:
@@ -281,12 +328,27 @@ class BlockDecoder:
     # -- one step ----------------------------------------------------------------
     def advance(self, hidden: torch.Tensor) -> None:
         """Commit slots given the block's final hidden states (L, dim)."""
+        p = self.params
+        n_planned = 0  # <eom> committed by length-aware decoding (0 or 1)
+        if self.block_steps == 0 and p.end_threshold > 0 and p.order == "confidence":
+            n_planned = self._plan_length(hidden)
         masked = [i for i, s in enumerate(self.slots) if s == UNSET]
+        if not masked:  # the answer ended at the block's first slot: nothing to write
+            self.block_steps += 1
+            self.stats.steps += 1
+            if self._mark is not None:
+                self.step_timer.observe(p.block_len, (time.perf_counter() - self._mark) * 1000)
+            self.stats.committed += n_planned
+            self.stats.committed_per_step.append(n_planned)
+            self._finish_block()
+            self._mark = time.perf_counter()
+            return
         pos = torch.tensor(masked, dtype=torch.long, device=hidden.device)
         tokens, conf = self._score(hidden, pos)
         tokens, conf = tokens.tolist(), conf.float().tolist()
+        if p.repeat_penalty > 0:
+            self._penalise_repeats(hidden, pos, masked, tokens, conf)
 
-        p = self.params
         self.block_steps += 1
         self.stats.steps += 1
         if self._mark is not None:  # since the prefill or the last step: this step's forward pass
@@ -321,6 +383,7 @@ class BlockDecoder:
             self.slot_probs[slot] = probs[j]
             if tokens[j] in enders and (first_end is None or slot < first_end):
                 first_end = slot
+                self.stats.ended_by = "eom" if tokens[j] == self.tok.eom_id else "pad"
         n_committed = len(chosen)
         if first_end is not None:
             # everything after the end marker is padding: no steps spent on it
@@ -329,12 +392,117 @@ class BlockDecoder:
             for i in range(first_end + 1, len(self.slots)):
                 self.slots[i] = self.tok.pad_id
                 self.slot_probs[i] = 0.0
+        n_committed += n_planned
         self.stats.committed += n_committed
         self.stats.committed_per_step.append(n_committed)
 
         if UNSET not in self.slots:
             self._finish_block()
         self._mark = time.perf_counter()
+
+    # -- against degenerate answers --------------------------------------------------
+    def _plan_length(self, hidden: torch.Tensor) -> int:
+        """Length-aware decoding at a block's first step: commit <eom> at the first slot where
+        p(<eom>) + p(<pad>) reaches `end_threshold` (slots after it become <pad>). Returns the
+        slots committed (1 or 0)."""
+        w, _token_of_row = output_head(self.model, self.tok)
+        logits = hidden.float() @ w.float().t()  # (L, V'); rows 0 and 1 are <pad> and <eom>
+        if self.params.temperature > 0:
+            logits = logits / self.params.temperature
+        probs = torch.softmax(logits, dim=-1)
+        ended = (probs[:, 0] + probs[:, 1]).tolist()  # (L,)
+        k = planned_end(ended, self.params.end_threshold)
+        if k is None:
+            return 0  # the model expects the answer to go on past this block
+        self.slots[k] = self.tok.eom_id
+        self.slot_probs[k] = ended[k]
+        self.stats.ended_by = "length"
+        for i in range(k + 1, len(self.slots)):
+            self.slots[i] = self.tok.pad_id
+            self.slot_probs[i] = 0.0
+        return 1
+
+    def _neighbours(self, i: int) -> tuple[list[int], list[int]]:
+        """Committed content tokens next to slot i: (left, nearest last; right, nearest first),
+        up to 2 * MAX_REPEAT_PERIOD each; the left side runs on into the finished blocks."""
+        enders = (self.tok.eom_id, self.tok.pad_id)
+        n = 2 * MAX_REPEAT_PERIOD
+        left: list[int] = []
+        j = i - 1
+        while j >= 0 and len(left) < n and self.slots[j] != UNSET:
+            left.append(self.slots[j])
+            j -= 1
+        if j < 0:
+            left.extend(reversed(self.output[-(n - len(left)) :]) if len(left) < n else [])
+        right: list[int] = []
+        j = i + 1
+        while j < len(self.slots) and len(right) < n and self.slots[j] != UNSET and self.slots[j] not in enders:
+            right.append(self.slots[j])
+            j += 1
+        return left[::-1], right
+
+    def _repeats(self, i: int) -> tuple[set[int], bool]:
+        """(tokens that would repeat next to slot i, whether a line break there makes a second
+        blank line in a row)."""
+        left, right = self._neighbours(i)
+        out: set[int] = set()
+        if left:
+            out.add(left[-1])
+        if right:
+            out.add(right[0])
+        for n in range(2, MAX_REPEAT_PERIOD + 1):
+            if len(left) >= 2 * n and left[-n:] == left[-2 * n : -n]:
+                out.add(left[-n])  # two copies to the left: the third would start here
+            if len(right) >= 2 * n and right[:n] == right[n : 2 * n]:
+                out.add(right[n - 1])
+        # a line break here joins the breaks that end the left side and start the right side
+        # (slots are committed in any order): two or more already make it a second blank line
+        before = _TRAILING_BREAKS.search(self.tok.decode(left[-4:])) if left else None
+        after = _LEADING_BREAKS.search(self.tok.decode(right[:4])) if right else None
+        breaks = (before.group(0).count("\n") if before else 0) + (after.group(0).count("\n") if after else 0)
+        return out, breaks >= 2
+
+    def _penalise_repeats(self, hidden: torch.Tensor, pos: torch.Tensor, masked: list[int],
+                          tokens: list[int], conf: list[float]) -> None:
+        """Rescore (in place) the slots whose best token repeats its neighbourhood, with the
+        logits of every repeating token lowered by `repeat_penalty`."""
+        nl_rows = None
+        todo: list[tuple[int, set[int], bool]] = []
+        for j, slot in enumerate(masked):
+            reps, blank = self._repeats(slot)
+            if blank and nl_rows is None:
+                nl_rows = newline_rows(self.model, self.tok)
+            tok_is_newline = blank and "\n" in (t := self.tok.decode([tokens[j]])) and not t.strip()
+            if tokens[j] in reps or tok_is_newline:
+                todo.append((j, reps, blank))
+        if not todo:
+            return
+        p = self.params
+        w, token_of_row = output_head(self.model, self.tok)
+        row_of_token = getattr(self.model, "_row_of_token", None)
+        if row_of_token is None or len(row_of_token) != len(token_of_row):
+            row_of_token = {int(t): r for r, t in enumerate(token_of_row.tolist())}
+            self.model._row_of_token = row_of_token
+        idx = torch.tensor([j for j, _r, _b in todo], dtype=torch.long, device=hidden.device)
+        logits = hidden[pos[idx]].float() @ w.float().t()  # (T, V')
+        for r, (_j, reps, blank) in enumerate(todo):
+            rows = [row_of_token[t] for t in reps if t in row_of_token]
+            if rows:
+                logits[r, rows] -= p.repeat_penalty
+            if blank:
+                logits[r, nl_rows] -= p.repeat_penalty
+        if p.temperature > 0:
+            logits = logits / p.temperature
+            probs = torch.softmax(logits, dim=-1)
+            picked = torch.multinomial(probs.cpu(), 1, generator=self._gen).squeeze(1).to(hidden.device)
+            _, c = reference_ops.confidence_from_logits(logits, p.rule)
+            if p.rule == "max_prob":
+                c = probs.gather(1, picked[:, None]).squeeze(1)
+        else:
+            picked, c = reference_ops.confidence_from_logits(logits, p.rule)
+        new_tokens, new_conf = token_of_row[picked].tolist(), c.float().tolist()
+        for r, (j, _reps, _blank) in enumerate(todo):
+            tokens[j], conf[j] = new_tokens[r], new_conf[r]
 
     def _conf_is_prob(self) -> bool:
         """With the max_prob rule the score of a slot is the probability of the token it commits."""
@@ -426,23 +594,30 @@ class BlockDecoder:
         probs = self.output_probs + ([self.eom_prob] if self.eom_prob is not None else [])
         return {k: raw_confidence(probs, k) for k in CONFIDENCE_KINDS}
 
+    @property
+    def unterminated(self) -> bool:
+        """The blocks ran out before the model wrote an end: the answer stops mid-thought."""
+        return self.complete and not self.ended
+
     def answer(self) -> tuple[str, float]:
         """(new region text, calibrated confidence) of the request as it stands.
 
         Complete: the decoded region. Out of time: the confident left part as an insertion
         (`partial_region`), else no change (the prompt's region, or "" without a prompt), with
-        confidence 0. Cancelled: "".
+        confidence 0. Unterminated (no <eom> in max_blocks blocks): never shown as a region that
+        stops mid-thought; like a late answer, only its whole lines (or words) inserted at the
+        cursor, scored without an <eom>. Cancelled: "".
         """
         s = self.stats
         if s.cancelled:
             return "", 0.0
-        if self.complete:
+        if self.complete and (self.ended or self.prompt is None):
             probs = self.output_probs + ([self.eom_prob] if self.eom_prob is not None else [])
             return self.text(), self.calibration(raw_confidence(probs, self.calibration.kind))
         nothing = self.prompt.region if self.prompt is not None else ""
         if self.prompt is None:
             return nothing, 0.0
-        ids, probs = self.left_part()
+        ids, probs = (self.output, self.output_probs) if self.unterminated else self.left_part()
         region = partial_region(self.prompt.region, self.prompt.cursor, self.tok.decode(ids))
         if region is None:
             return nothing, 0.0

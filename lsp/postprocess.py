@@ -9,6 +9,9 @@ edit predictions (`dlm/editPrediction`). Filters on the inline text:
 - drop text that only repeats what follows the cursor (the suffix / next lines),
   and trailing characters that the rest of the line already has (`)` typed twice);
 - keep brackets balanced: cut the insertion before a closer that has no opener.
+Before any of that, a degenerate answer (a unit or line repeated in a row, a run of
+blank lines: `coder_model.degenerate`) is held back whole, with its reason in
+`Suggestion.held_back` (the server counts it as `held_back_degenerate`).
 All offsets here are code points inside the region; lsp.server converts to
 LSP positions.
 """
@@ -18,6 +21,8 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass, field
+
+from dlm.coder_model.degenerate import degenerate_region
 
 _OPEN = {"(": ")", "[": "]", "{": "}"}
 _CLOSE = {v: k for k, v in _OPEN.items()}
@@ -38,6 +43,7 @@ class Suggestion:
     insert_text: str = ""  # the inline completion ("" = none)
     replace_end: int | None = None  # region offset where the replaced rest of line ends, if any
     edits: list[RegionEdit] = field(default_factory=list)  # other edits in the region
+    held_back: str = ""  # why nothing is shown although the model proposed a change (degenerate.REASONS)
 
     @property
     def empty(self) -> bool:
@@ -128,10 +134,21 @@ def filter_insertion(text: str, line_before: str, rest_of_line: str, following: 
     return text if text.strip() else ""
 
 
-def suggest(old: str, cursor: int, new: str, suffix: str = "") -> Suggestion:
-    """Split the model's new region into the inline completion and other edits."""
+def degenerate_reason(old: str, new: str, prefix: str = "", suffix: str = "") -> str | None:
+    """Why the model's new region `new` must not be shown (coder_model.degenerate), or None."""
+    return degenerate_region(old, new, prefix, suffix)
+
+
+def suggest(old: str, cursor: int, new: str, suffix: str = "", prefix: str = "") -> Suggestion:
+    """Split the model's new region into the inline completion and other edits.
+
+    `prefix`/`suffix`: the document text before/after the region, the context against which
+    a repetition counts as the file's style rather than degeneration."""
     if new == old:
         return Suggestion()
+    reason = degenerate_reason(old, new, prefix, suffix)
+    if reason is not None:
+        return Suggestion(held_back=reason)
     if not new.strip() and old.strip():
         # Erasing the whole region (cursor line included, under the user's hands) is what an
         # unsure model emits when it stops at once (<eom> first); never a useful proposal.

@@ -65,6 +65,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="commit every slot above this confidence in one step (1.0 = one slot per step)")
     ap.add_argument("--block-len", type=int, default=SamplerParams.block_len)
     ap.add_argument("--order", default="confidence", choices=("confidence", "left_to_right"))
+    ap.add_argument("--repeat-penalty", type=float, default=SamplerParams.repeat_penalty,
+                    help="logits off a token that repeats its neighbourhood (0 = off)")
+    ap.add_argument("--end-threshold", type=float, default=SamplerParams.end_threshold,
+                    help="length-aware decoding: <eom> where P(ended) first reaches it (0 = off)")
     ap.add_argument("--mode", default="typing", choices=("typing", "wide"),
                     help="region: the cursor line and the rest of its statement (typing, what inline "
                          "completion uses while you type) or a few lines around it (wide, after a pause)")
@@ -270,7 +274,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         doc = open_document(args.file, read_source(args.file), args.line, args.col)
         params = SamplerParams(steps=args.steps, threshold=args.threshold, block_len=args.block_len,
-                               order=args.order)
+                               order=args.order, repeat_penalty=args.repeat_penalty,
+                               end_threshold=args.end_threshold)
     except (InputError, ValueError) as exc:
         print(f"dlm-lsp predict: {exc}", file=sys.stderr)
         return 2

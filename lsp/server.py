@@ -261,7 +261,7 @@ class DlmServer(LanguageServer):
             self.stats.add("outdated")
             return None
         t_model = time.monotonic()
-        sugg = postprocess.suggest(prompt.region, prompt.cursor, pred.text, prompt.suffix)
+        sugg = postprocess.suggest(prompt.region, prompt.cursor, pred.text, prompt.suffix, prompt.prefix)
         t_post = time.monotonic()
         late = pred.late or t_post > deadline  # the engine's word, or the time it took to get here
         if late:
@@ -292,6 +292,9 @@ class DlmServer(LanguageServer):
         self.maybe_send_status()
         if sugg.empty:
             self.stats.add("empty")
+        if sugg.held_back:  # degenerate filler (coder_model.degenerate): never shown
+            self.stats.add("held_back_degenerate")
+            log.info("held back a degenerate answer (%s)", sugg.held_back)
         recent = self.recent.get(uri)
 
         def rewrites_recent(spans: list[tuple[int, int]]) -> bool:

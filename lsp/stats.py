@@ -12,6 +12,7 @@ HELD_BACK_REASONS = {
     "gated_rewrites_recent": "rewrites recent typing",
     "gated_late": "late",
     "no_steps": "no time for a model step",
+    "held_back_degenerate": "degenerate (repeats, blank lines)",
 }
 
 

@@ -17,7 +17,25 @@ start finds it faster; `training.precision`), `--compile` (torch.compile on
 CUDA), periodic validation, a JSONL loss log, a `--minutes` wall-clock budget,
 and resumable state saved every `--save-every` steps and every
 `--save-every-minutes` (safetensors + JSON: no pickles; weights in shards
-under 16 MiB, `--save-dtype bf16` halves them; the CPU loader reads them as fp32).
+under 16 MiB, `--save-dtype bf16` (the default) halves them; the CPU loader reads them as fp32).
+
+Long runs in the background (one thread, the other cores left for work):
+
+    nohup python -m dlm.coder_model.training.train --out runs/long --threads 1 --minutes 240 \
+        --save-every-minutes 10 ... > runs/long.log 2>&1 &
+    kill -TERM <pid>        # pause: the step in flight finishes, the state is saved, the run exits
+    python -m dlm.coder_model.training.train --out runs/long --resume ...   # continues where it stopped
+
+The resumable run directory (OUT/last) keeps everything a continuation needs: the
+fp32 master weights and AdamW moments (optimizer.safetensors; a bf16 copy of the
+weights alone would restart the schedule and lose precision), the step and the
+schedule's length, and the data position (the example stream's random state; the
+masks of step k are drawn from a generator seeded by k). With `--workers 0` a run
+paused and resumed trains exactly the batches and masks an uninterrupted one would.
+OUT/final is the committable checkpoint (bf16 by default: ~12 MB for cpu-small),
+written whenever a run stops. Every checkpoint records its token layout
+(`layout.LAYOUT_VERSION` in config.json); `--resume` refuses a run of another
+layout, `--init` warm-starts from one (a new schedule in the current layout).
 """
 
 from __future__ import annotations
@@ -25,8 +43,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import platform
 import random
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,6 +55,7 @@ from pathlib import Path
 import torch
 from dlm.coder_model.checkpoint import load_model, resolve_device, save_checkpoint
 from dlm.coder_model.config import ModelConfig
+from dlm.coder_model.layout import LAYOUT_VERSION
 from dlm.coder_model.model import DLM, count_parameters
 from dlm.coder_model.tokenizer import Tokenizer, train_tokenizer
 from dlm.coder_model.training.batches import ExampleStream, batches, collate, make_sequence
@@ -70,7 +92,7 @@ class TrainConfig:
     eval_every: int = 100
     save_every: int = 100
     save_every_minutes: float = 0.0  # also save state this often (0 = by steps only)
-    save_dtype: str = "fp32"  # weights in saved checkpoints: fp32 or bf16
+    save_dtype: str = "bf16"  # weights in saved checkpoints (the fp32 masters stay in OUT/last): fp32 or bf16
     valid_examples: int = 256
     mix: str = "completion=0.45,fim=0.3,noop=0.05,synthetic_edit=0.1,real_edit=0.1"
     seed: int = 0
@@ -93,8 +115,15 @@ class TrainConfig:
 
 
 # -- state ------------------------------------------------------------------------
-def save_state(path: Path, model, tok, opt, step: int, total: int, cfg: TrainConfig, rng: random.Random) -> None:
-    """Weights (shards < 16 MiB, `cfg.save_dtype`), fp32 optimizer state and the trainer's JSON state."""
+MASTER_PREFIX = "master/"  # fp32 master weights inside optimizer.safetensors
+
+
+def save_state(path: Path, model, tok, opt, step: int, total: int, cfg: TrainConfig, rng: random.Random,
+               tokens_seen: int = 0) -> None:
+    """The resumable state: a checkpoint (shards < 16 MiB, `cfg.save_dtype`), the fp32 optimizer
+    state with the fp32 master weights beside it (when the checkpoint is not fp32), and the
+    trainer's JSON state (step, schedule length, data position). trainer_state.json is written
+    last: a reader that sees it sees a complete state."""
     from safetensors.torch import save_file
 
     path.mkdir(parents=True, exist_ok=True)
@@ -106,25 +135,38 @@ def save_state(path: Path, model, tok, opt, step: int, total: int, cfg: TrainCon
                 tensors[f"{pid}.{k}"] = v.detach().cpu().contiguous()
             else:
                 meta[f"{pid}.{k}"] = v
+    if _SAVE_DTYPES[cfg.save_dtype] is not None:
+        for name, v in model.state_dict().items():
+            tensors[MASTER_PREFIX + name] = v.detach().float().cpu().contiguous().clone()
     save_file(tensors, str(path / "optimizer.safetensors"))
     (path / "trainer_state.json").write_text(json.dumps({
         "step": step, "total": total, "config": asdict(cfg), "scalars": meta,
         "param_groups": opt.state_dict()["param_groups"], "rng": list(rng.getstate()),
+        "tokens_seen": tokens_seen,
     }))
 
 
 _SAVE_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 
 
-def load_state(path: Path, model, opt) -> tuple[int, int, list]:
+def load_state(path: Path, model, opt) -> tuple[int, int, list, int]:
+    """Restore the optimizer (and the fp32 master weights, when saved) from `path`; returns
+    (step, schedule length, rng state, tokens seen)."""
     from safetensors.torch import load_file
 
     st = json.loads((path / "trainer_state.json").read_text())
     # read on the CPU: Optimizer.load_state_dict moves each state to its parameter's device
     # (and `step` where fused AdamW wants it)
     tensors = load_file(str(path / "optimizer.safetensors"))
+    masters = {k[len(MASTER_PREFIX):]: v for k, v in tensors.items() if k.startswith(MASTER_PREFIX)}
+    if masters:
+        with torch.no_grad():
+            for name, v in model.state_dict().items():
+                v.copy_(masters[name])
     state: dict = {}
     for key, v in tensors.items():
+        if key.startswith(MASTER_PREFIX):
+            continue
         pid, k = key.split(".", 1)
         state.setdefault(int(pid), {})[k] = v
     for key, v in st["scalars"].items():
@@ -134,7 +176,7 @@ def load_state(path: Path, model, opt) -> tuple[int, int, list]:
     for saved, current in zip(groups, opt.param_groups):
         saved["fused"] = current.get("fused")  # a CPU run resumed on CUDA fuses, and back
     opt.load_state_dict({"state": state, "param_groups": groups})
-    return st["step"], st["total"], st["rng"]
+    return st["step"], st["total"], st["rng"], st.get("tokens_seen", 0)
 
 
 def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
@@ -186,8 +228,10 @@ def build_model(cfg: TrainConfig, resume: bool, last: Path) -> tuple[DLM, Tokeni
         model, tok = load_model(last, device="cpu", impl="reference")
         return model, tok, True
     if cfg.init:
-        model, tok = load_model(cfg.init, device="cpu", impl="reference")
-        print(f"[train] warm start from {cfg.init}", file=sys.stderr)
+        # the weights of any layout: training them here puts them in the current one
+        model, tok = load_model(cfg.init, device="cpu", impl="reference", any_layout=True)
+        print(f"[train] warm start from {cfg.init} (trained now in token layout {LAYOUT_VERSION})",
+              file=sys.stderr)
         return model, tok, False
     tok = build_tokenizer(cfg)
     mcfg = ModelConfig.preset(cfg.preset, vocab_size=max(tok.vocab_size, 256))
@@ -200,6 +244,10 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
     _validate(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+        try:  # no inter-op pool either: a background run on one thread leaves the rest free
+            torch.set_num_interop_threads(cfg.threads)
+        except RuntimeError:  # only settable before the first parallel work (a second run in-process)
+            pass
     torch.manual_seed(cfg.seed)
     dev = resolve_device(cfg.device)
     out = Path(cfg.out)
@@ -214,9 +262,9 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=cfg.lr, betas=(0.9, 0.95), fused=dev.type == "cuda",  # fused: one kernel for all parameters
     )
-    step, total = 0, cfg.steps
+    step, total, tokens_seen = 0, cfg.steps, 0
     if resume:
-        step, total, rng_state = load_state(last, model, opt)
+        step, total, rng_state, tokens_seen = load_state(last, model, opt)
         version, internal, gauss = rng_state
         rng.setstate((version, tuple(internal), gauss))
         if cfg.steps > total:  # a longer schedule: the cosine is stretched from here on
@@ -250,7 +298,7 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
     train_batches = batches(tok, stream, cfg, rng, cfg.workers, seed=cfg.seed + step,
                             pin_memory=dev.type == "cuda")
     objective = cfg.objective()
-    gen = torch.Generator().manual_seed(cfg.seed + step)
+    gen = torch.Generator()
     t_start = time.time()
     deadline = t_start + cfg.minutes * 60
     last_save = t_start
@@ -271,9 +319,12 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
         model.train()
         return sum(losses) / len(losses)
 
-    with open(out / "loss_log.jsonl", "a") as log:
+    stop = _StopOnSignal()
+    step_start, train_s = step, 0.0
+    with stop, open(out / "loss_log.jsonl", "a") as log:
         while step < total:
             t0 = time.time()
+            gen.manual_seed(cfg.seed * 1_000_003 + step)  # step k's masks: the same after a resume
             ids, targets, valid, tc = next(train_batches)
             ids = ids.to(dev, non_blocking=True)
             targets, valid = targets.to(dev, non_blocking=True), valid.to(dev, non_blocking=True)
@@ -289,11 +340,14 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
             opt.step()
             step += 1
             dt = time.time() - t0
-            if cfg.steps == 0 and step == 10 and total == 10**9:
-                # size the cosine schedule to the time budget
-                elapsed = time.time() - t_start
-                total = max(20, int(cfg.minutes * 60 / (elapsed / 10) * 0.97))
-                print(f"\n[train] {elapsed / 10:.2f}s/step -> schedule of {total} steps", file=sys.stderr)
+            train_s += dt
+            tokens_seen += tokens_per_step
+            if cfg.steps == 0 and total == 10**9 and step - step_start == 10:
+                # size the cosine schedule to the time budget (what is left of it, when a run that
+                # was paused before this point resumes)
+                per_step = (time.time() - t_start) / 10
+                total = max(20, step + int((deadline - time.time()) / per_step * 0.97))
+                print(f"\n[train] {per_step:.2f}s/step -> schedule of {total} steps", file=sys.stderr)
             rec = {"step": step, "loss": round(loss.item(), 4), "acc": round(acc.item(), 4), "lr": lr,
                    "gnorm": round(gnorm, 3), "s_per_step": round(dt, 3),
                    "tokens_per_s": round(tokens_per_step / max(dt, 1e-9)), "t": round(time.time() - t_start, 1)}
@@ -306,23 +360,65 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
             now = time.time()
             by_time = cfg.save_every_minutes > 0 and now - last_save >= cfg.save_every_minutes * 60
             if step % cfg.save_every == 0 or step == total or by_time:
-                save_state(last, model, tok, opt, step, total, cfg, rng)
+                save_state(last, model, tok, opt, step, total, cfg, rng, tokens_seen)
                 last_save = now
-            if now > deadline:
+            if now > deadline or stop.signal:
                 if step < total:
-                    print(f"\n[train] --minutes {cfg.minutes} reached at step {step}", file=sys.stderr)
-                    save_state(last, model, tok, opt, step, total, cfg, rng)
+                    why = f"signal {stop.signal}" if stop.signal else f"--minutes {cfg.minutes}"
+                    print(f"\n[train] {why}: stopped at step {step}/{total}; state saved in {last} "
+                          "(continue with --resume)", file=sys.stderr)
+                    save_state(last, model, tok, opt, step, total, cfg, rng, tokens_seen)
                 break
     elapsed = time.time() - t_start
     final = out / "final"
     save_checkpoint(model, tok, final, shard_bytes=SHARD_BYTES, dtype=_SAVE_DTYPES[cfg.save_dtype])
+    steps_here = step - step_start
     (final / "training.json").write_text(json.dumps({
         "config": asdict(cfg), "steps": step, "parameters": n_params, "dtype": dtype, "device": str(dev),
-        "wall_minutes": round(elapsed / 60, 1),
-        "tokens_seen": step * tokens_per_step,
+        "threads": torch.get_num_threads(), "machine": machine_name(dev),
+        "layout_version": LAYOUT_VERSION, "wall_minutes": round(elapsed / 60, 1),
+        "tokens_seen": tokens_seen,
+        # this invocation's training steps only (not validation or saving): the machine's speed
+        "tokens_per_s": round(steps_here * tokens_per_step / train_s) if train_s else None,
     }, indent=2))
     print(f"\n[train] done: {step} steps, checkpoint in {final}", file=sys.stderr)
     return final
+
+
+class _StopOnSignal:
+    """SIGTERM/SIGINT ask the run to stop after the step in flight (saving its state) instead
+    of killing it mid-write: how a long background run is paused. Installed only in the main
+    thread (Python's rule); elsewhere a run stops by --minutes alone."""
+
+    def __init__(self) -> None:
+        self.signal: str = ""
+        self._old: dict = {}
+
+    def _handle(self, signum, frame) -> None:
+        self.signal = signal.Signals(signum).name
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def machine_name(dev: torch.device) -> str:
+    """What trained: the GPU's name, or the CPU's model name (lscpu's) for the BENCHMARKS row."""
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def _flag(text: str) -> bool:

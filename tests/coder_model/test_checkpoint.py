@@ -82,3 +82,65 @@ def test_not_a_checkpoint(tmp_path):
         load_model(tmp_path / "nope")
     with pytest.raises(CheckpointError, match="no config.json"):
         load_model(tmp_path)
+
+
+# -- token layout versions ---------------------------------------------------------------------
+
+
+def test_a_saved_checkpoint_records_the_layout_it_was_trained_in(tiny_model, tmp_path):
+    from dlm.coder_model.layout import LAYOUT_VERSION
+
+    model, tok = tiny_model
+    save_checkpoint(model, tok, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["layout_version"] == LAYOUT_VERSION
+    load_model(tmp_path, impl="reference")  # and it loads
+
+
+def test_the_embedded_checkpoint_is_layout_1_and_loads():
+    from dlm.coder_model.checkpoint import embedded_checkpoint_dir, layout_version, read_config
+
+    raw = read_config(embedded_checkpoint_dir())
+    assert "layout_version" not in raw and layout_version(raw) == 1  # saved before versions: 1
+    model, tok = load_model(None, impl="reference")
+    assert model.config.vocab_size >= tok.vocab_size
+
+
+def _with_layout(tiny_model, tmp_path, version):
+    model, tok = tiny_model
+    save_checkpoint(model, tok, tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    if version is None:
+        del cfg["layout_version"]
+    else:
+        cfg["layout_version"] = version
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return tmp_path
+
+
+def test_a_newer_layout_is_refused_with_what_to_do(tiny_model, tmp_path):
+    from dlm.coder_model.layout import LAYOUT_VERSION
+
+    d = _with_layout(tiny_model, tmp_path, LAYOUT_VERSION + 1)
+    with pytest.raises(CheckpointError) as err:
+        load_model(d, impl="reference")
+    msg = str(err.value)
+    assert f"token layout version {LAYOUT_VERSION + 1}" in msg and f"layout {LAYOUT_VERSION}" in msg
+    assert "upgrade dlm-lsp" in msg
+
+
+def test_an_older_layout_is_refused_but_a_warm_start_may_read_it(tiny_model, tmp_path, monkeypatch):
+    from dlm.coder_model import checkpoint
+
+    monkeypatch.setattr(checkpoint, "LAYOUT_VERSION", 2)  # the code moved on; the file has none (= 1)
+    d = _with_layout(tiny_model, tmp_path, None)
+    with pytest.raises(CheckpointError, match=r"token layout version 1, but .* layout 2.*--init"):
+        load_model(d, impl="reference")
+    model, _ = load_model(d, impl="reference", any_layout=True)  # training it puts it in layout 2
+    assert model.config.vocab_size == tiny_model[0].config.vocab_size
+
+
+@pytest.mark.parametrize("bad", ["two", 0, 1.5, True])
+def test_a_malformed_layout_version_is_named(tiny_model, tmp_path, bad):
+    d = _with_layout(tiny_model, tmp_path, bad)
+    with pytest.raises(CheckpointError, match="layout_version is .* not a layout version"):
+        load_model(d, impl="reference")

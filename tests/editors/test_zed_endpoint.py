@@ -297,8 +297,11 @@ def test_fim_request_gets_an_openai_completion(endpoint):
     assert body["choices"][0]["text"] == expected_text(predictor, prompt, stop)
 
 
-def test_zeta_request_answers_a_region_zed_can_read(endpoint):
+def test_zeta_request_answers_a_region_zed_can_read(endpoint, monkeypatch):
     url, predictor = endpoint
+    # the tiny random model may write filler, which is held back (test_degenerate_answer_is_no_suggestion);
+    # this test is about the format Zed reads
+    monkeypatch.setattr(he.postprocess, "degenerate_reason", lambda *a, **k: None)
     s, e = FILE.index("def add"), FILE.index("\n\nprint")
     prompt = zed_zeta1("m.py", FILE, (s, e), CURSOR, [("m.py", "@@ -5,1 +5,2 @@\n def mul(a, b):\n+    ret")])
     stop = ["<|editable_region_end|>", "<|editable_region_end|>\n"]
@@ -312,8 +315,30 @@ def test_zeta_request_answers_a_region_zed_can_read(endpoint):
     assert new_editable.startswith("def add(a, b):\n    return a + b\n")
 
 
-def test_zeta2_request_answers_a_region_zed_can_read(endpoint):
+def test_degenerate_answer_is_no_suggestion(endpoint, monkeypatch):
+    """An engine answer that is filler (coder_model.degenerate) is answered as no suggestion,
+    in the zeta layout (a whole region, no postprocess) and in fill-in-the-middle."""
+    from dlm.coder_model.types import Prediction
+
     url, predictor = endpoint
+
+    def filler(prompt, params, cancel, deadline=None):  # what the embedded model wrote in issue 23
+        text = prompt.region[: prompt.cursor] + "get_get_get_get_get_name)" + prompt.region[prompt.cursor :]
+        return Prediction(text, steps=1, tokens=1, confidence=1.0)
+
+    monkeypatch.setattr(predictor.engine(), "predict", filler)
+    s, e = FILE.index("def add"), FILE.index("\n\nprint")
+    zeta = zed_zeta1("m.py", FILE, (s, e), CURSOR, [])
+    fim = zed_fim("qwen", FILE[:CURSOR], FILE[CURSOR:])
+    for model, prompt in (("zeta", zeta), ("dlm", fim)):
+        status, body = post(url + "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 64,
+                                                      "stop": ["<|editable_region_end|>"]})
+        assert status == 200 and body["choices"][0]["text"] == "", model
+
+
+def test_zeta2_request_answers_a_region_zed_can_read(endpoint, monkeypatch):
+    url, predictor = endpoint
+    monkeypatch.setattr(he.postprocess, "degenerate_reason", lambda *a, **k: None)  # as for zeta
     prompt = zed_zeta2("v0131", "src/m.py", FILE, (S2, E2), CURSOR, events=[("src/m.py", EDIT_DIFF)])
     # Zed's body for prompt_format "zeta2": stop_tokens_for_format is empty for the merge-marker layouts
     status, body = post(url + "/v1/completions", {"model": "zeta2", "prompt": prompt, "max_tokens": 1024,

@@ -161,13 +161,17 @@ def test_printed_diff_applies_to_the_file_with_patch(tmp_path, tiny_checkpoint):
     src = tmp_path / "pkg" / "calc.py"
     src.parent.mkdir()
     src.write_text(text)
-    r = _predict("pkg/calc.py", 17, 8, tiny_checkpoint, "--diff", "--min-confidence", "0", cwd=tmp_path)
+    # The tiny random model never writes <eom>, and an answer that never ends is not shown; an
+    # end planned at the first slot (length-aware decoding) makes its answer "delete the region
+    # line": a change to diff, whatever the random weights are.
+    plain = ("--end-threshold", "1e-9")
+    r = _predict("pkg/calc.py", 17, 8, tiny_checkpoint, "--diff", "--min-confidence", "0", *plain, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     diff = r.stdout
     assert diff.startswith("--- a/pkg/calc.py\n+++ b/pkg/calc.py\n"), diff
     # the hunk is in file line numbers: 0-based line 17 is file line 18, 3 lines of context
     assert re.search(r"^@@ -15,7 ", diff, re.MULTILINE), diff
-    for output in (diff, _predict("pkg/calc.py", 17, 8, tiny_checkpoint, cwd=tmp_path).stdout):
+    for output in (diff, _predict("pkg/calc.py", 17, 8, tiny_checkpoint, *plain, cwd=tmp_path).stdout):
         src.write_text(text)
         p = subprocess.run(["patch", "-p1", "--batch", "--no-backup-if-mismatch"], input=output, text=True,
                            cwd=tmp_path, capture_output=True, timeout=60, check=False)
@@ -186,10 +190,11 @@ def test_predict_says_the_confidence_and_diff_holds_back_what_the_editor_would_h
     r = _predict(f, 1, 4, tiny_checkpoint)
     m = re.search(r"== confidence ([0-9.]+); the editor would (show|hide) it", r.stdout)
     assert r.returncode == 0 and m, r.stdout
-    hidden = _predict(f, 1, 4, tiny_checkpoint, "--diff", "--min-confidence", "1.0")
+    plain = ("--end-threshold", "1e-9")  # the tiny random model never ends its answer (see below)
+    hidden = _predict(f, 1, 4, tiny_checkpoint, "--diff", "--min-confidence", "1.0", *plain)
     assert hidden.returncode == 0 and hidden.stdout == ""
     assert "held back, as the editor would" in hidden.stderr and "--min-confidence 0" in hidden.stderr
-    forced = _predict(f, 1, 4, tiny_checkpoint, "--diff", "--min-confidence", "0")
+    forced = _predict(f, 1, 4, tiny_checkpoint, "--diff", "--min-confidence", "0", *plain)
     assert forced.returncode == 0 and forced.stdout.startswith("--- a/"), forced.stdout + forced.stderr
 
 

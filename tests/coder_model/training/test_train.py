@@ -106,11 +106,97 @@ def test_resume_continues_from_the_saved_step(small_corpus, tmp_path, tiny_check
     assert json.loads((final / "training.json").read_text())["steps"] == 4
 
 
+def test_a_paused_run_resumes_exactly_where_it_stopped(small_corpus, tmp_path, tiny_checkpoint, monkeypatch):
+    """SIGTERM pauses a run after the step in flight; --resume then trains the same steps, with
+    the same learning rates, batches and masks, as a run never paused: the same losses and the
+    same final weights (the fp32 masters are kept beside the bf16 checkpoint)."""
+    import signal
+
+    from dlm.coder_model.checkpoint import load_model
+    from dlm.coder_model.training import train as train_mod
+
+    def log(out):
+        return [json.loads(line) for line in (out / "loss_log.jsonl").read_text().splitlines()]
+
+    kw = {"steps": 5, "save_every": 1000, "eval_every": 1000, "save_dtype": "bf16", "warmup": 2}
+    whole = train(_cfg(small_corpus, tmp_path / "whole", tiny_checkpoint, **kw))
+
+    real_lr_at = train_mod.lr_at
+
+    def lr_at_then_term(step, total, cfg):
+        if step == 1:  # during the second step: the run finishes it, saves and stops
+            signal.raise_signal(signal.SIGTERM)
+        return real_lr_at(step, total, cfg)
+
+    monkeypatch.setattr(train_mod, "lr_at", lr_at_then_term)
+    paused = tmp_path / "paused"
+    train(_cfg(small_corpus, paused, tiny_checkpoint, **kw))
+    state = json.loads((paused / "last" / "trainer_state.json").read_text())
+    assert (state["step"], state["total"]) == (2, 5)  # the schedule's length is kept
+    monkeypatch.setattr(train_mod, "lr_at", real_lr_at)
+    resumed = train(_cfg(small_corpus, paused, tiny_checkpoint, **kw), resume=True)
+
+    a, b = log(tmp_path / "whole"), log(paused)
+    assert [r["step"] for r in b] == [1, 2, 3, 4, 5]
+    assert [(r["loss"], r["lr"]) for r in a] == [(r["loss"], r["lr"]) for r in b]
+    wa, _ = load_model(whole, impl="reference")
+    wb, _ = load_model(resumed, impl="reference")
+    for k, v in wa.state_dict().items():
+        assert torch.equal(v, wb.state_dict()[k]), k
+    info = json.loads((resumed / "training.json").read_text())
+    assert info["steps"] == 5 and info["tokens_seen"] == 5 * 4 * (96 + 16) and info["layout_version"] >= 1
+
+
+def test_a_schedule_sized_by_minutes_is_fixed_after_ten_steps_and_kept_on_pause(small_corpus, tmp_path,
+                                                                                tiny_checkpoint, monkeypatch):
+    import signal
+
+    from dlm.coder_model.training import train as train_mod
+
+    real_lr_at = train_mod.lr_at
+
+    def lr_at_then_term(step, total, cfg):
+        if step == 11:
+            signal.raise_signal(signal.SIGTERM)
+        return real_lr_at(step, total, cfg)
+
+    monkeypatch.setattr(train_mod, "lr_at", lr_at_then_term)
+    out = tmp_path / "sized"
+    train(_cfg(small_corpus, out, tiny_checkpoint, steps=0, minutes=30, save_every=1000, eval_every=1000))
+    state = json.loads((out / "last" / "trainer_state.json").read_text())
+    assert state["step"] == 12 and 20 <= state["total"] < 10**9  # sized from the measured step time
+
+
+def test_the_committable_checkpoint_is_bf16_and_half_the_size(small_corpus, tmp_path, tiny_checkpoint):
+    from dlm.coder_model.model import count_parameters
+    from safetensors import safe_open
+
+    final = train(_cfg(small_corpus, tmp_path / "half", tiny_checkpoint, steps=1))  # save_dtype: bf16 default
+    files = sorted(final.glob("model*.safetensors"))
+    n, dtypes = 0, set()
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for k in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                t = f.get_tensor(k)
+                n += t.numel()
+                dtypes.add(t.dtype)
+    from dlm.coder_model.checkpoint import load_model
+
+    model, _ = load_model(final, impl="reference")
+    assert dtypes == {torch.bfloat16} and n == count_parameters(model)
+    size = sum(p.stat().st_size for p in files)
+    assert 2 * n <= size <= 2 * n + 64 * 1024  # 2 bytes a weight, + the headers
+    # the resumable state keeps the fp32 masters (a bf16 copy alone would lose precision)
+    with safe_open(str(tmp_path / "half" / "last" / "optimizer.safetensors"), framework="pt") as f:
+        masters = [k for k in f.keys() if k.startswith("master/")]  # noqa: SIM118
+        assert masters and {f.get_tensor(k).dtype for k in masters} == {torch.float32}
+
+
 def test_warm_start_loads_weights(small_corpus, tmp_path, tiny_checkpoint):
     from dlm.coder_model.checkpoint import load_model
 
     final = train(_cfg(small_corpus, tmp_path / "warm", tiny_checkpoint, steps=1, init=tiny_checkpoint,
-                       tokenizer="", lr=0.0, min_lr_ratio=0.0))
+                       tokenizer="", lr=0.0, min_lr_ratio=0.0, save_dtype="fp32"))
     a, _ = load_model(final)
     b, _ = load_model(tiny_checkpoint)
     for k, v in a.state_dict().items():  # lr 0: the weights are the initial checkpoint's
@@ -147,8 +233,9 @@ def test_bf16_checkpoint_loads_on_cpu_as_fp32_and_predicts(small_corpus, tmp_pat
     shards = sorted(final.glob("model-*.safetensors"))
     assert (final / INDEX_NAME).exists() and len(shards) > 1
     assert all(p.stat().st_size <= (64 << 10) + 4096 for p in shards)  # + the safetensors header
-    with safe_open(str(shards[0]), framework="pt") as f:
-        assert {f.get_tensor(k).dtype for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__) == {torch.bfloat16}
+    for shard in shards:
+        with safe_open(str(shard), framework="pt") as f:
+            assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}  # noqa: SIM118
     model, tok = load_model(final, device="cpu")
     assert {p.dtype for p in model.parameters()} == {torch.float32}
     engine = LocalEngine(model, tok)
