@@ -17,6 +17,7 @@ import {
 import {
   type DlmSettings,
   type DlmStatus,
+  type StatsSummary,
   type EditPredictionDisplay,
   type EditPredictionView,
   type InlineEditData,
@@ -33,10 +34,15 @@ import {
   needsRestart,
   renderEditPrediction,
   statusBarData,
+  statsMessage,
+  summarizeStats,
   validateEditPrediction,
 } from "./logic.js";
 
 const ACCEPT_COMMAND = "dlm.acceptCompletion";
+const STATS_REQUEST = "dlm/stats";
+/** How long after a suggestion, an accept or a dlm/status the counters are asked for again. */
+const STATS_REFRESH_MS = 300;
 
 // The server is not on PyPI (the name dlm-lsp there is another project): it is installed
 // from a clone of this repository into a virtualenv, whose bin/ is usually not on PATH.
@@ -130,6 +136,9 @@ class DlmExtension implements vscode.Disposable {
   private client: LanguageClient | undefined;
   private settings: DlmSettings = readSettings();
   private status: DlmStatus | null = null;
+  /** The server's counters (dlm/stats) as last fetched: shown / held back / accepted. */
+  private counts: StatsSummary | null = null;
+  private statsTimer: NodeJS.Timeout | undefined;
   private shownItem: ShownItem | undefined;
   private prediction: ShownPrediction | undefined;
   private predictionTimer: NodeJS.Timeout | undefined;
@@ -167,6 +176,7 @@ class DlmExtension implements vscode.Disposable {
     cmd("dlm.toggle", () => this.toggle());
     cmd("dlm.restart", () => this.restart());
     cmd("dlm.showLog", () => this.log.show());
+    cmd("dlm.showStats", () => this.showStats());
     cmd("dlm.accept", () => vscode.commands.executeCommand("editor.action.inlineSuggest.commit"));
     cmd("dlm.acceptWord", () => this.partialAccept("editor.action.inlineSuggest.acceptNextWord"));
     cmd("dlm.acceptLine", () => this.partialAccept("editor.action.inlineSuggest.acceptNextLine"));
@@ -225,7 +235,15 @@ class DlmExtension implements vscode.Disposable {
           const source = inlineResultSource({ editPending: !!edit, ourTrigger: ours, completionCount: count });
           if (source === "inlineEdit" && edit) return [this.inlineEditItem(edit, document)];
           this.noteShown(document, position, result);
+          this.refreshStatsSoon();
           return result;
+        },
+        // Accepting an item runs dlm.acceptCompletion on the server (the library's command
+        // when the server lists it): the accepted count changes, so the tooltip is refreshed.
+        executeCommand: async (command, args, next) => {
+          const r = await next(command, args);
+          this.refreshStatsSoon();
+          return r;
         },
       },
     };
@@ -234,6 +252,7 @@ class DlmExtension implements vscode.Disposable {
     client.onNotification("dlm/status", (st: DlmStatus) => {
       this.status = st;
       this.renderStatus();
+      if (st.state === "ready") this.refreshStatsSoon();
     });
     client.onDidChangeState((e) => {
       if (e.newState === State.Stopped) {
@@ -283,6 +302,7 @@ class DlmExtension implements vscode.Disposable {
     this.log.info("restarting the server");
     await this.stop();
     this.status = null;
+    this.counts = null;
     this.renderStatus();
     await this.start();
   }
@@ -311,7 +331,7 @@ class DlmExtension implements vscode.Disposable {
   }
 
   private renderStatus(): void {
-    const d = statusBarData(this.status, this.settings.enable);
+    const d = statusBarData(this.status, this.settings.enable, this.counts);
     this.statusItem.text = d.text;
     this.statusItem.tooltip = d.tooltip;
     this.statusItem.backgroundColor = d.error ? new vscode.ThemeColor("statusBarItem.errorBackground") : undefined;
@@ -319,6 +339,53 @@ class DlmExtension implements vscode.Disposable {
 
   private running(): LanguageClient | undefined {
     return this.client && this.client.state === State.Running ? this.client : undefined;
+  }
+
+  // -- counters: dlm/stats ---------------------------------------------------
+
+  /** The server's counters now; null (and a log line) when it cannot answer. */
+  private async fetchStats(): Promise<StatsSummary | null> {
+    const c = this.running();
+    if (!c) return null;
+    try {
+      const raw = await c.sendRequest(STATS_REQUEST, {});
+      const s = summarizeStats(raw);
+      if (!s) this.log.warn(`${STATS_REQUEST} answered ${JSON.stringify(raw)}; expected an object of counters`);
+      else this.log.debug(`${STATS_REQUEST}: ${JSON.stringify(raw)}`);
+      return s;
+    } catch (e) {
+      this.log.warn(`${STATS_REQUEST}: ${String(e)}`);
+      return null;
+    }
+  }
+
+  /** Refresh the tooltip's counters shortly (one request for a burst of events). */
+  private refreshStatsSoon(): void {
+    if (this.statsTimer) return;
+    this.statsTimer = setTimeout(async () => {
+      this.statsTimer = undefined;
+      const s = await this.fetchStats();
+      if (s) {
+        this.counts = s;
+        this.renderStatus();
+      }
+    }, STATS_REFRESH_MS);
+  }
+
+  private async showStats(): Promise<void> {
+    const s = await this.fetchStats();
+    if (!s) {
+      const why = this.status?.message ? ` (${this.status.message})` : "";
+      void vscode.window.showWarningMessage(
+        `dlm: the server is not running${why}; run \`dlm: Restart Server\`, and \`dlm: Show Log\` says why it stopped`,
+      );
+      return;
+    }
+    this.counts = s;
+    this.renderStatus();
+    const msg = statsMessage(s);
+    this.log.info(msg);
+    void vscode.window.showInformationMessage(msg);
   }
 
   // -- inline completions: shown / partially accepted ----------------------
@@ -357,10 +424,11 @@ class DlmExtension implements vscode.Disposable {
     if (!editor || !shown || editor.document.uri.toString() !== shown.uri) return;
     const n = acceptedLength(shown.startOffset, editor.document.offsetAt(editor.selection.active), shown.text);
     if (n > 0) {
-      void this.running()?.sendNotification("textDocument/didPartiallyAcceptCompletion", {
+      await this.running()?.sendNotification("textDocument/didPartiallyAcceptCompletion", {
         item: shown.lspItem,
         acceptedLength: n,
       });
+      this.refreshStatsSoon();
     }
   }
 
@@ -540,6 +608,7 @@ class DlmExtension implements vscode.Disposable {
 
   dispose(): void {
     if (this.predictionTimer) clearTimeout(this.predictionTimer);
+    if (this.statsTimer) clearTimeout(this.statsTimer);
     void this.stop();
     for (const d of this.disposables) d.dispose();
   }

@@ -137,6 +137,63 @@ export interface DlmStatus {
   shown?: number;
 }
 
+/**
+ * The counters of a `dlm/stats` answer the extension shows (the server's lsp/stats.py; the
+ * gate's held-back suggestions are `gated_<reason>` counters, one per reason).
+ */
+export interface StatsSummary {
+  requests: number;
+  shown: number;
+  heldBack: number;
+  /** reason -> count, e.g. {low_confidence: 4, late: 1}; only reasons that held something back. */
+  heldBackBy: Record<string, number>;
+  accepted: number;
+  partiallyAccepted: number;
+  p50Ms: number | null;
+  p95Ms: number | null;
+}
+
+const GATED = "gated_";
+
+/** A `dlm/stats` answer -> the counters shown to the user; null when it is not an object. */
+export function summarizeStats(raw: unknown): StatsSummary | null {
+  if (!raw || typeof raw !== "object" || Array.isArray(raw)) return null;
+  const r = raw as Record<string, unknown>;
+  const n = (k: string) => (typeof r[k] === "number" && Number.isFinite(r[k]) ? (r[k] as number) : 0);
+  const ms = (k: string) => (typeof r[k] === "number" && Number.isFinite(r[k]) ? (r[k] as number) : null);
+  const heldBackBy: Record<string, number> = {};
+  for (const k of Object.keys(r).sort()) {
+    if (k.startsWith(GATED) && n(k) > 0) heldBackBy[k.slice(GATED.length)] = n(k);
+  }
+  return {
+    requests: n("requests"),
+    shown: n("shown"),
+    heldBack: Object.values(heldBackBy).reduce((a, b) => a + b, 0),
+    heldBackBy,
+    accepted: n("accepted"),
+    partiallyAccepted: n("partially_accepted"),
+    p50Ms: ms("p50_ms"),
+    p95Ms: ms("p95_ms"),
+  };
+}
+
+/** "shown 3, held back 5 (low confidence 4, late 1), accepted 1, partially accepted 2". */
+export function countsLine(s: StatsSummary): string {
+  const why = Object.entries(s.heldBackBy)
+    .map(([k, v]) => `${k.replace(/_/g, " ")} ${v}`)
+    .join(", ");
+  return (
+    `shown ${s.shown}, held back ${s.heldBack}${why ? ` (${why})` : ""}, accepted ${s.accepted}, ` +
+    `partially accepted ${s.partiallyAccepted}`
+  );
+}
+
+/** The `dlm: Show Statistics` message. */
+export function statsMessage(s: StatsSummary): string {
+  const lat = s.p50Ms === null ? "no model run yet" : `latency p50 ${fmtMs(s.p50Ms)}, p95 ${fmtMs(s.p95Ms)}`;
+  return `dlm statistics: requests ${s.requests}, ${countsLine(s)}; ${lat}`;
+}
+
 export interface StatusBarData {
   text: string;
   tooltip: string;
@@ -150,7 +207,11 @@ const STATE_ICON: Record<string, string> = {
   disconnected: "$(debug-disconnect)",
 };
 
-export function statusBarData(st: DlmStatus | null, enabled: boolean): StatusBarData {
+/**
+ * The status bar item: state and p50 latency in the text; in the tooltip the model, device,
+ * latency and what the gate did with the suggestions (`counts`, from dlm/stats, when known).
+ */
+export function statusBarData(st: DlmStatus | null, enabled: boolean, counts: StatsSummary | null = null): StatusBarData {
   if (!st) {
     return { text: "$(loading~spin) dlm", tooltip: "dlm: starting the server", error: false };
   }
@@ -163,9 +224,11 @@ export function statusBarData(st: DlmStatus | null, enabled: boolean): StatusBar
     st.model ? `model: ${st.model}` : "",
     st.device ? `device: ${st.device}` : "",
     typeof st.p50_ms === "number" ? `latency p50 ${fmtMs(st.p50_ms)}, p95 ${fmtMs(st.p95_ms)}` : "",
-    st.requests !== undefined
-      ? `requests ${st.requests}, shown ${st.shown ?? 0}, accepted ${st.accepted ?? 0}`
-      : "",
+    counts
+      ? countsLine(counts)
+      : st.requests !== undefined
+        ? `requests ${st.requests}, shown ${st.shown ?? 0}, held back -, accepted ${st.accepted ?? 0}`
+        : "",
     st.message ?? "",
     "click: toggle suggestions",
   ];

@@ -16,6 +16,8 @@ import {
   needsRestart,
   renderEditPrediction,
   statusBarData,
+  statsMessage,
+  summarizeStats,
   validateEditPrediction,
   versionAtLeast,
   type DlmSettings,
@@ -64,7 +66,7 @@ test("status bar shows p50 when ready and the state otherwise", () => {
   const ready = statusBarData({ state: "ready", device: "cuda", model: "dlm-small", p50_ms: 41.6, p95_ms: 90, requests: 10, shown: 4, accepted: 2 }, true);
   assert.equal(ready.text, "$(sparkle) dlm 42 ms");
   assert.match(ready.tooltip, /p50 42 ms, p95 90 ms/);
-  assert.match(ready.tooltip, /requests 10, shown 4, accepted 2/);
+  assert.match(ready.tooltip, /requests 10, shown 4, held back -, accepted 2/);
   assert.equal(ready.error, false);
   const failed = statusBarData({ state: "failed", message: "no checkpoint at /x; pass --model" }, true);
   assert.equal(failed.text, "$(error) dlm failed");
@@ -72,6 +74,30 @@ test("status bar shows p50 when ready and the state otherwise", () => {
   assert.equal(failed.error, true);
   assert.equal(statusBarData({ state: "ready", p50_ms: null }, false).text, "$(circle-slash) dlm");
   assert.match(statusBarData(null, true).tooltip, /starting/);
+});
+
+test("dlm/stats counters: held back is the sum of the gate's reasons, shown in the tooltip and the stats message", () => {
+  const raw = {
+    requests: 12, shown: 3, accepted: 1, partially_accepted: 2, gated_low_confidence: 4, gated_late: 1,
+    gated_rewrites_recent: 0, p50_ms: 151.4, p95_ms: 230, stages_p50_ms: { denoise_ms: 140 },
+  };
+  const c = summarizeStats(raw);
+  assert.ok(c);
+  assert.equal(c.heldBack, 5);
+  assert.deepEqual(c.heldBackBy, { late: 1, low_confidence: 4 });
+  const bar = statusBarData({ state: "ready", p50_ms: 151.4, requests: 12, shown: 3, accepted: 1 }, true, c);
+  assert.match(bar.tooltip, /shown 3, held back 5 \(late 1, low confidence 4\), accepted 1, partially accepted 2/);
+  assert.equal(
+    statsMessage(c),
+    "dlm statistics: requests 12, shown 3, held back 5 (late 1, low confidence 4), accepted 1, partially accepted 2; " +
+      "latency p50 151 ms, p95 230 ms",
+  );
+  const none = summarizeStats({});
+  assert.ok(none);
+  assert.equal(statsMessage(none), "dlm statistics: requests 0, shown 0, held back 0, accepted 0, partially accepted 0; no model run yet");
+  assert.equal(summarizeStats(null), null);
+  assert.equal(summarizeStats([1, 2]), null);
+  assert.equal(summarizeStats({ shown: "3" })?.shown, 0); // a wrong type counts as nothing, not NaN
 });
 
 const doc = ["def f(x):", "    return x+1", "", "print(f(2))"];
