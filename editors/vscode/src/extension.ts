@@ -6,6 +6,7 @@
 // proposed API `inlineCompletionsAdditions`) where the running VS Code allows it,
 // and as decorations otherwise.
 // Everything that can be computed without an editor lives in logic.ts.
+import * as fs from "node:fs";
 import * as vscode from "vscode";
 import {
   LanguageClient,
@@ -26,6 +27,8 @@ import {
   SettingsError,
   acceptedLength,
   buildServerCommand,
+  findExecutable,
+  serverNotFoundMessage,
   initializationOptions,
   chooseEditPredictionDisplay,
   inlineEditFor,
@@ -36,6 +39,7 @@ import {
   statusBarData,
   statsMessage,
   summarizeStats,
+  trimTrailingBlankLines,
   validateEditPrediction,
 } from "./logic.js";
 
@@ -114,6 +118,38 @@ function displayLocationKinds(): { Code: number; Label: number } | undefined {
     | { Code?: number; Label?: number }
     | undefined;
   return k && typeof k.Code === "number" && typeof k.Label === "number" ? { Code: k.Code, Label: k.Label } : undefined;
+}
+
+function isExecutableFile(p: string): boolean {
+  try {
+    fs.accessSync(p, fs.constants.X_OK);
+    return fs.statSync(p).isFile();
+  } catch {
+    return false;
+  }
+}
+
+/** The items with their trailing blank lines removed (logic.trimTrailingBlankLines); items left empty are dropped. */
+function withoutTrailingBlankLines(
+  result: vscode.InlineCompletionItem[] | vscode.InlineCompletionList | null | undefined,
+  document: vscode.TextDocument,
+  position: vscode.Position,
+): vscode.InlineCompletionItem[] | vscode.InlineCompletionList | null | undefined {
+  if (!result) return result;
+  const items = Array.isArray(result) ? result : result.items;
+  const kept: vscode.InlineCompletionItem[] = [];
+  for (const item of items) {
+    if (typeof item.insertText === "string") {
+      const end = item.range?.end ?? position;
+      const rest = document.lineAt(end.line).text.slice(end.character);
+      item.insertText = trimTrailingBlankLines(item.insertText, rest);
+      if (!item.insertText) continue;
+    }
+    kept.push(item);
+  }
+  if (Array.isArray(result)) return kept;
+  result.items = kept;
+  return result;
 }
 
 /** The inline completion item VS Code is showing (as far as we know), for partial-accept notifications. */
@@ -202,16 +238,32 @@ class DlmExtension implements vscode.Disposable {
 
   // -- server lifecycle ---------------------------------------------------
 
+  /** The server could not start: one error message with its hint, the status bar in red. */
+  private failed(msg: string): void {
+    this.log.error(msg);
+    this.status = { state: "failed", message: msg };
+    this.renderStatus();
+    const settings = "Open Settings";
+    const log = "Show Log";
+    void vscode.window.showErrorMessage(`dlm: ${msg}`, settings, log).then((pick) => {
+      if (pick === settings) void vscode.commands.executeCommand("workbench.action.openSettings", "dlm.server");
+      if (pick === log) this.log.show();
+    });
+  }
+
   async start(): Promise<void> {
     let cmd;
     try {
       cmd = buildServerCommand(this.settings);
     } catch (e) {
-      const msg = e instanceof SettingsError ? e.message : String(e);
-      this.log.error(msg);
-      this.status = { state: "failed", message: msg };
-      this.renderStatus();
-      void vscode.window.showErrorMessage(`dlm: ${msg}`);
+      this.failed(e instanceof SettingsError ? e.message : String(e));
+      return;
+    }
+    // Checked here rather than left to the client library, which would show its own second,
+    // hint-less error ("couldn't create connection to server") next to ours.
+    const found = findExecutable(cmd.command, process.env.PATH ?? "", isExecutableFile, process.platform, process.env.PATHEXT);
+    if (!found) {
+      this.failed(`${serverNotFoundMessage(cmd.command)}. ${INSTALL_HINT}`);
       return;
     }
     this.log.info(`starting: ${cmd.command} ${cmd.args.join(" ")}`);
@@ -229,7 +281,7 @@ class DlmExtension implements vscode.Disposable {
           let result: vscode.InlineCompletionItem[] | vscode.InlineCompletionList | null | undefined;
           let count: number | null = null;
           if (!(edit && ours)) {
-            result = await next(document, position, context, token);
+            result = withoutTrailingBlankLines(await next(document, position, context, token), document, position);
             count = (Array.isArray(result) ? result : (result?.items ?? [])).length;
           }
           const source = inlineResultSource({ editPending: !!edit, ourTrigger: ours, completionCount: count });
@@ -264,13 +316,7 @@ class DlmExtension implements vscode.Disposable {
     try {
       await client.start();
     } catch (e) {
-      const msg =
-        `could not start "${cmd.command}": ${e instanceof Error ? e.message : String(e)}. ` +
-        INSTALL_HINT;
-      this.log.error(msg);
-      this.status = { state: "failed", message: msg };
-      this.renderStatus();
-      void vscode.window.showErrorMessage(`dlm: ${msg}`);
+      this.failed(`could not start "${cmd.command}": ${e instanceof Error ? e.message : String(e)}. ${INSTALL_HINT}`);
       return;
     }
     // Accepting an inline item runs its command (dlm.acceptCompletion) in VS Code. The library

@@ -106,6 +106,40 @@ export function buildServerCommand(s: DlmSettings): ServerCommand {
   return { command, args };
 }
 
+/**
+ * Where `command` (dlm.server.path) runs from: itself when it names a path, else the first match
+ * on `pathEnv` (with PATHEXT's extensions on Windows); null when there is no such executable.
+ * `isExecutable(p)` says whether p is an executable file.
+ */
+export function findExecutable(
+  command: string,
+  pathEnv: string,
+  isExecutable: (p: string) => boolean,
+  platform: string = "linux",
+  pathExt: string = ".COM;.EXE;.BAT;.CMD",
+): string | null {
+  const win = platform === "win32";
+  // Windows file names ignore case, the isExecutable check may not: try ".EXE" and ".exe".
+  const exts = win ? ["", ...pathExt.split(";").filter((e) => e).flatMap((e) => [e.toLowerCase(), e])] : [""];
+  const hasDir = command.includes("/") || (win && command.includes("\\"));
+  const dirs = hasDir ? [""] : pathEnv.split(win ? ";" : ":").filter((d) => d);
+  for (const dir of dirs) {
+    const base = dir ? `${dir.replace(/[\\/]+$/, "")}${win ? "\\" : "/"}${command}` : command;
+    for (const ext of exts) {
+      if (isExecutable(base + ext)) return base + ext;
+    }
+  }
+  return null;
+}
+
+/** What to tell the user when dlm.server.path names no executable (before starting anything). */
+export function serverNotFoundMessage(command: string): string {
+  const hasDir = command.includes("/") || command.includes("\\");
+  return hasDir
+    ? `cannot start the server: dlm.server.path is "${command}", which is not an executable file`
+    : `cannot start the server: "${command}" (dlm.server.path) is not on the PATH VS Code started with`;
+}
+
 /** Which settings changes need a server restart (the command line changed). */
 export function needsRestart(a: DlmSettings, b: DlmSettings): boolean {
   const x = buildServerCommandOrNull(a);
@@ -355,6 +389,18 @@ export function renderEditPrediction(p: EditPrediction, lineText: (line: number)
  */
 export function acceptedLength(itemStartOffset: number, cursorOffset: number, itemText: string): number {
   return Math.max(0, Math.min(itemText.length, cursorOffset - itemStartOffset));
+}
+
+/**
+ * An inline completion's text without the blank lines it ends with: ghost text never ends in
+ * empty lines (VS Code draws them as nothing, and Tab would insert them). When the line goes on
+ * after the inserted text (`restOfLine`, the text after the item's range on its last line, is
+ * not blank), one final newline is kept: the insertion then ends a line of its own.
+ */
+export function trimTrailingBlankLines(text: string, restOfLine: string): string {
+  const trimmed = text.replace(/(\r?\n[ \t]*)+$/, "");
+  if (trimmed === text || !restOfLine.trim()) return trimmed;
+  return trimmed + (text.slice(trimmed.length).startsWith("\r\n") ? "\r\n" : "\n");
 }
 
 /** The item id the server put in InlineCompletionItem.command.arguments[0] (dlm.acceptCompletion). */

@@ -8,6 +8,8 @@ import {
   MAX_INLINE_EDIT_LINES,
   acceptedLength,
   buildServerCommand,
+  findExecutable,
+  serverNotFoundMessage,
   initializationOptions,
   chooseEditPredictionDisplay,
   inlineEditFor,
@@ -18,6 +20,7 @@ import {
   statusBarData,
   statsMessage,
   summarizeStats,
+  trimTrailingBlankLines,
   validateEditPrediction,
   versionAtLeast,
   type DlmSettings,
@@ -54,6 +57,18 @@ test("bad settings give a SettingsError that names the setting", () => {
   assert.throws(() => buildServerCommand(s({ remoteAddress: "gpu:99999" })), /outside 1\.\.65535/);
   assert.throws(() => buildServerCommand(s({ serverPath: "  " })), /dlm\.server\.path/);
   assert.throws(() => buildServerCommand(s({ device: "tpu" as DlmSettings["device"] })), /dlm\.device/);
+});
+
+test("dlm.server.path: a path is checked as given, a name is looked up on PATH", () => {
+  const exe = new Set(["/venv/bin/dlm-lsp", "/usr/local/bin/dlm-lsp", "C:\\venv\\Scripts\\dlm-lsp.exe"]);
+  const isExe = (p: string) => exe.has(p);
+  assert.equal(findExecutable("/venv/bin/dlm-lsp", "/usr/bin", isExe), "/venv/bin/dlm-lsp");
+  assert.equal(findExecutable("/nope/bin/dlm-lsp", "/usr/local/bin", isExe), null); // never searched on PATH
+  assert.equal(findExecutable("dlm-lsp", "/usr/bin::/usr/local/bin/", isExe), "/usr/local/bin/dlm-lsp");
+  assert.equal(findExecutable("dlm-lsp", "/usr/bin", isExe), null);
+  assert.equal(findExecutable("dlm-lsp", "C:\\Windows;C:\\venv\\Scripts", isExe, "win32"), "C:\\venv\\Scripts\\dlm-lsp.exe");
+  assert.match(serverNotFoundMessage("/nope/bin/dlm-lsp"), /dlm\.server\.path is "\/nope\/bin\/dlm-lsp", which is not an executable file/);
+  assert.match(serverNotFoundMessage("dlm-lsp"), /"dlm-lsp" \(dlm\.server\.path\) is not on the PATH/);
 });
 
 test("only command-line settings need a restart", () => {
@@ -98,6 +113,16 @@ test("dlm/stats counters: held back is the sum of the gate's reasons, shown in t
   assert.equal(summarizeStats(null), null);
   assert.equal(summarizeStats([1, 2]), null);
   assert.equal(summarizeStats({ shown: "3" })?.shown, 0); // a wrong type counts as nothing, not NaN
+});
+
+test("ghost text does not end in blank lines; one newline stays when the line goes on after it", () => {
+  assert.equal(trimTrailingBlankLines("typing\n\n\n\n", ""), "typing");
+  assert.equal(trimTrailingBlankLines("a\n    b\n    \n\t\n", "  "), "a\n    b");
+  assert.equal(trimTrailingBlankLines("x = 1\n\n\n", "y = 2"), "x = 1\n");
+  assert.equal(trimTrailingBlankLines("x = 1\r\n\r\n", "y"), "x = 1\r\n");
+  assert.equal(trimTrailingBlankLines("\n\n", ""), "");
+  assert.equal(trimTrailingBlankLines("keep  ", ""), "keep  "); // spaces on the last line are text
+  assert.equal(trimTrailingBlankLines("if x:\n    pass", ""), "if x:\n    pass");
 });
 
 const doc = ["def f(x):", "    return x+1", "", "print(f(2))"];
