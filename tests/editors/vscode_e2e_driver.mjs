@@ -445,8 +445,51 @@ async function run() {
       statsBefore = stats;
       await page.keyboard.press("Escape");
     });
+  await step("typing-through-ghost-text-and-esc", async (d) => {
+    await page.keyboard.press("Escape");
+    await page.keyboard.press("End");
+    await page.keyboard.press("Enter");
+    await page.keyboard.press("Enter");
+    const r = await typeUntilGhost(cfg.ghost.type, null, cfg.ghost.pauseMs ?? 6000);
+    d.typed = r.typed;
+    d.ghost = r.ghost;
+    check(r.ghost, `no ghost text appeared after typing ${JSON.stringify(r.typed)}`);
+    const first = r.ghost[0];
+    check(first !== "\n", `the ghost text starts with a line break: ${JSON.stringify(r.ghost)}`);
+    // Typing what the ghost text says keeps the rest of it on screen (VS Code, or the server's
+    // answer from its prefix cache), as in Copilot.
+    await page.keyboard.type(first);
+    d.rest = await until(
+      "the rest of the ghost text after typing its first character",
+      async () => {
+        const g = await ghostText();
+        return g && g === r.ghost.slice(1) ? g : null;
+      },
+      5000,
+    ).catch(async () => ({ shown: await ghostText() }));
+    check(d.rest === r.ghost.slice(1), `after typing ${JSON.stringify(first)} the ghost text is ${JSON.stringify(d.rest)}, expected ${JSON.stringify(r.ghost.slice(1))}`);
+    await shot("typed-through-one-character");
+    await page.keyboard.press("Escape");
+    await page.waitForTimeout(300);
+    d.afterEsc = await ghostText();
+    check(d.afterEsc === "", `Esc left ghost text on screen: ${JSON.stringify(d.afterEsc)}`);
+  });
   await partial("word-accept", "Control+ArrowRight", "word");
   await partial("line-accept", "Control+Alt+ArrowRight", "line");
+
+  await step("status-bar-click-turns-suggestions-off-and-on", async (d) => {
+    await page.click(STATUS);
+    d.off = await until("the status to say suggestions are off", async () => {
+      const s = await statusItem();
+      return s && /suggestions off/.test(s.label) ? s : null;
+    }, 10000);
+    await shot("suggestions-off");
+    await page.click(STATUS);
+    d.on = await until("the status to say suggestions are on again", async () => {
+      const s = await statusItem();
+      return s && /dlm: ready/.test(s.label) && !/suggestions off/.test(s.label) ? s : null;
+    }, 10000);
+  });
 
   await step("edit-prediction-shows-and-applies", async (d) => {
     await setSetting("dlm.editPredictions", true);
