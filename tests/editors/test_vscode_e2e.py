@@ -188,7 +188,6 @@ def base_settings(server: Path, server_log: Path) -> dict:
         "extensions.autoUpdate": False,
         "extensions.autoCheckUpdates": False,
         "extensions.ignoreRecommendations": True,
-        "chat.disableAIFeatures": True,
         "editor.inlineSuggest.enabled": True,
         "editor.quickSuggestions": {"other": False, "comments": False, "strings": False},
         "editor.suggestOnTriggerCharacters": False,

@@ -396,6 +396,7 @@ async function run() {
     const before = await editorLines();
     await page.keyboard.press("Tab");
     await page.waitForTimeout(500);
+    await shot("tab-accepted");
     const after = await editorLines();
     const diff = insertedText(before, after);
     d.diff = diff;
@@ -420,8 +421,10 @@ async function run() {
       d.ghost = r.ghost;
       check(r.ghost, `no ghost text appeared after typing ${JSON.stringify(r.typed)}`);
       const before = await editorLines();
+      await shot(`${name}-ghost`);
       await page.keyboard.press(key);
       await page.waitForTimeout(500);
+      await shot(`${name}-accepted`);
       const after = await editorLines();
       const diff = insertedText(before, after);
       d.diff = diff;
