@@ -11,6 +11,12 @@ embedded model. Screenshots of every step go to the artifact folder the test pri
 Needs Node 24, code-server, playwright-core (npm) and Chromium (Debian's `chromium`):
 `tests/editors/vscode_e2e_setup.sh` installs them into a cache outside the repository and
 runs this test. Without them the test skips and says what is missing.
+
+Environment: DLM_VSCODE_E2E_CACHE (where the setup script installed the tools),
+DLM_VSCODE_E2E_ARTIFACTS (the artifact folder; default: in the test's tmp dir), DLM_CHROMIUM,
+and to debug: DLM_VSCODE_E2E_STEPS=a,b (run only these steps), DLM_VSCODE_E2E_SERVER_LOG_LEVEL=DEBUG
+(the server's log), DLM_VSCODE_E2E_LOG_FETCH=1 (VS Code logs every inline-completion fetch into
+browser-console.log).
 """
 
 from __future__ import annotations
@@ -113,7 +119,9 @@ def free_port() -> int:
 
 def run(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, **kw)
-    assert r.returncode == 0, f"{' '.join(map(str, cmd))} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    assert r.returncode == 0, (
+        f"{' '.join(map(str, cmd))} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    )
     return r
 
 
@@ -123,7 +131,11 @@ def build_vsix(npm: Path, out: Path) -> Path:
         run([str(npm), "ci", "--no-audit", "--no-fund", "--prefer-offline"], 600, cwd=EXT)
     run([str(npm), "run", "compile"], 300, cwd=EXT)
     vsix = out / "dlm-lsp.vsix"
-    run([str(EXT / "node_modules" / ".bin" / "vsce"), "package", "--skip-license", "--out", str(vsix)], 300, cwd=EXT)
+    run(
+        [str(EXT / "node_modules" / ".bin" / "vsce"), "package", "--skip-license", "--out", str(vsix)],
+        300,
+        cwd=EXT,
+    )
     return vsix
 
 
@@ -167,10 +179,13 @@ def stop(proc: subprocess.Popen) -> None:
         pass
 
 
+SERVER_LOG_LEVEL = os.environ.get("DLM_VSCODE_E2E_SERVER_LOG_LEVEL", "INFO")
+
+
 def base_settings(server: Path, server_log: Path) -> dict:
     return {
         "dlm.server.path": str(server),
-        "dlm.server.args": ["--log-file", str(server_log)],
+        "dlm.server.args": ["--log-file", str(server_log), "--log-level", SERVER_LOG_LEVEL],
         "dlm.device": "cpu",
         # Until the repository memory makes a known suggestion (KNOWN_GHOST), show everything.
         "dlm.minConfidence": 0,
@@ -232,6 +247,9 @@ def test_vscode_extension_in_code_server_with_the_real_server(tmp_path):
 
     server_log = art / "dlm-lsp.log"
     settings = base_settings(server, server_log)
+    # VS Code logs each inline-completion fetch (into browser-console.log)
+    if os.environ.get("DLM_VSCODE_E2E_LOG_FETCH"):
+        settings["editor.inlineSuggest.logFetch"] = True
     settings_path = data / "User" / "settings.json"
     settings_path.write_text(json.dumps(settings, indent=2))
 
@@ -262,7 +280,7 @@ def test_vscode_extension_in_code_server_with_the_real_server(tmp_path):
             "editPrediction": {"lines": EDIT_PREDICTION_LINES, "waitMs": 15000},
             "wrongServerPath": str(tmp_path / "no-such-venv" / "bin" / "dlm-lsp"),
             # DLM_VSCODE_E2E_STEPS=a,b: run only these steps (after opening the workbench), to debug one
-            "onlySteps": os.environ.get("DLM_VSCODE_E2E_STEPS", "").split(",") if os.environ.get("DLM_VSCODE_E2E_STEPS") else None,
+            "onlySteps": [x for x in os.environ.get("DLM_VSCODE_E2E_STEPS", "").split(",") if x] or None,
         }
         cfg_path = tmp_path / "driver.json"
         cfg_path.write_text(json.dumps(cfg, indent=2))
@@ -286,6 +304,10 @@ def test_vscode_extension_in_code_server_with_the_real_server(tmp_path):
         for s in steps
     )
     print(summary)
+    for w in report.get("warnings", []):
+        print(f"  warning: {w}")
     print(f"done in {time.monotonic() - t0:.1f} s")
-    assert d.returncode in (0, 1), f"the driver crashed ({d.returncode}); artifacts: {art}\n{d.stdout[-3000:]}\n{d.stderr[-3000:]}"
+    assert d.returncode in (0, 1), (
+        f"the driver crashed ({d.returncode}); artifacts: {art}\n{d.stdout[-3000:]}\n{d.stderr[-3000:]}"
+    )
     assert steps and not failed, f"VS Code steps failed; artifacts: {art}\n{summary}"
