@@ -216,6 +216,63 @@ async function typeUntilGhost(words, expected, pauseMs) {
 }
 
 /**
+ * Rests the cursor on lines typed long ago (no recent-typing bar) until an edit prediction of
+ * `kind` shows, presses Tab, and checks that the document changed as shown and that the server
+ * counted the accept (`acceptedBefore`: its count before).
+ */
+async function showAndApplyEditPrediction(d, kind, acceptedBefore) {
+  await openFile(cfg.file);
+  const before = await editorLines();
+  let shown = null;
+  for (const line of cfg.editPrediction.lines) {
+    await page.keyboard.press("Escape");
+    await page.keyboard.press("Control+Home");
+    for (let i = 0; i < line; i++) await page.keyboard.press("ArrowDown");
+    await page.keyboard.press("End");
+    shown = await until(`an edit prediction (${kind})`, editPredictionOnScreen, cfg.editPrediction.waitMs ?? 15000).catch(() => null);
+    if (shown) break;
+  }
+  d.shown = shown;
+  check(shown, "no edit prediction was shown at any of the tried lines");
+  await page.waitForTimeout(500); // let it finish drawing, then read it again
+  shown = (await editPredictionOnScreen()) ?? shown;
+  d.shown = shown;
+  check(shown.kind === kind, `the edit prediction shows as ${shown.kind}, expected ${kind}`);
+  d.ghostToo = await ghostText();
+  await shot(`edit-prediction-shown-${kind}`);
+  // Tab applies; an inline edit away from the cursor may take two (the first jumps to it, as in Copilot).
+  let after = before;
+  for (let tab = 1; tab <= 2; tab++) {
+    await page.keyboard.press("Tab");
+    // Read before the next prediction can come (it is asked for 300 ms after the cursor moves).
+    await page.waitForTimeout(150);
+    d.shownAfterTab = await editPredictionOnScreen();
+    await page.waitForTimeout(650);
+    after = await editorLines();
+    d.tabs = tab;
+    if (after.join("\n") !== before.join("\n")) break;
+    await shot(`edit-prediction-after-tab-${tab}`);
+  }
+  d.diff = insertedText(before, after);
+  check(d.diff.inserted !== "" || d.diff.removed !== "", "Tab did not change the document");
+  const flat = (t) => t.replace(/\s+/g, " ").trim();
+  if (kind === "decoration") {
+    // One "→ new text" per edit (its first line, shortened): each must now be in the document.
+    const fragments = shown.text.split("\n").map((f) => flat(f.replace(/^→ /, "").replace(/ ⏎ … \(\+\d+ lines?\)$/, "").replace(/…$/, "")));
+    d.fragments = fragments;
+    for (const f of fragments) check(!f || flat(after.join("\n")).includes(f), `the decoration showed ${JSON.stringify(f)}, which Tab did not put in the document`);
+  } else {
+    // VS Code's inline edit shows the new text (long lines shortened): compare its start.
+    const insertedStart = flat(d.diff.inserted.split("\n").find((l) => l.trim()) ?? "").slice(0, 30);
+    check(!insertedStart || flat(shown.text).includes(insertedStart),
+      `Tab inserted ${JSON.stringify(d.diff.inserted)}, which the edit prediction on screen did not show (${JSON.stringify(shown.text)})`);
+  }
+  check(!d.shownAfterTab || d.shownAfterTab.text !== shown.text, "the edit prediction is still shown after it was applied");
+  d.stats = await serverStats();
+  check(d.stats.accepted >= acceptedBefore + 1, `the server counted no accept of the edit prediction: ${d.stats.text}`);
+}
+
+/**
  * The edit prediction on screen, or null: VS Code's inline edit (its gutter indicator shows the
  * Tab key) or our decorations (struck-out text, "→ new text" after the line). `text`: what it shows.
  */
@@ -265,7 +322,10 @@ async function setSetting(key, value) {
   await page.keyboard.type(key, { delay: 20 });
   const row = page.locator(`.settings-editor .setting-item-contents[data-key="${key}"]`);
   await row.waitFor({ state: "visible", timeout: 15000 });
-  if (typeof value === "boolean") {
+  const select = row.locator("select");
+  if (typeof value === "string" && (await select.count())) {
+    await select.selectOption(value); // an enum: VS Code's select box takes the change event
+  } else if (typeof value === "boolean") {
     const box = row.locator(".setting-value-checkbox");
     const checked = (await box.getAttribute("aria-checked")) === "true";
     if (checked !== value) await box.click();
@@ -511,42 +571,16 @@ async function run() {
     await setSetting("dlm.editPredictions", true);
     // The setting restarts the server (its initializationOptions changed).
     await serverRestarted(d);
-    await openFile(cfg.file);
-    const before = await editorLines();
-    // Put the cursor in text typed long ago (no recent-typing bar) and wait, as a user reading.
-    let shown = null;
-    for (const line of cfg.editPrediction.lines) {
-      await page.keyboard.press("Control+Home");
-      for (let i = 0; i < line; i++) await page.keyboard.press("ArrowDown");
-      await page.keyboard.press("End");
-      shown = await until("an edit prediction (inline edit or decoration)", editPredictionOnScreen, cfg.editPrediction.waitMs ?? 15000).catch(() => null);
-      if (shown) break;
-    }
-    d.shown = shown;
-    check(shown, "no edit prediction was shown at any of the tried lines");
-    await page.waitForTimeout(500); // let the widget finish drawing, then read it again
-    shown = (await editPredictionOnScreen()) ?? shown;
-    await shot("edit-prediction-shown");
-    // Tab applies; an inline edit away from the cursor takes two (the first jumps to it, as in Copilot).
-    let after = before;
-    for (let tab = 1; tab <= 2; tab++) {
-      await page.keyboard.press("Tab");
-      await page.waitForTimeout(800);
-      after = await editorLines();
-      d.tabs = tab;
-      if (after.join("\n") !== before.join("\n")) break;
-      await shot("edit-prediction-after-tab-" + tab);
-    }
-    d.diff = insertedText(before, after);
-    check(d.diff.inserted !== "" || d.diff.removed !== "", "Tab did not change the document");
-    const shownText = shown.text.replace(/\s+/g, " ");
-    const insertedText_ = d.diff.inserted.replace(/\s+/g, " ").trim();
-    check(!insertedText_ || shownText.includes(insertedText_),
-      `Tab inserted ${JSON.stringify(d.diff.inserted)}, which the edit prediction on screen did not show (${JSON.stringify(shown.text)})`);
-    check(!(await editPredictionOnScreen()), "the edit prediction is still shown after it was applied");
-    // The restart above reset the server's counters: this accept is the first.
-    d.stats = await serverStats();
-    check(d.stats.accepted >= 1, `the server counted no accept of the edit prediction: ${d.stats.text}`);
+    // The restart reset the server's counters.
+    await showAndApplyEditPrediction(d, "inlineEdit", 0);
+  });
+
+  await step("edit-prediction-as-decorations", async (d) => {
+    // Where VS Code does not allow the extension the proposed API (a stable VS Code started
+    // without --enable-proposed-api), edit predictions are decorations: the same from the Settings.
+    const before = await serverStats();
+    await setSetting("dlm.editPredictionDisplay", "decorations");
+    await showAndApplyEditPrediction(d, "decoration", before.accepted);
   });
 
   await step("restart-server", async (d) => {
