@@ -6,6 +6,7 @@
 // proposed API `inlineCompletionsAdditions`) where the running VS Code allows it,
 // and as decorations otherwise.
 // Everything that can be computed without an editor lives in logic.ts.
+import * as fs from "node:fs";
 import * as vscode from "vscode";
 import {
   LanguageClient,
@@ -17,6 +18,7 @@ import {
 import {
   type DlmSettings,
   type DlmStatus,
+  type StatsSummary,
   type EditPredictionDisplay,
   type EditPredictionView,
   type InlineEditData,
@@ -25,6 +27,8 @@ import {
   SettingsError,
   acceptedLength,
   buildServerCommand,
+  findExecutable,
+  serverNotFoundMessage,
   initializationOptions,
   chooseEditPredictionDisplay,
   inlineEditFor,
@@ -33,10 +37,16 @@ import {
   needsRestart,
   renderEditPrediction,
   statusBarData,
+  statsMessage,
+  summarizeStats,
+  trimTrailingBlankLines,
   validateEditPrediction,
 } from "./logic.js";
 
 const ACCEPT_COMMAND = "dlm.acceptCompletion";
+const STATS_REQUEST = "dlm/stats";
+/** How long after a suggestion, an accept or a dlm/status the counters are asked for again. */
+const STATS_REFRESH_MS = 300;
 
 // The server is not on PyPI (the name dlm-lsp there is another project): it is installed
 // from a clone of this repository into a virtualenv, whose bin/ is usually not on PATH.
@@ -110,6 +120,38 @@ function displayLocationKinds(): { Code: number; Label: number } | undefined {
   return k && typeof k.Code === "number" && typeof k.Label === "number" ? { Code: k.Code, Label: k.Label } : undefined;
 }
 
+function isExecutableFile(p: string): boolean {
+  try {
+    fs.accessSync(p, fs.constants.X_OK);
+    return fs.statSync(p).isFile();
+  } catch {
+    return false;
+  }
+}
+
+/** The items with their trailing blank lines removed (logic.trimTrailingBlankLines); items left empty are dropped. */
+function withoutTrailingBlankLines(
+  result: vscode.InlineCompletionItem[] | vscode.InlineCompletionList | null | undefined,
+  document: vscode.TextDocument,
+  position: vscode.Position,
+): vscode.InlineCompletionItem[] | vscode.InlineCompletionList | null | undefined {
+  if (!result) return result;
+  const items = Array.isArray(result) ? result : result.items;
+  const kept: vscode.InlineCompletionItem[] = [];
+  for (const item of items) {
+    if (typeof item.insertText === "string") {
+      const end = item.range?.end ?? position;
+      const rest = document.lineAt(end.line).text.slice(end.character);
+      item.insertText = trimTrailingBlankLines(item.insertText, rest);
+      if (!item.insertText) continue;
+    }
+    kept.push(item);
+  }
+  if (Array.isArray(result)) return kept;
+  result.items = kept;
+  return result;
+}
+
 /** The inline completion item VS Code is showing (as far as we know), for partial-accept notifications. */
 interface ShownItem {
   uri: string;
@@ -130,6 +172,9 @@ class DlmExtension implements vscode.Disposable {
   private client: LanguageClient | undefined;
   private settings: DlmSettings = readSettings();
   private status: DlmStatus | null = null;
+  /** The server's counters (dlm/stats) as last fetched: shown / held back / accepted. */
+  private counts: StatsSummary | null = null;
+  private statsTimer: NodeJS.Timeout | undefined;
   private shownItem: ShownItem | undefined;
   private prediction: ShownPrediction | undefined;
   private predictionTimer: NodeJS.Timeout | undefined;
@@ -167,6 +212,7 @@ class DlmExtension implements vscode.Disposable {
     cmd("dlm.toggle", () => this.toggle());
     cmd("dlm.restart", () => this.restart());
     cmd("dlm.showLog", () => this.log.show());
+    cmd("dlm.showStats", () => this.showStats());
     cmd("dlm.accept", () => vscode.commands.executeCommand("editor.action.inlineSuggest.commit"));
     cmd("dlm.acceptWord", () => this.partialAccept("editor.action.inlineSuggest.acceptNextWord"));
     cmd("dlm.acceptLine", () => this.partialAccept("editor.action.inlineSuggest.acceptNextLine"));
@@ -192,16 +238,32 @@ class DlmExtension implements vscode.Disposable {
 
   // -- server lifecycle ---------------------------------------------------
 
+  /** The server could not start: one error message with its hint, the status bar in red. */
+  private failed(msg: string): void {
+    this.log.error(msg);
+    this.status = { state: "failed", message: msg };
+    this.renderStatus();
+    const settings = "Open Settings";
+    const log = "Show Log";
+    void vscode.window.showErrorMessage(`dlm: ${msg}`, settings, log).then((pick) => {
+      if (pick === settings) void vscode.commands.executeCommand("workbench.action.openSettings", "dlm.server");
+      if (pick === log) this.log.show();
+    });
+  }
+
   async start(): Promise<void> {
     let cmd;
     try {
       cmd = buildServerCommand(this.settings);
     } catch (e) {
-      const msg = e instanceof SettingsError ? e.message : String(e);
-      this.log.error(msg);
-      this.status = { state: "failed", message: msg };
-      this.renderStatus();
-      void vscode.window.showErrorMessage(`dlm: ${msg}`);
+      this.failed(e instanceof SettingsError ? e.message : String(e));
+      return;
+    }
+    // Checked here rather than left to the client library, which would show its own second,
+    // hint-less error ("couldn't create connection to server") next to ours.
+    const found = findExecutable(cmd.command, process.env.PATH ?? "", isExecutableFile, process.platform, process.env.PATHEXT);
+    if (!found) {
+      this.failed(`${serverNotFoundMessage(cmd.command)}. ${INSTALL_HINT}`);
       return;
     }
     this.log.info(`starting: ${cmd.command} ${cmd.args.join(" ")}`);
@@ -219,13 +281,21 @@ class DlmExtension implements vscode.Disposable {
           let result: vscode.InlineCompletionItem[] | vscode.InlineCompletionList | null | undefined;
           let count: number | null = null;
           if (!(edit && ours)) {
-            result = await next(document, position, context, token);
+            result = withoutTrailingBlankLines(await next(document, position, context, token), document, position);
             count = (Array.isArray(result) ? result : (result?.items ?? [])).length;
           }
           const source = inlineResultSource({ editPending: !!edit, ourTrigger: ours, completionCount: count });
           if (source === "inlineEdit" && edit) return [this.inlineEditItem(edit, document)];
           this.noteShown(document, position, result);
+          this.refreshStatsSoon();
           return result;
+        },
+        // Accepting an item runs dlm.acceptCompletion on the server (the library's command
+        // when the server lists it): the accepted count changes, so the tooltip is refreshed.
+        executeCommand: async (command, args, next) => {
+          const r = await next(command, args);
+          this.refreshStatsSoon();
+          return r;
         },
       },
     };
@@ -234,6 +304,7 @@ class DlmExtension implements vscode.Disposable {
     client.onNotification("dlm/status", (st: DlmStatus) => {
       this.status = st;
       this.renderStatus();
+      if (st.state === "ready") this.refreshStatsSoon();
     });
     client.onDidChangeState((e) => {
       if (e.newState === State.Stopped) {
@@ -245,13 +316,7 @@ class DlmExtension implements vscode.Disposable {
     try {
       await client.start();
     } catch (e) {
-      const msg =
-        `could not start "${cmd.command}": ${e instanceof Error ? e.message : String(e)}. ` +
-        INSTALL_HINT;
-      this.log.error(msg);
-      this.status = { state: "failed", message: msg };
-      this.renderStatus();
-      void vscode.window.showErrorMessage(`dlm: ${msg}`);
+      this.failed(`could not start "${cmd.command}": ${e instanceof Error ? e.message : String(e)}. ${INSTALL_HINT}`);
       return;
     }
     // Accepting an inline item runs its command (dlm.acceptCompletion) in VS Code. The library
@@ -283,6 +348,7 @@ class DlmExtension implements vscode.Disposable {
     this.log.info("restarting the server");
     await this.stop();
     this.status = null;
+    this.counts = null;
     this.renderStatus();
     await this.start();
   }
@@ -311,7 +377,7 @@ class DlmExtension implements vscode.Disposable {
   }
 
   private renderStatus(): void {
-    const d = statusBarData(this.status, this.settings.enable);
+    const d = statusBarData(this.status, this.settings.enable, this.counts);
     this.statusItem.text = d.text;
     this.statusItem.tooltip = d.tooltip;
     this.statusItem.backgroundColor = d.error ? new vscode.ThemeColor("statusBarItem.errorBackground") : undefined;
@@ -319,6 +385,53 @@ class DlmExtension implements vscode.Disposable {
 
   private running(): LanguageClient | undefined {
     return this.client && this.client.state === State.Running ? this.client : undefined;
+  }
+
+  // -- counters: dlm/stats ---------------------------------------------------
+
+  /** The server's counters now; null (and a log line) when it cannot answer. */
+  private async fetchStats(): Promise<StatsSummary | null> {
+    const c = this.running();
+    if (!c) return null;
+    try {
+      const raw = await c.sendRequest(STATS_REQUEST, {});
+      const s = summarizeStats(raw);
+      if (!s) this.log.warn(`${STATS_REQUEST} answered ${JSON.stringify(raw)}; expected an object of counters`);
+      else this.log.debug(`${STATS_REQUEST}: ${JSON.stringify(raw)}`);
+      return s;
+    } catch (e) {
+      this.log.warn(`${STATS_REQUEST}: ${String(e)}`);
+      return null;
+    }
+  }
+
+  /** Refresh the tooltip's counters shortly (one request for a burst of events). */
+  private refreshStatsSoon(): void {
+    if (this.statsTimer) return;
+    this.statsTimer = setTimeout(async () => {
+      this.statsTimer = undefined;
+      const s = await this.fetchStats();
+      if (s) {
+        this.counts = s;
+        this.renderStatus();
+      }
+    }, STATS_REFRESH_MS);
+  }
+
+  private async showStats(): Promise<void> {
+    const s = await this.fetchStats();
+    if (!s) {
+      const why = this.status?.message ? ` (${this.status.message})` : "";
+      void vscode.window.showWarningMessage(
+        `dlm: the server is not running${why}; run \`dlm: Restart Server\`, and \`dlm: Show Log\` says why it stopped`,
+      );
+      return;
+    }
+    this.counts = s;
+    this.renderStatus();
+    const msg = statsMessage(s);
+    this.log.info(msg);
+    void vscode.window.showInformationMessage(msg);
   }
 
   // -- inline completions: shown / partially accepted ----------------------
@@ -357,10 +470,11 @@ class DlmExtension implements vscode.Disposable {
     if (!editor || !shown || editor.document.uri.toString() !== shown.uri) return;
     const n = acceptedLength(shown.startOffset, editor.document.offsetAt(editor.selection.active), shown.text);
     if (n > 0) {
-      void this.running()?.sendNotification("textDocument/didPartiallyAcceptCompletion", {
+      await this.running()?.sendNotification("textDocument/didPartiallyAcceptCompletion", {
         item: shown.lspItem,
         acceptedLength: n,
       });
+      this.refreshStatsSoon();
     }
   }
 
@@ -540,6 +654,7 @@ class DlmExtension implements vscode.Disposable {
 
   dispose(): void {
     if (this.predictionTimer) clearTimeout(this.predictionTimer);
+    if (this.statsTimer) clearTimeout(this.statsTimer);
     void this.stop();
     for (const d of this.disposables) d.dispose();
   }

@@ -106,6 +106,40 @@ export function buildServerCommand(s: DlmSettings): ServerCommand {
   return { command, args };
 }
 
+/**
+ * Where `command` (dlm.server.path) runs from: itself when it names a path, else the first match
+ * on `pathEnv` (with PATHEXT's extensions on Windows); null when there is no such executable.
+ * `isExecutable(p)` says whether p is an executable file.
+ */
+export function findExecutable(
+  command: string,
+  pathEnv: string,
+  isExecutable: (p: string) => boolean,
+  platform: string = "linux",
+  pathExt: string = ".COM;.EXE;.BAT;.CMD",
+): string | null {
+  const win = platform === "win32";
+  // Windows file names ignore case, the isExecutable check may not: try ".EXE" and ".exe".
+  const exts = win ? ["", ...pathExt.split(";").filter((e) => e).flatMap((e) => [e.toLowerCase(), e])] : [""];
+  const hasDir = command.includes("/") || (win && command.includes("\\"));
+  const dirs = hasDir ? [""] : pathEnv.split(win ? ";" : ":").filter((d) => d);
+  for (const dir of dirs) {
+    const base = dir ? `${dir.replace(/[\\/]+$/, "")}${win ? "\\" : "/"}${command}` : command;
+    for (const ext of exts) {
+      if (isExecutable(base + ext)) return base + ext;
+    }
+  }
+  return null;
+}
+
+/** What to tell the user when dlm.server.path names no executable (before starting anything). */
+export function serverNotFoundMessage(command: string): string {
+  const hasDir = command.includes("/") || command.includes("\\");
+  return hasDir
+    ? `cannot start the server: dlm.server.path is "${command}", which is not an executable file`
+    : `cannot start the server: "${command}" (dlm.server.path) is not on the PATH VS Code started with`;
+}
+
 /** Which settings changes need a server restart (the command line changed). */
 export function needsRestart(a: DlmSettings, b: DlmSettings): boolean {
   const x = buildServerCommandOrNull(a);
@@ -137,6 +171,63 @@ export interface DlmStatus {
   shown?: number;
 }
 
+/**
+ * The counters of a `dlm/stats` answer the extension shows (the server's lsp/stats.py; the
+ * gate's held-back suggestions are `gated_<reason>` counters, one per reason).
+ */
+export interface StatsSummary {
+  requests: number;
+  shown: number;
+  heldBack: number;
+  /** reason -> count, e.g. {low_confidence: 4, late: 1}; only reasons that held something back. */
+  heldBackBy: Record<string, number>;
+  accepted: number;
+  partiallyAccepted: number;
+  p50Ms: number | null;
+  p95Ms: number | null;
+}
+
+const GATED = "gated_";
+
+/** A `dlm/stats` answer -> the counters shown to the user; null when it is not an object. */
+export function summarizeStats(raw: unknown): StatsSummary | null {
+  if (!raw || typeof raw !== "object" || Array.isArray(raw)) return null;
+  const r = raw as Record<string, unknown>;
+  const n = (k: string) => (typeof r[k] === "number" && Number.isFinite(r[k]) ? (r[k] as number) : 0);
+  const ms = (k: string) => (typeof r[k] === "number" && Number.isFinite(r[k]) ? (r[k] as number) : null);
+  const heldBackBy: Record<string, number> = {};
+  for (const k of Object.keys(r).sort()) {
+    if (k.startsWith(GATED) && n(k) > 0) heldBackBy[k.slice(GATED.length)] = n(k);
+  }
+  return {
+    requests: n("requests"),
+    shown: n("shown"),
+    heldBack: Object.values(heldBackBy).reduce((a, b) => a + b, 0),
+    heldBackBy,
+    accepted: n("accepted"),
+    partiallyAccepted: n("partially_accepted"),
+    p50Ms: ms("p50_ms"),
+    p95Ms: ms("p95_ms"),
+  };
+}
+
+/** "shown 3, held back 5 (low confidence 4, late 1), accepted 1, partially accepted 2". */
+export function countsLine(s: StatsSummary): string {
+  const why = Object.entries(s.heldBackBy)
+    .map(([k, v]) => `${k.replace(/_/g, " ")} ${v}`)
+    .join(", ");
+  return (
+    `shown ${s.shown}, held back ${s.heldBack}${why ? ` (${why})` : ""}, accepted ${s.accepted}, ` +
+    `partially accepted ${s.partiallyAccepted}`
+  );
+}
+
+/** The `dlm: Show Statistics` message. */
+export function statsMessage(s: StatsSummary): string {
+  const lat = s.p50Ms === null ? "no model run yet" : `latency p50 ${fmtMs(s.p50Ms)}, p95 ${fmtMs(s.p95Ms)}`;
+  return `dlm statistics: requests ${s.requests}, ${countsLine(s)}; ${lat}`;
+}
+
 export interface StatusBarData {
   text: string;
   tooltip: string;
@@ -150,7 +241,11 @@ const STATE_ICON: Record<string, string> = {
   disconnected: "$(debug-disconnect)",
 };
 
-export function statusBarData(st: DlmStatus | null, enabled: boolean): StatusBarData {
+/**
+ * The status bar item: state and p50 latency in the text; in the tooltip the model, device,
+ * latency and what the gate did with the suggestions (`counts`, from dlm/stats, when known).
+ */
+export function statusBarData(st: DlmStatus | null, enabled: boolean, counts: StatsSummary | null = null): StatusBarData {
   if (!st) {
     return { text: "$(loading~spin) dlm", tooltip: "dlm: starting the server", error: false };
   }
@@ -163,9 +258,11 @@ export function statusBarData(st: DlmStatus | null, enabled: boolean): StatusBar
     st.model ? `model: ${st.model}` : "",
     st.device ? `device: ${st.device}` : "",
     typeof st.p50_ms === "number" ? `latency p50 ${fmtMs(st.p50_ms)}, p95 ${fmtMs(st.p95_ms)}` : "",
-    st.requests !== undefined
-      ? `requests ${st.requests}, shown ${st.shown ?? 0}, accepted ${st.accepted ?? 0}`
-      : "",
+    counts
+      ? countsLine(counts)
+      : st.requests !== undefined
+        ? `requests ${st.requests}, shown ${st.shown ?? 0}, held back -, accepted ${st.accepted ?? 0}`
+        : "",
     st.message ?? "",
     "click: toggle suggestions",
   ];
@@ -292,6 +389,18 @@ export function renderEditPrediction(p: EditPrediction, lineText: (line: number)
  */
 export function acceptedLength(itemStartOffset: number, cursorOffset: number, itemText: string): number {
   return Math.max(0, Math.min(itemText.length, cursorOffset - itemStartOffset));
+}
+
+/**
+ * An inline completion's text without the blank lines it ends with: ghost text never ends in
+ * empty lines (VS Code draws them as nothing, and Tab would insert them). When the line goes on
+ * after the inserted text (`restOfLine`, the text after the item's range on its last line, is
+ * not blank), one final newline is kept: the insertion then ends a line of its own.
+ */
+export function trimTrailingBlankLines(text: string, restOfLine: string): string {
+  const trimmed = text.replace(/(\r?\n[ \t]*)+$/, "");
+  if (trimmed === text || !restOfLine.trim()) return trimmed;
+  return trimmed + (text.slice(trimmed.length).startsWith("\r\n") ? "\r\n" : "\n");
 }
 
 /** The item id the server put in InlineCompletionItem.command.arguments[0] (dlm.acceptCompletion). */

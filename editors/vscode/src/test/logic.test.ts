@@ -8,6 +8,8 @@ import {
   MAX_INLINE_EDIT_LINES,
   acceptedLength,
   buildServerCommand,
+  findExecutable,
+  serverNotFoundMessage,
   initializationOptions,
   chooseEditPredictionDisplay,
   inlineEditFor,
@@ -16,6 +18,9 @@ import {
   needsRestart,
   renderEditPrediction,
   statusBarData,
+  statsMessage,
+  summarizeStats,
+  trimTrailingBlankLines,
   validateEditPrediction,
   versionAtLeast,
   type DlmSettings,
@@ -54,6 +59,18 @@ test("bad settings give a SettingsError that names the setting", () => {
   assert.throws(() => buildServerCommand(s({ device: "tpu" as DlmSettings["device"] })), /dlm\.device/);
 });
 
+test("dlm.server.path: a path is checked as given, a name is looked up on PATH", () => {
+  const exe = new Set(["/venv/bin/dlm-lsp", "/usr/local/bin/dlm-lsp", "C:\\venv\\Scripts\\dlm-lsp.exe"]);
+  const isExe = (p: string) => exe.has(p);
+  assert.equal(findExecutable("/venv/bin/dlm-lsp", "/usr/bin", isExe), "/venv/bin/dlm-lsp");
+  assert.equal(findExecutable("/nope/bin/dlm-lsp", "/usr/local/bin", isExe), null); // never searched on PATH
+  assert.equal(findExecutable("dlm-lsp", "/usr/bin::/usr/local/bin/", isExe), "/usr/local/bin/dlm-lsp");
+  assert.equal(findExecutable("dlm-lsp", "/usr/bin", isExe), null);
+  assert.equal(findExecutable("dlm-lsp", "C:\\Windows;C:\\venv\\Scripts", isExe, "win32"), "C:\\venv\\Scripts\\dlm-lsp.exe");
+  assert.match(serverNotFoundMessage("/nope/bin/dlm-lsp"), /dlm\.server\.path is "\/nope\/bin\/dlm-lsp", which is not an executable file/);
+  assert.match(serverNotFoundMessage("dlm-lsp"), /"dlm-lsp" \(dlm\.server\.path\) is not on the PATH/);
+});
+
 test("only command-line settings need a restart", () => {
   assert.equal(needsRestart(DEFAULT_SETTINGS, s({ enable: false, editPredictionDelayMs: 10 })), false);
   assert.equal(needsRestart(DEFAULT_SETTINGS, s({ model: "/m" })), true);
@@ -64,7 +81,7 @@ test("status bar shows p50 when ready and the state otherwise", () => {
   const ready = statusBarData({ state: "ready", device: "cuda", model: "dlm-small", p50_ms: 41.6, p95_ms: 90, requests: 10, shown: 4, accepted: 2 }, true);
   assert.equal(ready.text, "$(sparkle) dlm 42 ms");
   assert.match(ready.tooltip, /p50 42 ms, p95 90 ms/);
-  assert.match(ready.tooltip, /requests 10, shown 4, accepted 2/);
+  assert.match(ready.tooltip, /requests 10, shown 4, held back -, accepted 2/);
   assert.equal(ready.error, false);
   const failed = statusBarData({ state: "failed", message: "no checkpoint at /x; pass --model" }, true);
   assert.equal(failed.text, "$(error) dlm failed");
@@ -72,6 +89,40 @@ test("status bar shows p50 when ready and the state otherwise", () => {
   assert.equal(failed.error, true);
   assert.equal(statusBarData({ state: "ready", p50_ms: null }, false).text, "$(circle-slash) dlm");
   assert.match(statusBarData(null, true).tooltip, /starting/);
+});
+
+test("dlm/stats counters: held back is the sum of the gate's reasons, shown in the tooltip and the stats message", () => {
+  const raw = {
+    requests: 12, shown: 3, accepted: 1, partially_accepted: 2, gated_low_confidence: 4, gated_late: 1,
+    gated_rewrites_recent: 0, p50_ms: 151.4, p95_ms: 230, stages_p50_ms: { denoise_ms: 140 },
+  };
+  const c = summarizeStats(raw);
+  assert.ok(c);
+  assert.equal(c.heldBack, 5);
+  assert.deepEqual(c.heldBackBy, { late: 1, low_confidence: 4 });
+  const bar = statusBarData({ state: "ready", p50_ms: 151.4, requests: 12, shown: 3, accepted: 1 }, true, c);
+  assert.match(bar.tooltip, /shown 3, held back 5 \(late 1, low confidence 4\), accepted 1, partially accepted 2/);
+  assert.equal(
+    statsMessage(c),
+    "dlm statistics: requests 12, shown 3, held back 5 (late 1, low confidence 4), accepted 1, partially accepted 2; " +
+      "latency p50 151 ms, p95 230 ms",
+  );
+  const none = summarizeStats({});
+  assert.ok(none);
+  assert.equal(statsMessage(none), "dlm statistics: requests 0, shown 0, held back 0, accepted 0, partially accepted 0; no model run yet");
+  assert.equal(summarizeStats(null), null);
+  assert.equal(summarizeStats([1, 2]), null);
+  assert.equal(summarizeStats({ shown: "3" })?.shown, 0); // a wrong type counts as nothing, not NaN
+});
+
+test("ghost text does not end in blank lines; one newline stays when the line goes on after it", () => {
+  assert.equal(trimTrailingBlankLines("typing\n\n\n\n", ""), "typing");
+  assert.equal(trimTrailingBlankLines("a\n    b\n    \n\t\n", "  "), "a\n    b");
+  assert.equal(trimTrailingBlankLines("x = 1\n\n\n", "y = 2"), "x = 1\n");
+  assert.equal(trimTrailingBlankLines("x = 1\r\n\r\n", "y"), "x = 1\r\n");
+  assert.equal(trimTrailingBlankLines("\n\n", ""), "");
+  assert.equal(trimTrailingBlankLines("keep  ", ""), "keep  "); // spaces on the last line are text
+  assert.equal(trimTrailingBlankLines("if x:\n    pass", ""), "if x:\n    pass");
 });
 
 const doc = ["def f(x):", "    return x+1", "", "print(f(2))"];
