@@ -106,7 +106,7 @@ def fit_calibration(recs: list[dict], w: float) -> tuple[float, float]:
     for _ in range(50):
         ga = gb = haa = hab = hbb = 0.0
         for x, y in zip(xs, ys):
-            q = 1 / (1 + math.exp(-(b + a * x)))
+            q = 1 / (1 + math.exp(-max(-30.0, min(30.0, b + a * x))))
             ga += (q - y) * x
             gb += q - y
             s = q * (1 - q)
@@ -114,8 +114,8 @@ def fit_calibration(recs: list[dict], w: float) -> tuple[float, float]:
             hab += s * x
             hbb += s
         det = haa * hbb - hab * hab + 1e-9
-        a -= (hbb * ga - hab * gb) / det
-        b -= (haa * gb - hab * ga) / det
+        a -= max(-1.0, min(1.0, (hbb * ga - hab * gb) / det))  # damped Newton steps: no overshoot
+        b -= max(-1.0, min(1.0, (haa * gb - hab * ga) / det))
     return a, b
 
 
@@ -151,23 +151,31 @@ def report(recs: list[dict], seed: int = 0) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dlm.coder_model.evaluation.memory_mix", description=__doc__)
-    ap.add_argument("--repo", action="append", required=True, help="a development repository (repeatable)")
+    ap.add_argument("--repo", action="append", default=[], help="a development repository (repeatable)")
     ap.add_argument("--cases", type=int, default=300, help="held-out lines per repository")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="memory_mix.json")
+    ap.add_argument("--records", help="report from the records of an earlier run (no model, no index)")
     args = ap.parse_args(argv)
+    recs: list[dict] = []
+    if args.records:
+        with open(args.records) as fh:
+            recs = json.load(fh)["records"]
+        args.repo = sorted({r["repo"] for r in recs})
     from dlm.coder_model.engine import load_engine
 
-    engine = load_engine(None, "cpu")
-    recs: list[dict] = []
+    engine = load_engine(None, "cpu") if not recs else None
     t0 = time.perf_counter()
     try:
-        for repo in args.repo:
+        for repo in args.repo if engine is not None else []:
             got = collect(repo, args.cases, args.seed, engine)
             print(f"{repo}: {len(got)} cases ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
             recs += got
     finally:
-        engine.close()
+        if engine is not None:
+            engine.close()
+    with open(args.out, "w") as fh:  # the records first: the report is cheap to redo from them
+        json.dump({"records": recs}, fh)
     out = {"all": report(recs, args.seed)}
     for repo in args.repo:
         out[repo] = report([r for r in recs if r["repo"] == repo], args.seed)
