@@ -2,11 +2,13 @@
 
 Writers (`update_file`, `remove_file`) and readers (`complete`, `retrieve`)
 may run on different threads. Counts of the workspace live in a few sorted
-tables (an LSM: changes go to a small dict table, which is sealed into a
-sorted table at SEAL_TOKENS; tables of one size tier merge when TIER of
-them exist), so a file saved in the editor costs milliseconds and a bulk
-index of a 200k-line repository a few rebuilds at most. Merges build
-outside the lock that readers take: a suggestion never waits for one.
+tables (an LSM: changed files wait in a list, counted into a small dict
+table by the next query, and are sealed into a sorted table at SEAL_TOKENS;
+TIER tables of one size tier merge into one), so a file saved in the editor
+costs milliseconds and a bulk index of a 200k-line repository a few
+rebuilds at most. Seals and merges build outside the lock that readers
+take: a suggestion never waits for one (update_file does, in its thread:
+call it from a background thread).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ TIER = 4  # sorted tables of one size tier merged into one
 # xarray and astropy (200 cases each): 4k to 200k characters give the same exact match within a
 # point; the cost of the first query on a line grows with it.
 CURRENT_FILE_CHARS = 32_000
-OPEN_BUFFER_CHARS = 400_000  # of each open buffer
+OPEN_BUFFER_CHARS = 64_000  # of each open buffer (its table is built on the query path, once per version)
 OPEN_BUFFERS = 16  # open-buffer tables cached
 TYPED_WORD = -2  # token id of a half-typed word the vocabulary does not know
 MEMO_ENTRIES = 50_000  # next-token answers cached across keystrokes
