@@ -168,7 +168,10 @@ class RepoMemory:
         """Index `text` as the content of `path` (replacing what was there); its token count.
 
         Refuses (returns 0, and the path is no longer indexed) when the
-        index would pass max_tokens.
+        index would pass max_tokens; an empty file is indexed with 0 tokens
+        (`files` tells them apart). Call it from a background thread: now
+        and then it seals or merges tables (seconds on a large index),
+        while complete() keeps answering from the tables it has.
         """
         toks = lex(text)
         lines = _LINE_BREAK.split(text)
