@@ -154,6 +154,16 @@ def test_corrupt_truncated_or_foreign_files_raise_value_error():
             RepoMemory.load(io.BytesIO(blob))
 
 
+def test_an_index_hashed_by_another_interpreter_is_refused(monkeypatch):
+    from dlm.coder_model.memory import ngram
+
+    buf = io.BytesIO()
+    build(REPO).save(buf)
+    monkeypatch.setattr(ngram, "HASH_FINGERPRINT", ngram.HASH_FINGERPRINT + 1)
+    with pytest.raises(ValueError, match="hashes contexts differently"):
+        RepoMemory.load(io.BytesIO(buf.getvalue()))
+
+
 def test_retrieve_finds_the_similar_window_and_is_stable_on_one_line():
     files = {
         "geo.py": "def area(width, height):\n    return width * height\n",
