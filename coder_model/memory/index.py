@@ -2,11 +2,13 @@
 
 Writers (`update_file`, `remove_file`) and readers (`complete`, `retrieve`)
 may run on different threads. Counts of the workspace live in a few sorted
-tables (an LSM: changes go to a small dict table, which is sealed into a
-sorted table at SEAL_TOKENS; tables of one size tier merge when TIER of
-them exist), so a file saved in the editor costs milliseconds and a bulk
-index of a 200k-line repository a few rebuilds at most. Merges build
-outside the lock that readers take: a suggestion never waits for one.
+tables (an LSM: changed files wait in a list, counted into a small dict
+table by the next query, and are sealed into a sorted table at SEAL_TOKENS;
+TIER tables of one size tier merge into one), so a file saved in the editor
+costs milliseconds and a bulk index of a 200k-line repository a few
+rebuilds at most. Seals and merges build outside the lock that readers
+take: a suggestion never waits for one (update_file does, in its thread:
+call it from a background thread).
 """
 
 from __future__ import annotations
@@ -40,12 +42,14 @@ DEFAULT_ORDER = 6
 SEAL_TOKENS = 40_000  # pending tokens sealed once a query has counted some of them
 SEAL_TOKENS_BULK = 250_000  # pending tokens sealed when no query has counted them
 TIER = 4  # sorted tables of one size tier merged into one
+QUERY_COUNT_TOKENS = 10_000  # pending tokens one query counts, at most (a few ms of work)
 # Of the current document above the cursor's line (below: half), for the file level. Measured on
 # xarray and astropy (200 cases each): 4k to 200k characters give the same exact match within a
 # point; the cost of the first query on a line grows with it.
 CURRENT_FILE_CHARS = 32_000
-OPEN_BUFFER_CHARS = 400_000  # of each open buffer
+OPEN_BUFFER_CHARS = 64_000  # of each open buffer (its table is built on the query path, once per version)
 OPEN_BUFFERS = 16  # open-buffer tables cached
+TAIL_CHARS = 4096  # of `before` lexed for the context, at most
 TYPED_WORD = -2  # token id of a half-typed word the vocabulary does not know
 MEMO_ENTRIES = 50_000  # next-token answers cached across keystrokes
 _LINE_BREAK = re.compile(r"\r\n|\n|\r")  # the lexer's line breaks
@@ -164,7 +168,10 @@ class RepoMemory:
         """Index `text` as the content of `path` (replacing what was there); its token count.
 
         Refuses (returns 0, and the path is no longer indexed) when the
-        index would pass max_tokens.
+        index would pass max_tokens; an empty file is indexed with 0 tokens
+        (`files` tells them apart). Call it from a background thread: now
+        and then it seals or merges tables (seconds on a large index),
+        while complete() keeps answering from the tables it has.
         """
         toks = lex(text)
         lines = _LINE_BREAK.split(text)
@@ -375,10 +382,17 @@ class RepoMemory:
                 levels.append(Level(self.weights.open_buffers, tables))
         ws: list = [(+1, s.table) for s in self._segments]
         if self._delta_parts:
+            # changes not counted yet are counted now, QUERY_COUNT_TOKENS a query at most (and at
+            # least one file): a query never counts a bulk index's 250k pending tokens at once
+            counted = 0
             for _, toks, sign in self._delta_parts[self._counted :]:
+                if counted and counted + len(toks) > QUERY_COUNT_TOKENS:
+                    break
                 self._delta.add(toks, sign)
-            self._counted = len(self._delta_parts)
-            ws.append((+1, self._delta))
+                counted += len(toks)
+                self._counted += 1
+            if self._counted:
+                ws.append((+1, self._delta))
         if exclude_path is not None and exclude_path in self._files:
             ws.append((-1, self._excluded_table(exclude_path)))
         levels.append(Level(1.0, ws))
@@ -515,6 +529,9 @@ def _tail_tokens(before: str, order: int) -> list[str]:
     """Tokens of the end of `before`: enough whole lines for the context and the typed word."""
     start = line_start(before)
     while True:
+        if len(before) - start > TAIL_CHARS:
+            # a very long line (minified code): its end only; the cut may split one token
+            return lex(before[-TAIL_CHARS:])
         tokens = lex(before[start:])
         if start == 0 or (len(tokens) > order and len(before) - start >= 200):
             return tokens

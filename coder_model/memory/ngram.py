@@ -316,8 +316,7 @@ def next_tokens(
         found = False
         for level in levels:
             w = level.weight
-            merged: dict[int, int] = {}
-            unseen = 0  # successors past the lists read: they count as distinct types
+            got: list[tuple[int, Stats]] = []
             for sign, table in level.tables:
                 if id(table) in missing:
                     continue
@@ -327,6 +326,24 @@ def next_tokens(
                     continue
                 found = True
                 total += sign * w * st.total
+                got.append((sign, st))
+            if not got:
+                continue
+            if len(got) == 1 and got[0][0] > 0:
+                # one table answered (the common case): its successors as they are
+                st = got[0][1]
+                positive = 0
+                for t, c in st.top:
+                    if c > 0:
+                        positive += 1
+                        if accept is None or accept(t):
+                            counts[t] = counts.get(t, 0.0) + w * c
+                            raw[t] = raw.get(t, 0) + c
+                types += w * max(0, positive + st.types - len(st.top))
+                continue
+            merged: dict[int, int] = {}
+            unseen = 0  # successors past the lists read: they count as distinct types
+            for sign, st in got:
                 unseen += sign * (st.types - len(st.top))
                 for t, c in st.top:
                     merged[t] = merged.get(t, 0) + sign * c
@@ -361,18 +378,23 @@ def next_tokens(
         candidates.append(typed)
     base = 1.0 / UNIFORM_VOCAB
     beta = smoothing.wb
+    # p_k = (c_k + beta T_k p_{k-1}) / (C_k + beta T_k), as (c_k * inv + back * p_{k-1}) per order
+    steps = []
+    for total, types, counts, _ in per_order:
+        inv = 1.0 / (total + beta * types)
+        steps.append((counts.get, inv, beta * types * inv))
+    raws = [raw.get for _, _, _, raw in reversed(per_order)]
     out = []
     for t in candidates:
         p = base
+        for get, inv, back in steps:
+            p = get(t, 0.0) * inv + back * p
         support = 0
-        for total, types, counts, raw in per_order:
-            c = counts.get(t, 0.0)
-            if c < 0:
-                c = 0.0
-            p = (c + beta * types * p) / (total + beta * types)
-            r = raw.get(t, 0)
-            if r > 0:
+        for get in raws:  # the count at the longest context that saw it
+            r = get(t)
+            if r:
                 support = r
+                break
         out.append((t, p, support))
     if accept is not None and out:
         z = sum(p for _, p, _ in out)

@@ -119,8 +119,11 @@ def save(memory: RepoMemory, fh: typing.BinaryIO) -> None:
     segments = memory._segments
     table = segments[0].table if segments else SortedTable(memory.order)
     paths = list(memory._files)
+    from dlm.coder_model.memory import ngram
+
     w.json(
         {
+            "hash_fingerprint": ngram.HASH_FINGERPRINT,
             "order": memory.order,
             "max_tokens": memory.max_tokens,
             "tokens": memory._tokens,
@@ -177,6 +180,13 @@ def load(cls: type[RepoMemory], fh: typing.BinaryIO) -> RepoMemory:
         raise ValueError("repository memory file is corrupt (checksum mismatch): rebuild the index")
     r = _Reader(memoryview(payload))
     meta = r.json("header")
+    from dlm.coder_model.memory import ngram
+
+    if not isinstance(meta, dict) or meta.get("hash_fingerprint") != ngram.HASH_FINGERPRINT:
+        raise ValueError(
+            "repository memory file was built by a Python that hashes contexts differently "
+            "(or has no fingerprint): rebuild the index"
+        )
     try:
         order = int(meta["order"])
         memory = cls(max_tokens=int(meta["max_tokens"]), order=order)

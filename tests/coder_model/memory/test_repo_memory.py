@@ -154,6 +154,16 @@ def test_corrupt_truncated_or_foreign_files_raise_value_error():
             RepoMemory.load(io.BytesIO(blob))
 
 
+def test_an_index_hashed_by_another_interpreter_is_refused(monkeypatch):
+    from dlm.coder_model.memory import ngram
+
+    buf = io.BytesIO()
+    build(REPO).save(buf)
+    monkeypatch.setattr(ngram, "HASH_FINGERPRINT", ngram.HASH_FINGERPRINT + 1)
+    with pytest.raises(ValueError, match="hashes contexts differently"):
+        RepoMemory.load(io.BytesIO(buf.getvalue()))
+
+
 def test_retrieve_finds_the_similar_window_and_is_stable_on_one_line():
     files = {
         "geo.py": "def area(width, height):\n    return width * height\n",
@@ -211,3 +221,31 @@ def test_queries_while_another_thread_indexes(monkeypatch):
     fresh.compact()
     assert (fresh.files, fresh.tokens) == (memory.files, memory.tokens)
     assert answers(fresh) == answers(memory)
+
+
+def test_pending_files_are_counted_a_few_per_query(monkeypatch):
+    monkeypatch.setattr(memory_index, "QUERY_COUNT_TOKENS", 5)
+    monkeypatch.setattr(memory_index, "SEAL_TOKENS", 10**9)
+    monkeypatch.setattr(memory_index, "SEAL_TOKENS_BULK", 10**9)
+    memory = RepoMemory()
+    for name in "abc":
+        memory.update_file(f"{name}.py", f"value_{name} = compute_{name}(x)\n")
+
+    def first(name: str) -> str | None:
+        got = memory.complete(f"value_{name} = ", "\n", path="z.py")
+        return got[0].text if got else None
+
+    # each query counts one more pending file (the budget is under one file)
+    assert first("a") == "compute_a(x)"  # counts a.py
+    assert first("c") != "compute_c(x)"  # counts b.py only
+    assert first("c") == "compute_c(x)"  # counts c.py
+    memory.update_file("d.py", "value_d = compute_d(x)\n")
+    memory.compact()
+    assert first("d") == "compute_d(x)" and first("a") == "compute_a(x)"
+
+
+def test_a_huge_line_is_read_from_its_end_only():
+    memory = build(REPO)
+    before = "x = [" + "1, " * 100_000 + "\nprint("
+    assert memory.complete(before, "\n", path="big.py")[0].text == "add(1, 2))"
+    assert isinstance(memory.complete("y = " + "a" * 50_000, "\n", path="big2.py"), list)
