@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 import torch
-from dlm.coder_model.types import MemoryProposal
+from dlm.coder_model.types import MemoryProposal, SamplerParams
 
 __all__ = ["Mix", "Verdict", "choose", "score_proposals"]
 
@@ -34,11 +34,11 @@ class Mix:  # built from SamplerParams (Mix.of): the one knob set that travels w
     "Repository memory through the server").
     """
 
-    memory_weight: float = 1.0
-    model_weight: float = 0.0
-    bias: float = 0.0
-    veto: float = 0.0
-    passes: int = 2
+    memory_weight: float = SamplerParams.memory_weight
+    model_weight: float = SamplerParams.model_weight
+    bias: float = SamplerParams.memory_bias
+    veto: float = SamplerParams.veto
+    passes: int = SamplerParams.verify_passes
 
     @classmethod
     def of(cls, params) -> Mix:

@@ -42,8 +42,11 @@ def test_without_the_model_the_memory_order_decides():
     assert choose(proposals, [None, None], Mix(passes=0))[0] == 1
     i, conf = choose(proposals, [0.9, 0.01], Mix(model_weight=1.0))
     assert i == 0 and conf == pytest.approx(Mix(model_weight=1.0).combine(0.2, 0.9))
-    assert Mix().combine(0.3, None) == pytest.approx(0.3)  # weights (1, 0, 0): the memory's own probability
-    assert math.isclose(Mix(bias=0.0).combine(0.5, 1.0), 0.5)
+    assert choose(proposals, [0.9, 0.01], Mix(model_weight=0.0))[0] == 1  # the memory alone prefers b
+    plain = Mix(memory_weight=1.0, model_weight=0.0, bias=0.0)
+    assert plain.combine(0.3, None) == pytest.approx(0.3)  # weights (1, 0, 0): the memory's own probability
+    assert math.isclose(Mix(bias=0.0, model_weight=1.0).combine(0.5, 1.0), 0.5)
+    assert Mix().combine(0.5, 0.9) > Mix().combine(0.5, 0.1)  # the default mix trusts a proposal the model likes
 
 
 def test_a_proposal_longer_than_the_block_is_not_scored(engine):
