@@ -169,6 +169,22 @@ export interface DlmStatus {
   requests?: number;
   accepted?: number;
   shown?: number;
+  offered?: number; // suggestions the server handed to the editor
+  held_back?: number; // answers it kept back, by reason in held_back_by
+  held_back_by?: Record<string, number>;
+}
+
+/** The most frequent reason the server held answers back ("low confidence"), or "" when none. */
+export function heldBackReason(st: DlmStatus): string {
+  let best = "";
+  let most = 0;
+  for (const [k, v] of Object.entries(st.held_back_by ?? {})) {
+    if (v > most) {
+      best = k;
+      most = v;
+    }
+  }
+  return best;
 }
 
 /**
@@ -252,6 +268,11 @@ export function statusBarData(st: DlmStatus | null, enabled: boolean, counts: St
   const icon = enabled ? (STATE_ICON[st.state] ?? "$(question)") : "$(circle-slash)";
   let text = `${icon} dlm`;
   if (st.state === "ready" && typeof st.p50_ms === "number") text += ` ${Math.round(st.p50_ms)} ms`;
+  if (st.state === "ready" && typeof st.offered === "number") {
+    // what the server offered and what it held back, and why: "ready" alone hid that it showed nothing
+    text += ` · offered ${st.offered}`;
+    if (st.held_back) text += `, held back ${st.held_back} (${heldBackReason(st)})`;
+  }
   if (st.state !== "ready") text += ` ${st.state}`;
   const lines = [
     `dlm: ${st.state}${enabled ? "" : " (suggestions off)"}`,

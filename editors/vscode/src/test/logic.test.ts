@@ -91,6 +91,12 @@ test("status bar shows p50 when ready and the state otherwise", () => {
   assert.match(statusBarData(null, true).tooltip, /starting/);
 });
 
+test("status bar says what the server offered and held back, and why", () => {
+  const st = { state: "ready" as const, p50_ms: 120, offered: 0, held_back: 12, held_back_by: { "low confidence": 9, late: 3 } };
+  assert.equal(statusBarData(st, true).text, "$(sparkle) dlm 120 ms · offered 0, held back 12 (low confidence)");
+  assert.equal(statusBarData({ ...st, offered: 4, held_back: 0, held_back_by: {} }, true).text, "$(sparkle) dlm 120 ms · offered 4");
+});
+
 test("dlm/stats counters: held back is the sum of the gate's reasons, shown in the tooltip and the stats message", () => {
   const raw = {
     requests: 12, shown: 3, accepted: 1, partially_accepted: 2, gated_low_confidence: 4, gated_late: 1,
