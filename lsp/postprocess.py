@@ -8,7 +8,8 @@ edit predictions (`dlm/editPrediction`). Filters on the inline text:
 - single line when the cursor is mid-line (text after it on the line);
 - drop text that only repeats what follows the cursor (the suffix / next lines),
   and trailing characters that the rest of the line already has (`)` typed twice);
-- keep brackets balanced: cut the insertion before a closer that has no opener.
+- keep brackets balanced: cut the insertion before a closer that nothing before the cursor
+  opens (a call opened a few lines up may be closed on a line of its own).
 Before any of that, a degenerate answer (a unit or line repeated in a row, a run of
 blank lines: `coder_model.degenerate`) is held back whole, with its reason in
 `Suggestion.held_back` (the server counts it as `held_back_degenerate`).
@@ -95,9 +96,15 @@ def _unmatched_closer(text: str, start: int) -> int:
     return -1
 
 
-def filter_insertion(text: str, line_before: str, rest_of_line: str, following: str) -> str:
+# Text before the cursor whose open brackets an insertion may close: a call opened a few lines up
+# is closed by `)` on a line of its own (the commonest short completion in real code).
+BRACKET_CONTEXT_CHARS = 2000
+
+
+def filter_insertion(text: str, line_before: str, rest_of_line: str, following: str, opened: str = "") -> str:
     """Apply the inline filters to an insertion `text` at the cursor. `following` is the
-    text after the cursor line (region rest + suffix)."""
+    text after the cursor line (region rest + suffix); `opened` the text before the cursor
+    (its brackets may be closed by the insertion; default: the cursor line's)."""
     if not text:
         return ""
     if rest_of_line.strip():  # mid-line: one line only
@@ -127,10 +134,11 @@ def filter_insertion(text: str, line_before: str, rest_of_line: str, following: 
         return ""
     if (rest_of_line + following).lstrip().startswith(stripped):
         return ""  # the model only retyped what is already there
-    # Brackets: cut before a closer the line does not open.
-    cut = _unmatched_closer(line_before + text, len(line_before))
+    # Brackets: cut before a closer that nothing before the cursor opens.
+    opened = opened or line_before
+    cut = _unmatched_closer(opened + text, len(opened))
     if cut >= 0:
-        text = text[: cut - len(line_before)]
+        text = text[: cut - len(opened)]
     return text if text.strip() else ""
 
 
@@ -157,23 +165,24 @@ def suggest(old: str, cursor: int, new: str, suffix: str = "", prefix: str = "")
     before, rest, after_line = old[:cursor], old[cursor:eol], old[eol:]
     line_before = before[_line_start(before, len(before)) :]
     following = after_line + suffix
+    opened = (prefix + before)[-BRACKET_CONTEXT_CHARS:]
     out = Suggestion()
     if new.startswith(before) and new.endswith(old[cursor:]) and len(new) >= len(old):
         # A pure insertion at the cursor.
         ins = new[cursor : len(new) - len(old) + cursor]
-        out.insert_text = filter_insertion(ins, line_before, rest, following)
+        out.insert_text = filter_insertion(ins, line_before, rest, following, opened)
         return out
     if new.startswith(before) and new.endswith(after_line) and len(new) - len(after_line) >= cursor:
         # The rest of the cursor line is rewritten, the lines after it are kept.
         text = new[cursor : len(new) - len(after_line)]
         if not _BREAK.search(text) and text.strip() and text != rest:
-            cut = _unmatched_closer(line_before + text, len(line_before))
+            cut = _unmatched_closer(opened + text, len(opened))
             if cut < 0:
                 out.insert_text, out.replace_end = text, eol
                 return out
     for e in minimal_edits(old, new):
         if e.start == e.end == cursor and not out.insert_text:
-            out.insert_text = filter_insertion(e.text, line_before, rest, following)
+            out.insert_text = filter_insertion(e.text, line_before, rest, following, opened)
         else:
             out.edits.append(e)
     return out

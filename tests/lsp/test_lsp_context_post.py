@@ -163,3 +163,13 @@ def test_windows_are_the_models_cuts_under_the_users_caps():
     capped = context.windows_for(LayoutBudget.for_window(8192), ContextOptions(prefix_tokens=1024, suffix_tokens=256))
     assert (capped.prefix_chars, capped.suffix_chars) == (chars_for(1024), chars_for(256))  # the caps hold
     assert context.windows_for(small, ContextOptions(prefix_tokens=10_000)).prefix_chars == win.prefix_chars
+
+
+def test_an_insertion_may_close_a_bracket_opened_lines_above():
+    """`)` on a line of its own closes a call opened above: the commonest short completion in real
+    code, once cut by the bracket filter because the cursor line alone opens nothing."""
+    prefix = "result = compute(\n    alpha,\n    beta,\n"
+    s = postprocess.suggest("", 0, ")", "\nprint(result)\n", prefix)
+    assert s.insert_text == ")"
+    stray = postprocess.suggest("x = 1", 5, "x = 1)", "\n", "y = 2\n")
+    assert stray.insert_text == ""  # nothing before the cursor opens it: still cut
