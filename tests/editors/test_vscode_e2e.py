@@ -42,16 +42,13 @@ SETUP = Path(__file__).with_name("vscode_e2e_setup.sh")
 
 pytestmark = pytest.mark.vscode
 
-# The known completion the ghost text must show: (typed, ghost), where `typed` starts a line
-# that the seeded workspace holds elsewhere (pkg/geometry.py) and `ghost` is its rest, as the
-# repository memory (issue 21) completes it. None until the memory is in: the embedded model
-# alone completes nothing reliably, so the gate is at 0 (dlm.minConfidence) and any ghost text
-# counts (Tab must still insert exactly what was shown). Switching to the known completion is
-# this one line, e.g.:
-# KNOWN_COMPLETION = ("    return math.pi * ", "radius ** 2")
-# (typed at the end of pkg/shapes.py, on a new line; brackets in `typed` would be auto-closed
-# by the editor, as for a user).
-KNOWN_COMPLETION: tuple[str, str] | None = None
+# The known completion the ghost text must show, with the server's default gate: (typed, ghost),
+# where `typed` starts a line that the seeded workspace holds elsewhere (pkg/geometry.py) and
+# `ghost` is its rest, as the repository memory completes it and the denoiser passes it (typed at
+# the end of pkg/shapes.py, on a new line; brackets in `typed` would be auto-closed by the editor,
+# as for a user). None: the gate at 0 (dlm.minConfidence) and any ghost text counts (the model
+# alone completes nothing reliably); Tab must insert exactly what was shown either way.
+KNOWN_COMPLETION: tuple[str, str] | None = ("    return math.pi * ", "radius ** 2")
 
 # Without a known completion: what the user types on a new line, one word at a time, pausing
 # after each until ghost text shows.
@@ -310,6 +307,8 @@ def test_vscode_extension_in_code_server_with_the_real_server(tmp_path):
             "ghost": ghost_plan(),
             "editPrediction": {"lines": EDIT_PREDICTION_LINES, "waitMs": 15000},
             "wrongServerPath": str(tmp_path / "no-such-venv" / "bin" / "dlm-lsp"),
+            # the ghost text passes the default gate; the model's edit predictions need it lowered
+            "lowerGateForEdits": KNOWN_COMPLETION is not None,
             # DLM_VSCODE_E2E_STEPS=a,b: run only these steps (after opening the workbench), to debug one
             "onlySteps": [x for x in os.environ.get("DLM_VSCODE_E2E_STEPS", "").split(",") if x] or None,
         }
