@@ -124,17 +124,9 @@ class RepoReplay(EvalReplay):
                          f"raise --load-timeout (server log: {log_file})")
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return (0.0, 0.0)
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / d
-    return (max(0.0, c - h), min(1.0, c + h))
-
-
 def summarize_repo(finals: list[tuple[RepoCase, Answer]], thresholds: list[float]) -> dict:
+    from dlm.coder_model.evaluation.repo_cases import wilson  # the one interval of the repository figures
+
     n = len(finals)
     rows = []
     for t in thresholds:
