@@ -195,6 +195,9 @@ MAX_LANGUAGE_CHARS = 64  # a language id ("python", "typescriptreact"); longer o
 MAX_HISTORY_EVENTS = 64  # rendered edit events kept, newest first (the LSP keeps 6)
 MAX_HISTORY_EVENT_CHARS = 16_384  # one rendered event (a diff hunk); a longer one is cut
 
+MAX_PROPOSALS = 16  # memory proposals per request (the server's beam is 8, of which 4 are sent)
+MAX_PROPOSAL_CHARS = 1024  # one proposal: an insertion to the end of a line
+
 FIELD_CAPS: dict[str, int] = {
     "path": MAX_PATH_CHARS,
     "language": MAX_LANGUAGE_CHARS,

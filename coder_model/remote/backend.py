@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from dlm.coder_model import budget as budget_rules
 from dlm.coder_model.cache import PrefixCache
-from dlm.coder_model.engine import NativeModel
+from dlm.coder_model.engine import NativeModel, verify_prediction
 from dlm.coder_model.layout import LayoutBudget, encode_prompt
 from dlm.coder_model.remote.scheduler import Request
 from dlm.coder_model.sampler import BlockDecoder
@@ -42,10 +42,11 @@ def clip_prompt(prompt: Prompt, budget: LayoutBudget) -> Prompt:
 
 @dataclass
 class _Job:
-    dec: BlockDecoder
+    dec: BlockDecoder | None
     key: tuple[str, str]
     cache: PrefixCache
     shared: bool  # the cache lives in the LRU (False: a throwaway for a concurrent request on the same doc)
+    verified: Prediction | None = None  # memory proposals checked at begin (coder_model.verify): done
 
 
 class ModelBackend(NativeModel):
@@ -91,6 +92,15 @@ class ModelBackend(NativeModel):
         else:
             cache, shared = self._caches.pop(key, None) or PrefixCache(), True
             self._busy.add(key)
+        if request.prompt.proposals:
+            # The memory's proposals: the denoiser checks them in a few passes right here (as
+            # LocalEngine does), so the job is done at once; the scheduler answers it.
+            try:
+                pred = verify_prediction(self.model, self.tok, request.prompt, request.params, ids, cache, 0.0)
+            except BaseException:
+                self.release(_Job(None, key, cache, shared))
+                raise
+            return _Job(None, key, cache, shared, verified=pred)
         dec = BlockDecoder(self.model, self.tok, ids, request.params, cache, request.cancel, deadline=request.deadline(),
                            step_timer=self.step_timer, calibration=self.calibration, prompt=request.prompt)
         job = _Job(dec, key, cache, shared)
@@ -115,10 +125,12 @@ class ModelBackend(NativeModel):
         return errors
 
     def is_done(self, job: _Job) -> bool:
+        if job.verified is not None:
+            return True
         return job.dec.check_cancel()  # also stops a request with no time left for another step
 
     def finish(self, job: _Job) -> Prediction:
-        return job.dec.prediction()
+        return job.verified if job.verified is not None else job.dec.prediction()
 
     def release(self, job: _Job) -> None:
         if not job.shared:
@@ -127,7 +139,7 @@ class ModelBackend(NativeModel):
         if job.key in self._drop_on_release:
             self._drop_on_release.discard(job.key)
             return
-        if job.cache.k and job.dec.context_ids[: len(job.cache)] != job.cache.tokens:
+        if job.cache.k and job.dec is not None and job.dec.context_ids[: len(job.cache)] != job.cache.tokens:
             job.cache.clear()  # cannot happen with an exact cache; cheap insurance against stale K/V
         self._caches[job.key] = job.cache
         self._evict()

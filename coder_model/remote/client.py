@@ -61,6 +61,7 @@ class _Session:
     max_frame_bytes: int
     max_inflight: int
     budget: LayoutBudget
+    features: frozenset = frozenset()  # the server's hello: fields beyond version 1 it takes
 
 
 def _empty() -> Prediction:
@@ -145,6 +146,8 @@ class RemoteEngine:
             return replace(_empty(), late=True)
         rid = next(self._ids)
         try:
+            if prompt.proposals and "proposals" not in session.features:
+                prompt = replace(prompt, proposals=())  # an older server: it decodes freely
             frame = encode_frame(predict_message(rid, prompt, params, deadline_ms))
         except (ValueError, TypeError) as exc:  # e.g. lone surrogates in the text cannot be UTF-8 encoded
             self._note(f"prompt could not be encoded for the wire ({exc}); returned no suggestion")
@@ -397,6 +400,8 @@ class RemoteEngine:
             max_frame_bytes=int(limits.get("max_frame_bytes", 4 << 20)),
             max_inflight=int(limits.get("max_inflight", 64)),
             budget=budget_from_hello(msg, where),
+            features=frozenset(f for f in msg.get("features", []) if isinstance(f, str))
+            if isinstance(msg.get("features"), list) else frozenset(),
         )
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> bool:

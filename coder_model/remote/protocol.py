@@ -34,7 +34,7 @@ from typing import Any
 
 import msgpack
 from dlm.coder_model import limits
-from dlm.coder_model.types import Prediction, Prompt, SamplerParams
+from dlm.coder_model.types import MemoryProposal, Prediction, Prompt, SamplerParams
 
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct(">I")  # 4-byte big-endian frame length
@@ -178,8 +178,13 @@ def cancel_message(request_id: int) -> dict[str, Any]:
 _PROMPT_STR_FIELDS = ("prefix", "region", "suffix", "language", "path")
 
 
+# What this side of the protocol can take beyond version 1's fields, announced in the server's
+# hello: a client sends a field of a feature only to a server that announced it.
+FEATURES = ("proposals",)
+
+
 def prompt_to_wire(prompt: Prompt) -> dict[str, Any]:
-    return {
+    out = {
         "prefix": prompt.prefix,
         "region": prompt.region,
         "cursor": prompt.cursor,
@@ -188,6 +193,24 @@ def prompt_to_wire(prompt: Prompt) -> dict[str, Any]:
         "language": prompt.language,
         "path": prompt.path,
     }
+    if prompt.proposals:  # the repository memory's insertions, checked by the server's denoiser
+        out["proposals"] = [[p.text, float(p.score)] for p in prompt.proposals]
+    return out
+
+
+def proposals_from_wire(raw: Any, request_id: int) -> tuple[MemoryProposal, ...]:
+    if not isinstance(raw, list) or len(raw) > limits.MAX_PROPOSALS:
+        raise _bad(request_id, f"prompt.proposals must be a list of at most {limits.MAX_PROPOSALS} [text, score] pairs")
+    out = []
+    for item in raw:
+        ok = (isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str)
+              and isinstance(item[1], (int, float)) and not isinstance(item[1], bool)
+              and math.isfinite(item[1]) and 0.0 <= item[1] <= 1.0 and len(item[0]) <= limits.MAX_PROPOSAL_CHARS)
+        if not ok:
+            raise _bad(request_id, "each of prompt.proposals must be [text of at most "
+                       f"{limits.MAX_PROPOSAL_CHARS} characters, a score in [0, 1]]")
+        out.append(MemoryProposal(limits.clean_text(item[0]), float(item[1])))
+    return tuple(out)
 
 
 def params_to_wire(params: SamplerParams) -> dict[str, Any]:
@@ -209,10 +232,10 @@ def _bad(request_id: int, message: str) -> ProtocolError:
 def prompt_from_wire(obj: Any, request_id: int) -> Prompt:
     if not isinstance(obj, dict):
         raise _bad(request_id, '"prompt" must be a map of Prompt fields')
-    unknown = set(obj) - set(_PROMPT_STR_FIELDS) - {"cursor", "history"}
+    unknown = set(obj) - set(_PROMPT_STR_FIELDS) - {"cursor", "history", "proposals"}
     if unknown:
         raise _bad(request_id, f"unknown prompt fields {sorted(map(str, unknown))}; known: prefix, region, "
-                   "cursor, suffix, history, language, path")
+                   "cursor, suffix, history, language, path, proposals")
     kwargs: dict[str, Any] = {}
     for name in _PROMPT_STR_FIELDS:
         value = obj.get(name, "")
@@ -228,8 +251,9 @@ def prompt_from_wire(obj: Any, request_id: int) -> Prompt:
     history = obj.get("history", [])
     if not isinstance(history, list) or not all(isinstance(h, str) for h in history):
         raise _bad(request_id, "prompt.history must be a list of strings")
+    proposals = proposals_from_wire(obj["proposals"], request_id) if "proposals" in obj else ()
     try:
-        prompt = Prompt(cursor=cursor, history=tuple(history), **kwargs)
+        prompt = Prompt(cursor=cursor, history=tuple(history), proposals=proposals, **kwargs)
     except ValueError as exc:
         raise _bad(request_id, f"invalid prompt: {exc}") from None
     # path, language and history entries cut to coder_model.limits here, before anything tokenizes

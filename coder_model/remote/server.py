@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 from dlm.coder_model.remote import auth
 from dlm.coder_model.remote.protocol import (
+    FEATURES,
     PROTOCOL_VERSION,
     ConnectionClosed,
     IdleTimeout,
@@ -199,6 +200,7 @@ class _Conn:
                        "max_inflight_bytes": self.limits.max_inflight_bytes},
             "budget": {"max_context": budget.max_context, "max_history": budget.max_history,
                        "max_suffix": budget.max_suffix},
+            "features": list(FEATURES),
         })
         await self.writer.drain()
 

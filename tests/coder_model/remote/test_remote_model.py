@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 
 import pytest
 from dlm.coder_model.remote.client import RemoteEngine, parse_host_port
@@ -313,3 +314,34 @@ def test_bad_params_of_one_client_do_not_fail_anothers_batch(remote_server):
         b.close()
         for e in a:
             e.close()
+
+
+def test_memory_proposals_travel_and_the_server_checks_them_as_local_does(local, remote_server):
+    """The repository memory's proposals go in the prompt to a server that announces the feature,
+    and its denoiser checks them exactly as LocalEngine does: the same pick, the same confidence."""
+    from dlm.coder_model.types import MemoryProposal
+
+    proposals = (MemoryProposal("x + 1", 0.6), MemoryProposal("y", 0.3), MemoryProposal("x * 2", 0.1))
+    p = replace(typing_prompts(1)[0], proposals=proposals)
+    eng = RemoteEngine("127.0.0.1", remote_server.port)
+    try:
+        assert eng.wait_connected(20)
+        params = replace(PARAMS, block_len=32, max_blocks=1)  # a block the proposals fit in
+        want = local.predict(p, params, CancelToken())
+        got = eng.predict(p, params, CancelToken())
+        assert not got.cancelled and got.text == want.text and got.steps == want.steps == 2
+        assert got.confidence == pytest.approx(want.confidence)
+        assert got.text in {p.region[: p.cursor] + x.text + p.region[p.cursor :] for x in proposals}
+    finally:
+        eng.close()
+
+
+def test_proposals_on_the_wire_are_bounded():
+    from dlm.coder_model.remote.protocol import ProtocolError, prompt_from_wire
+
+    base = {"prefix": "", "region": "x", "cursor": 0, "suffix": ""}
+    assert prompt_from_wire({**base, "proposals": [["a", 0.5]]}, 1).proposals[0].text == "a"
+    for bad in ([["a", 2.0]], [["a", float("nan")]], [["a"]], [[1, 0.5]], [["a", True]], [["a", 0.1]] * 17,
+                [["x" * 2000, 0.5]], "a"):
+        with pytest.raises(ProtocolError, match="proposals"):
+            prompt_from_wire({**base, "proposals": bad}, 1)
