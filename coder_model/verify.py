@@ -67,10 +67,12 @@ def region_after(region: str, cursor: int, insertion: str) -> str:
 
 
 def score_proposals(model, tok, cache, region: str, cursor: int, proposals: tuple[MemoryProposal, ...],
-                    block_len: int, passes: int = 2) -> tuple[list[float | None], int]:
-    """Geometric-mean probability the model gives each proposal's inserted tokens and its <eom>,
-    each slot predicted with all other slots visible (`passes` interleaved groups); `cache` holds
-    the context. None for a proposal whose region does not fit one block. Returns (scores, passes run)."""
+                    block_len: int, passes: int = 2, order: str = "interleaved") -> tuple[list[float | None], int]:
+    """Geometric-mean probability the model gives each proposal's inserted tokens and its <eom>;
+    `cache` holds the context. None for a proposal whose region does not fit one block. Returns
+    (scores, passes run). `order`: "interleaved" masks slot i in pass i mod `passes` (each slot
+    predicted with the others visible); "left_to_right" masks every slot from i on in pass i and
+    scores slot i (iterative unmasking, one slot per pass: as many passes as the longest proposal)."""
     before = tok.encode(region[:cursor])
     rows: list[list[int]] = []
     spans: list[tuple[int, int]] = []  # slots [a, b) to score: the insertion and what follows up to <eom>
@@ -92,13 +94,19 @@ def score_proposals(model, tok, cache, region: str, cursor: int, proposals: tupl
     logp_sum = [0.0] * len(rows)
     count = [0] * len(rows)
     ran = 0
+    groups = passes if order == "interleaved" else max(b - a for a, b in spans)
     with torch.inference_mode():
-        for g in range(passes):
+        for g in range(groups):
             blocks, masked = [], []
             for r, (a, b) in zip(rows, spans):
-                slots = [i for i in range(a, b) if (i - a) % passes == g]
+                if order == "interleaved":
+                    slots = [i for i in range(a, b) if (i - a) % passes == g]
+                    hidden_from = slots
+                else:  # left to right: slot a+g scored with every slot after it masked
+                    slots = [a + g] if a + g < b else []
+                    hidden_from = list(range(a + g, b))
                 blk = list(r)
-                for i in slots:
+                for i in hidden_from:
                     blk[i] = tok.mask_id
                 blocks.append(torch.tensor(blk, dtype=torch.long))
                 masked.append(slots)

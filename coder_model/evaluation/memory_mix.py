@@ -30,7 +30,7 @@ VERIFIED = 4
 WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
 
 
-def collect(repo: str, n: int, seed: int, engine) -> list[dict]:
+def collect(repo: str, n: int, seed: int, engine, order: str = "interleaved") -> list[dict]:
     """Per case: the proposals with their memory and model scores, and which one is the answer."""
     import torch
 
@@ -57,7 +57,7 @@ def collect(repo: str, n: int, seed: int, engine) -> list[dict]:
             cache = PrefixCache()
             with torch.inference_mode():
                 model.prefill(encode_prompt(tok, prompt, budget), cache)
-            scores, _ = score_proposals(model, tok, cache, prompt.region, prompt.cursor, proposals, 32, 2)
+            scores, _ = score_proposals(model, tok, cache, prompt.region, prompt.cursor, proposals, 32, 2, order)
             rec["proposals"] = [{"text": p.text, "memory": p.score, "model": s, "right": p.text == c.answer}
                                 for p, s in zip(proposals, scores)]
         out.append(rec)
@@ -156,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="memory_mix.json")
     ap.add_argument("--records", help="report from the records of an earlier run (no model, no index)")
+    ap.add_argument("--order", default="interleaved", choices=("interleaved", "left_to_right"),
+                    help="how the model scores a proposal (coder_model.verify.score_proposals)")
     args = ap.parse_args(argv)
     recs: list[dict] = []
     if args.records:
@@ -168,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     try:
         for repo in args.repo if engine is not None else []:
-            got = collect(repo, args.cases, args.seed, engine)
+            got = collect(repo, args.cases, args.seed, engine, args.order)
             print(f"{repo}: {len(got)} cases ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
             recs += got
     finally:

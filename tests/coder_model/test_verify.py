@@ -53,3 +53,22 @@ def test_a_proposal_longer_than_the_block_is_not_scored(engine):
     p = Prompt(**{**PROMPT, "region": "    with ", "cursor": 9}, proposals=(MemoryProposal("x" * 400, 0.9),))
     pred = engine.predict(p, SamplerParams(block_len=8), CancelToken())
     assert pred.text == "    with "
+
+
+def test_left_to_right_scoring_runs_one_pass_per_slot_of_the_longest_proposal(engine):
+    import torch
+    from dlm.coder_model.cache import PrefixCache
+    from dlm.coder_model.layout import encode_prompt
+    from dlm.coder_model.verify import score_proposals
+
+    proposals = (MemoryProposal("open(path) as f:", 0.4), MemoryProposal("x:", 0.3))
+    p = Prompt(**{**PROMPT, "region": "    with ", "cursor": 9}, proposals=proposals)
+    cache = PrefixCache()
+    with torch.inference_mode():
+        engine.model.prefill(encode_prompt(engine.tok, p, engine.budget), cache)
+    inter, n_inter = score_proposals(engine.model, engine.tok, cache, p.region, p.cursor, proposals, 32, 2)
+    ltr, n_ltr = score_proposals(engine.model, engine.tok, cache, p.region, p.cursor, proposals, 32, 2,
+                                 "left_to_right")
+    longest = len(engine.tok.encode(p.region + proposals[0].text)) + 1 - len(engine.tok.encode(p.region))
+    assert n_inter == 2 and longest - 1 <= n_ltr <= longest + 1
+    assert all(0 < s < 1 for s in inter + ltr) and inter != ltr
