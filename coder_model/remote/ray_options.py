@@ -9,15 +9,15 @@ from __future__ import annotations
 import argparse
 
 ENGINES = ("builtin", "ray")
-RAY_MISSING = ("--engine ray needs Ray Serve, which is not installed: pip install 'dlm-lsp[ray]' "
-               "(or pip install 'ray[serve]>=2.40' into the same environment), or leave out --engine ray")
+RAY_MISSING = ("--engine ray needs Ray Serve, which is not installed: pip install -e '.[ray]' in the dlm-lsp "
+               "checkout (or pip install 'ray[serve]>=2.40' into the same environment), or leave out --engine ray")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=ENGINES, default="builtin",
                         help="builtin: the model runs in this process (default). ray: this process is an "
                         "ingress speaking the same protocol, and the model runs as Ray Serve replicas on a "
-                        "Ray cluster (pip install 'dlm-lsp[ray]')")
+                        "Ray cluster (pip install -e '.[ray]')")
     group = parser.add_argument_group("--engine ray")
     group.add_argument("--ray-address", default=None, metavar="ADDR",
                        help="Ray cluster to join (e.g. HEAD_IP:6379, or auto for one started with `ray start` "
