@@ -20,9 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "Ray cluster (pip install -e '.[ray]')")
     group = parser.add_argument_group("--engine ray")
     group.add_argument("--ray-address", default=None, metavar="ADDR",
-                       help="Ray cluster to join (e.g. HEAD_IP:6379, or auto for one started with `ray start` "
-                       "on this machine); default: $RAY_ADDRESS, else a running local cluster, else a new "
-                       "one-machine cluster")
+                       help="Ray cluster to join: HEAD_IP:6379, auto (the one `ray start` started on this "
+                       "machine) or local (a new one-machine cluster for this process); default: $RAY_ADDRESS, "
+                       "else a cluster `ray start` started here, else a new one-machine cluster")
     group.add_argument("--replicas", type=int, default=1,
                        help="model replicas (default 1); each holds a copy of the model and its own prefix caches")
     group.add_argument("--replica-cpus", type=float, default=1.0,

@@ -56,6 +56,7 @@ import collections
 import concurrent.futures
 import logging
 import os
+import signal
 import sys
 import time
 import uuid
@@ -460,8 +461,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"dlm-lsp serve: {LISTENING}{host}:{bound} (model {info['model']} on {config.replicas} Ray Serve "
               f"replica(s), {info['device']}; auth {'token' if token else 'none (loopback only)'}, "
               f"tls {'on' if ssl_context else 'off'})", file=sys.stderr, flush=True)
+        # SIGTERM (a service manager's stop) ends serving like Ctrl-C, so the replicas are removed too.
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
         try:
             await server.serve_forever()
+        except asyncio.CancelledError:
+            pass
         finally:
             await server.aclose()
 
