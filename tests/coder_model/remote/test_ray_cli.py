@@ -15,9 +15,9 @@ import pytest
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install -e '.[ray]'): the --engine ray "
                     "tests need it")
 
-from dlm.coder_model.remote.client import RemoteEngine, parse_host_port  # noqa: E402
-from dlm.coder_model.remote.serve_cli import read_listening_address  # noqa: E402
-from dlm.coder_model.types import CancelToken, Prompt, SamplerParams  # noqa: E402
+from dlm.coder_model.remote.client import RemoteEngine, parse_host_port
+from dlm.coder_model.remote.serve_cli import read_listening_address
+from dlm.coder_model.types import CancelToken, Prompt, SamplerParams
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
