@@ -234,7 +234,9 @@ class RayDeployment:
         c = self.config
         deployment = serve.deployment(
             ModelReplica, name=DEPLOYMENT_NAME, num_replicas=replicas, ray_actor_options=c.actor_options(),
-            max_ongoing_requests=MAX_ONGOING_PER_REPLICA, health_check_period_s=2.0, health_check_timeout_s=30.0)
+            max_ongoing_requests=MAX_ONGOING_PER_REPLICA, health_check_period_s=2.0, health_check_timeout_s=30.0,
+            # a log line per keystroke in every replica costs time and says nothing the ingress's log does not
+            logging_config={"enable_access_log": False})
         return deployment.bind(c.model_dir, c.device, max_batch=c.max_batch, max_batch_tokens=c.max_batch_tokens,
                                max_caches=c.max_caches, max_owner_slots=c.max_owner_slots, threads=c.threads)
 
@@ -435,6 +437,10 @@ def run(args: argparse.Namespace) -> int:
                         handshake_timeout_s=args.handshake_timeout, idle_timeout_s=args.idle_timeout)
         if args.max_connections < 1:
             raise ValueError(f"--max-connections {args.max_connections}: use at least 1")
+        if args.model is not None and not os.path.isdir(args.model):
+            # checked here, in a second, rather than by replicas failing to start on the cluster
+            raise ValueError(f"--model {args.model!r} is not a directory; give a checkpoint directory (the same "
+                             "path on every box of the cluster), or leave --model out for the embedded model")
     except ValueError as exc:
         print(f"dlm-lsp serve: {exc}", file=sys.stderr)
         return 2

@@ -33,7 +33,11 @@ def test_bad_ray_options_refused_before_start(argv, message, capsys):
 
 
 def test_engine_ray_without_ray_says_how_to_install(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "dlm.coder_model.remote.ray_serve", None)  # import fails as without Ray
+    import dlm.coder_model.remote as remote_package
+
+    # the import fails as it does without Ray (the attribute too: collecting test_ray_serve.py imported it)
+    monkeypatch.setitem(sys.modules, "dlm.coder_model.remote.ray_serve", None)
+    monkeypatch.delattr(remote_package, "ray_serve", raising=False)
     assert serve_cli.run(parse("--engine", "ray")) == 2
     err = capsys.readouterr().err
     assert "pip install -e '.[ray]'" in err and "--engine ray" in err
@@ -42,3 +46,9 @@ def test_engine_ray_without_ray_says_how_to_install(monkeypatch, capsys):
 def test_unknown_engine_refused():
     with pytest.raises(SystemExit):
         parse("--engine", "kubernetes")
+
+
+def test_engine_ray_checks_the_model_dir_before_starting_ray(tmp_path, capsys):
+    pytest.importorskip("ray.serve", reason="Ray Serve is not installed: this check runs in ray_serve.run")
+    assert serve_cli.run(parse("--engine", "ray", "--model", str(tmp_path / "missing"))) == 2
+    assert "is not a directory" in capsys.readouterr().err
