@@ -387,7 +387,10 @@ class RayForwarder:
                 else:
                     self.stats.completed += 1
                 return req.on_done(pred, None)
-            self.stats.failed += 1
+            if reply["code"] == "bad_request":  # refused by the replica's checks, as plain serve refuses
+                self.stats.refused += 1
+            else:
+                self.stats.failed += 1
             return req.on_done(None, ProtocolError(reply["code"], reply["message"], request_id=req.request_id,
                                                    fatal=False))
 
