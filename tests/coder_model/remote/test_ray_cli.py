@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install -e '.[ray]'): the --engine ray "
+pytest.importorskip("dlm.coder_model.remote.ray_serve", reason="Ray Serve is not installed (pip install -e '.[ray]'): the --engine ray "
                     "tests need it")
 
 from dlm.coder_model.remote.client import RemoteEngine, parse_host_port

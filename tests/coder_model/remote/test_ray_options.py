@@ -49,6 +49,7 @@ def test_unknown_engine_refused():
 
 
 def test_engine_ray_checks_the_model_dir_before_starting_ray(tmp_path, capsys):
-    pytest.importorskip("ray.serve", reason="Ray Serve is not installed: this check runs in ray_serve.run")
+    pytest.importorskip("dlm.coder_model.remote.ray_serve",
+                        reason="Ray Serve is not installed: this check runs in ray_serve.run")
     assert serve_cli.run(parse("--engine", "ray", "--model", str(tmp_path / "missing"))) == 2
     assert "is not a directory" in capsys.readouterr().err

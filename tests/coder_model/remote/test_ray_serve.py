@@ -12,14 +12,15 @@ import time
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="Ray Serve is not installed (pip install -e '.[ray]') : the --engine ray "
+ray = pytest.importorskip("ray", reason="Ray Serve is not installed (pip install -e '.[ray]'): the --engine ray "
                           "tests need it")
-serve = pytest.importorskip("ray.serve", reason="ray is installed without Serve (pip install 'ray[serve]')")
-
-from dlm.coder_model.remote import ray_serve
+# imported before ray.serve: it sets Ray Serve's transport options, read when ray.serve is first imported
+ray_serve = pytest.importorskip("dlm.coder_model.remote.ray_serve",
+                                reason="ray is installed without Serve (pip install 'ray[serve]')")
 from dlm.coder_model.remote.client import RemoteEngine
 from dlm.coder_model.remote.server import ServerOptions, ServerThread
 from dlm.coder_model.types import CancelToken, Prompt, SamplerParams
+from ray import serve
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 
