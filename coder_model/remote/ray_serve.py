@@ -63,24 +63,16 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-# Ray Serve's faster paths, on for both ends unless set otherwise: requests from the handle to a
-# replica over gRPC rather than actor calls, and replica code on the replica's own event loop rather
-# than a second thread. On the 2-vCPU VM a bare handle round trip went from about 3.8 ms to 2.0 ms
-# p50. Ray reads them when ray.serve is first imported, so they are set before it (isort: off);
-# the replicas get them through their runtime_env.
-SERVE_ENV = {"RAY_SERVE_USE_GRPC_BY_DEFAULT": "1", "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
-for _name, _value in SERVE_ENV.items():
-    os.environ.setdefault(_name, _value)
-
-# isort: off
-import grpc  # a dependency of ray[serve]
+# Ray Serve's own settings are left at their defaults. Tried on the 2-vCPU VM (BENCHMARKS.md
+# "Remote serving on Ray Serve"): gRPC between handle and replica (RAY_SERVE_USE_GRPC_BY_DEFAULT=1)
+# halves a bare handle round trip (3.8 -> 2.0 ms) but not the time a whole request adds (+9.2 ms
+# against +8.6 ms), and replica code on the replica's main loop made it worse (+14 ms).
 import ray
-from ray import serve
-# isort: on
 from dlm.coder_model.layout import LayoutBudget
 from dlm.coder_model.remote.protocol import ProtocolError
 from dlm.coder_model.remote.scheduler import Request, SchedulerStats
 from dlm.coder_model.types import CancelToken, Prediction, Prompt, SamplerParams
+from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError, TaskCancelledError
 from ray.serve.exceptions import DeploymentUnavailableError, ReplicaUnavailableError, RequestCancelledError
 
@@ -99,10 +91,7 @@ MAX_OWNERS_PER_REPLICA = 512
 # batches them itself, fairly between connections; a lower bound would make the router hold
 # them back and, once the replica with a connection's caches is full, send them elsewhere.
 MAX_ONGOING_PER_REPLICA = 4096
-# With gRPC between handle and replica (SERVE_ENV), a replica killed mid-request can also surface as
-# a raw AioRpcError (Ray maps only UNAVAILABLE to ActorUnavailableError).
-_REPLICA_LOST = (RayActorError, ActorUnavailableError, ReplicaUnavailableError, DeploymentUnavailableError,
-                 grpc.aio.AioRpcError)
+_REPLICA_LOST = (RayActorError, ActorUnavailableError, ReplicaUnavailableError, DeploymentUnavailableError)
 _CANCELLED = (RequestCancelledError, TaskCancelledError, asyncio.CancelledError, concurrent.futures.CancelledError)
 
 
@@ -234,8 +223,7 @@ class ReplicaConfig:
 
     def actor_options(self) -> dict[str, Any]:
         gpus = self.gpus if self.gpus is not None else (1.0 if str(self.device).startswith("cuda") else 0.0)
-        return {"num_cpus": self.cpus, "num_gpus": gpus,
-                "runtime_env": {"env_vars": {name: os.environ.get(name, value) for name, value in SERVE_ENV.items()}}}
+        return {"num_cpus": self.cpus, "num_gpus": gpus}
 
 
 class RayDeployment:
