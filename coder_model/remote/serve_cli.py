@@ -67,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--handshake-timeout", type=float, default=5.0, help="seconds to authenticate")
     parser.add_argument("--idle-timeout", type=float, default=600.0,
                         help="seconds without a frame before an idle connection is closed")
+    from dlm.coder_model.remote import ray_options
+
+    ray_options.add_arguments(parser)
     parser.add_argument("--log-level", default="INFO", type=str.upper, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
                         metavar="LEVEL", help="DEBUG, INFO, WARNING or ERROR, any case (default INFO)")
 
@@ -87,6 +90,8 @@ def build_ssl_context(cert: str | None, key: str | None) -> ssl.SSLContext | Non
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "engine", "builtin") == "ray":
+        return _run_ray(args)
     from dlm.coder_model.remote import auth
     from dlm.coder_model.remote.client import parse_host_port
     from dlm.coder_model.remote.protocol import Limits
@@ -146,6 +151,22 @@ def run(args: argparse.Namespace) -> int:
               "stop the process using it", file=sys.stderr)
         return 1
     return 0
+
+
+def _run_ray(args: argparse.Namespace) -> int:
+    from dlm.coder_model.remote import ray_options
+
+    try:
+        ray_options.check_arguments(args)
+    except ValueError as exc:
+        print(f"dlm-lsp serve: {exc}", file=sys.stderr)
+        return 2
+    try:
+        from dlm.coder_model.remote import ray_serve
+    except ImportError as exc:
+        print(f"dlm-lsp serve: {ray_options.RAY_MISSING} ({exc})", file=sys.stderr)
+        return 2
+    return ray_serve.run(args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,45 @@
+"""Command-line options of `dlm-lsp serve --engine ray` (ray_serve.py).
+
+Kept apart from ray_serve.py, which imports Ray: `dlm-lsp serve --help` must work, and
+plain `dlm-lsp serve` must start, on an install without the `ray` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+ENGINES = ("builtin", "ray")
+RAY_MISSING = ("--engine ray needs Ray Serve, which is not installed: pip install -e '.[ray]' in the dlm-lsp "
+               "checkout (or pip install 'ray[serve]>=2.40' into the same environment), or leave out --engine ray")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engine", choices=ENGINES, default="builtin",
+                        help="builtin: the model runs in this process (default). ray: this process is an "
+                        "ingress speaking the same protocol, and the model runs as Ray Serve replicas on a "
+                        "Ray cluster (pip install -e '.[ray]')")
+    group = parser.add_argument_group("--engine ray")
+    group.add_argument("--ray-address", default=None, metavar="ADDR",
+                       help="Ray cluster to join: HEAD_IP:6379, auto (the one `ray start` started on this "
+                       "machine) or local (a new one-machine cluster for this process); default: $RAY_ADDRESS, "
+                       "else a cluster `ray start` started here, else a new one-machine cluster")
+    group.add_argument("--replicas", type=int, default=1,
+                       help="model replicas (default 1); each holds a copy of the model and its own prefix caches")
+    group.add_argument("--replica-cpus", type=float, default=1.0,
+                       help="CPUs Ray reserves per replica (default 1)")
+    group.add_argument("--replica-gpus", type=float, default=None,
+                       help="GPUs Ray reserves per replica (default: 1 with --device cuda, else 0)")
+    group.add_argument("--replica-threads", type=int, default=None,
+                       help="torch threads per replica (default: torch's own choice)")
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """ValueError (with what to do) for --engine ray options that cannot work."""
+    if args.engine != "ray":
+        return
+    if args.replicas < 1:
+        raise ValueError(f"--replicas {args.replicas}: use at least 1")
+    if args.replica_cpus < 0 or (args.replica_gpus is not None and args.replica_gpus < 0):
+        raise ValueError("--replica-cpus and --replica-gpus must be 0 or more")
+    if args.replica_threads is not None and args.replica_threads < 1:
+        raise ValueError(f"--replica-threads {args.replica_threads}: use at least 1")

@@ -1,0 +1,55 @@
+"""`dlm-lsp serve --engine ray` options: checked before anything starts, and a clear message
+where Ray is not installed (these run without Ray, in CI)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import pytest
+from dlm.coder_model.remote import ray_options, serve_cli
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    serve_cli.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_builtin_is_the_default_engine():
+    args = parse()
+    assert args.engine == "builtin" and args.replicas == 1
+    ray_options.check_arguments(parse("--replicas", "0"))  # ignored without --engine ray
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--replicas", "0"), "--replicas 0"),
+    (("--replica-cpus", "-1"), "0 or more"),
+    (("--replica-threads", "0"), "--replica-threads 0"),
+])
+def test_bad_ray_options_refused_before_start(argv, message, capsys):
+    assert serve_cli.run(parse("--engine", "ray", *argv)) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_engine_ray_without_ray_says_how_to_install(monkeypatch, capsys):
+    import dlm.coder_model.remote as remote_package
+
+    # the import fails as it does without Ray (the attribute too: collecting test_ray_serve.py imported it)
+    monkeypatch.setitem(sys.modules, "dlm.coder_model.remote.ray_serve", None)
+    monkeypatch.delattr(remote_package, "ray_serve", raising=False)
+    assert serve_cli.run(parse("--engine", "ray")) == 2
+    err = capsys.readouterr().err
+    assert "pip install -e '.[ray]'" in err and "--engine ray" in err
+
+
+def test_unknown_engine_refused():
+    with pytest.raises(SystemExit):
+        parse("--engine", "kubernetes")
+
+
+def test_engine_ray_checks_the_model_dir_before_starting_ray(tmp_path, capsys):
+    pytest.importorskip("dlm.coder_model.remote.ray_serve",
+                        reason="Ray Serve is not installed: this check runs in ray_serve.run")
+    assert serve_cli.run(parse("--engine", "ray", "--model", str(tmp_path / "missing"))) == 2
+    assert "is not a directory" in capsys.readouterr().err
