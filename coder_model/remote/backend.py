@@ -30,14 +30,12 @@ from dlm.coder_model.types import Prediction, Prompt, SamplerParams
 
 log = logging.getLogger("dlm.remote.backend")
 
-def clip_prompt(prompt: Prompt, budget: LayoutBudget) -> Prompt:
-    """`prompt` cut by characters to what the layout can keep (coder_model.budget.clip_prompt),
-    so that a multi-megabyte prompt is never tokenized whole; a region that cannot fit is
-    refused (ValueError): it is what the model rewrites and cannot be cut."""
+def check_region(prompt: Prompt, budget: LayoutBudget) -> None:
+    """A region that cannot fit the model's window is refused (ValueError): it is what the model
+    rewrites and cannot be cut. The rest is cut by encode_prompt, by characters before tokenizing."""
     if not budget_rules.region_fits(prompt.region, budget):
         raise ValueError(f"the region has {len(prompt.region)} characters, more than the model's window of "
                          f"{budget.max_context} tokens can hold; send the lines around the cursor as the region")
-    return budget_rules.clip_prompt(prompt, budget)
 
 
 @dataclass
@@ -73,7 +71,8 @@ class ModelBackend(NativeModel):
 
     def prepare(self, prompt: Prompt, params: SamplerParams) -> list[int]:
         """Context token ids of a prompt (thread-safe: no model, no shared state)."""
-        ids = encode_prompt(self.tok, clip_prompt(prompt, self.budget), self.budget)
+        check_region(prompt, self.budget)
+        ids = encode_prompt(self.tok, prompt, self.budget)
         need = len(ids) + params.block_len * params.max_blocks
         limit = self.model.config.max_seq_len
         if need > limit:

@@ -426,24 +426,13 @@ def start_forwarder(config: ReplicaConfig, *, app_name: str = APP_NAME) -> tuple
 
 def run(args: argparse.Namespace) -> int:
     """`dlm-lsp serve --engine ray`: the checks and the listening line of plain serve, the model on Ray."""
-    from dlm.coder_model.remote import auth
-    from dlm.coder_model.remote.client import parse_host_port
-    from dlm.coder_model.remote.protocol import Limits
-    from dlm.coder_model.remote.serve_cli import DEFAULT_PORT, LISTENING, build_ssl_context
+    from dlm.coder_model.remote.serve_cli import LISTENING, network_config
     from dlm.coder_model.remote.server import RemoteServer, ServerOptions
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         stream=sys.stderr)
     try:
-        host, port = parse_host_port(args.listen, DEFAULT_PORT)
-        token = auth.load_token(args.token_file)
-        auth.check_bind_allowed(host, token)
-        ssl_context = build_ssl_context(args.tls_cert, args.tls_key)
-        limits = Limits(max_frame_bytes=args.max_frame_bytes, max_inflight=args.max_inflight,
-                        max_inflight_bytes=args.max_inflight_bytes,
-                        handshake_timeout_s=args.handshake_timeout, idle_timeout_s=args.idle_timeout)
-        if args.max_connections < 1:
-            raise ValueError(f"--max-connections {args.max_connections}: use at least 1")
+        host, port, token, ssl_context, limits = network_config(args)
         if args.model is not None and not os.path.isdir(args.model):
             # checked here, in a second, rather than by replicas failing to start on the cluster
             raise ValueError(f"--model {args.model!r} is not a directory; give a checkpoint directory (the same "

@@ -89,27 +89,35 @@ def build_ssl_context(cert: str | None, key: str | None) -> ssl.SSLContext | Non
     return ctx
 
 
-def run(args: argparse.Namespace) -> int:
-    if getattr(args, "engine", "builtin") == "ray":
-        return _run_ray(args)
+def network_config(args: argparse.Namespace):
+    """(host, port, token, ssl_context, limits) of the listening side, shared by plain serve and
+    `--engine ray`; ValueError (AuthConfigError is one) says what is wrong."""
     from dlm.coder_model.remote import auth
     from dlm.coder_model.remote.client import parse_host_port
     from dlm.coder_model.remote.protocol import Limits
+
+    host, port = parse_host_port(args.listen, DEFAULT_PORT)
+    token = auth.load_token(args.token_file)
+    auth.check_bind_allowed(host, token)
+    ssl_context = build_ssl_context(args.tls_cert, args.tls_key)
+    limits = Limits(max_frame_bytes=args.max_frame_bytes, max_inflight=args.max_inflight,
+                    max_inflight_bytes=args.max_inflight_bytes,
+                    handshake_timeout_s=args.handshake_timeout, idle_timeout_s=args.idle_timeout)
+    if args.max_connections < 1:
+        raise ValueError(f"--max-connections {args.max_connections}: use at least 1")
+    return host, port, token, ssl_context, limits
+
+
+def run(args: argparse.Namespace) -> int:
+    if getattr(args, "engine", "builtin") == "ray":
+        return _run_ray(args)
     from dlm.coder_model.remote.server import RemoteServer, ServerOptions
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         stream=sys.stderr)
     # Every configuration check runs before the (slow) model load, so mistakes fail in a second.
     try:
-        host, port = parse_host_port(args.listen, DEFAULT_PORT)
-        token = auth.load_token(args.token_file)
-        auth.check_bind_allowed(host, token)
-        ssl_context = build_ssl_context(args.tls_cert, args.tls_key)
-        limits = Limits(max_frame_bytes=args.max_frame_bytes, max_inflight=args.max_inflight,
-                        max_inflight_bytes=args.max_inflight_bytes,
-                        handshake_timeout_s=args.handshake_timeout, idle_timeout_s=args.idle_timeout)
-        if args.max_connections < 1:
-            raise ValueError(f"--max-connections {args.max_connections}: use at least 1")
+        host, port, token, ssl_context, limits = network_config(args)
         if args.max_batch_tokens is not None and args.max_batch_tokens < 0:
             raise ValueError(f"--max-batch-tokens {args.max_batch_tokens}: use 0 or more")
         if args.max_connection_slots < 1:
