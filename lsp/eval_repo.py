@@ -158,11 +158,12 @@ def summarize_repo(finals: list[tuple[RepoCase, Answer]], thresholds: list[float
 
 def render_repo(name: str, config: str, s: dict, meta: dict) -> str:
     lat = s["latency"]
-    out = [f"`dlm-lsp eval --repo {name} --config {config}` — {meta.get('model')} on {meta.get('device')}, "
-           f"{meta.get('date')}; {s['rows'][0]['cases'] if s['rows'] else 0} cases "
-           f"({100 * s['typed_share']:.0f}% typed up to a word boundary); latency at the pause p50 / p99 "
-           f"{_ms(lat['p50_ms'])} / {_ms(lat['p99_ms'])} ms, {100 * lat['in_time_share']:.1f}% answered within "
-           f"{IN_TIME_MS:.0f} ms", "",
+    head = (f"`dlm-lsp eval --repo {name} --config {config}` — {meta.get('model')} on {meta.get('device')}, "
+            f"{meta.get('date')}; {s['rows'][0]['cases'] if s['rows'] else 0} cases "
+            f"({100 * s['typed_share']:.0f}% typed up to a word boundary); latency at the pause p50 / p99 "
+            f"{_ms(lat['p50_ms'])} / {_ms(lat['p99_ms'])} ms, {100 * lat['in_time_share']:.1f}% answered within "
+            f"{IN_TIME_MS:.0f} ms")
+    out = [head, "",
            "| min confidence | shown | exact (of all cases) | 95% CI | precision | chars accepted / case |",
            "| --- | --- | --- | --- | --- | --- |"]
     for r in s["rows"]:
