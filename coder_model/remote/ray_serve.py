@@ -242,8 +242,7 @@ class ReplicaConfig:
             "target_ongoing_requests": self.target_ongoing,
             # Up fast (a team arriving in the morning waits for a replica's start-up, seconds,
             # not for the delay); down slowly (a removed replica takes its prefix caches along).
-            "upscale_delay_s": UPSCALE_DELAY_S, "downscale_delay_s": self.downscale_delay_s,
-            "look_back_period_s": 5.0}}
+            "upscale_delay_s": UPSCALE_DELAY_S, "downscale_delay_s": self.downscale_delay_s}}
 
     def describe_size(self) -> str:
         if self.autoscale is None:
