@@ -70,6 +70,7 @@ from typing import Any
 import ray
 from dlm.coder_model.layout import LayoutBudget
 from dlm.coder_model.remote.protocol import ProtocolError
+from dlm.coder_model.remote.ray_options import check_autoscale
 from dlm.coder_model.remote.scheduler import Request, SchedulerStats
 from dlm.coder_model.types import CancelToken, Prediction, Prompt, SamplerParams
 from ray import serve
@@ -91,6 +92,9 @@ MAX_OWNERS_PER_REPLICA = 512
 # batches them itself, fairly between connections; a lower bound would make the router hold
 # them back and, once the replica with a connection's caches is full, send them elsewhere.
 MAX_ONGOING_PER_REPLICA = 4096
+# Autoscaling (--autoscale MIN-MAX): how long the load must stay above the target before Ray
+# Serve adds a replica (ReplicaConfig.downscale_delay_s: below it, before one is removed).
+UPSCALE_DELAY_S = 3.0
 _REPLICA_LOST = (RayActorError, ActorUnavailableError, ReplicaUnavailableError, DeploymentUnavailableError)
 _CANCELLED = (RequestCancelledError, TaskCancelledError, asyncio.CancelledError, concurrent.futures.CancelledError)
 
@@ -213,6 +217,13 @@ class ReplicaConfig:
     model_dir: str | None = None
     device: str = "auto"
     replicas: int = 1
+    # (min, max): Ray Serve adds and removes replicas with load instead of keeping `replicas`
+    autoscale: tuple[int, int] | None = None
+    # the load one replica is sized for: requests queued or running on it (Ray Serve's
+    # target_ongoing_requests). One typing editor has about one request in flight, and one
+    # replica's batching scheduler answers a few at the speed of one.
+    target_ongoing: float = 4.0
+    downscale_delay_s: float = 60.0
     cpus: float = 1.0
     gpus: float | None = None  # None: 1 when device is cuda*, else 0
     threads: int | None = None
@@ -220,6 +231,23 @@ class ReplicaConfig:
     max_batch_tokens: int | None = None
     max_caches: int = 64
     max_owner_slots: int = 2048
+
+    def replica_count(self) -> dict[str, Any]:
+        """The deployment's size options: a fixed number, or Ray Serve's autoscaling on load."""
+        if self.autoscale is None:
+            return {"num_replicas": self.replicas}
+        low, high = self.autoscale
+        return {"autoscaling_config": {
+            "min_replicas": low, "max_replicas": high, "initial_replicas": low,
+            "target_ongoing_requests": self.target_ongoing,
+            # Up fast (a team arriving in the morning waits for a replica's start-up, seconds,
+            # not for the delay); down slowly (a removed replica takes its prefix caches along).
+            "upscale_delay_s": UPSCALE_DELAY_S, "downscale_delay_s": self.downscale_delay_s}}
+
+    def describe_size(self) -> str:
+        if self.autoscale is None:
+            return f"{self.replicas} replica(s)"
+        return f"{self.autoscale[0]}-{self.autoscale[1]} replicas (autoscaling, {self.target_ongoing:g} requests each)"
 
     def actor_options(self) -> dict[str, Any]:
         gpus = self.gpus if self.gpus is not None else (1.0 if str(self.device).startswith("cuda") else 0.0)
@@ -234,10 +262,10 @@ class RayDeployment:
         self.app_name = app_name
         self.handle = None
 
-    def _application(self, replicas: int):
+    def _application(self):
         c = self.config
         deployment = serve.deployment(
-            ModelReplica, name=DEPLOYMENT_NAME, num_replicas=replicas, ray_actor_options=c.actor_options(),
+            ModelReplica, name=DEPLOYMENT_NAME, **c.replica_count(), ray_actor_options=c.actor_options(),
             max_ongoing_requests=MAX_ONGOING_PER_REPLICA, health_check_period_s=2.0, health_check_timeout_s=30.0,
             # a log line per keystroke in every replica costs time and says nothing the ingress's log does not
             logging_config={"enable_access_log": False})
@@ -245,17 +273,33 @@ class RayDeployment:
                                max_caches=c.max_caches, max_owner_slots=c.max_owner_slots, threads=c.threads)
 
     def deploy(self):
-        """Start (or update to) `config.replicas` replicas; returns once they are running."""
+        """Start (or update to) the configured replicas; returns once they are running."""
         serve.start(proxy_location="Disabled")  # no HTTP proxy: our ingress is the only door
-        self.handle = serve.run(self._application(self.config.replicas), name=self.app_name, route_prefix=None)
+        self.handle = serve.run(self._application(), name=self.app_name, route_prefix=None)
         return self.handle
 
     def scale(self, replicas: int) -> None:
-        """Change the number of replicas in place (running replicas and their caches stay)."""
+        """Change to a fixed number of replicas in place (running replicas and their caches stay;
+        autoscaling, if it was on, ends)."""
         if replicas < 1:
             raise ValueError(f"replicas={replicas}: use at least 1")
-        self.config.replicas = replicas
-        serve.run(self._application(replicas), name=self.app_name, route_prefix=None)
+        self.config.replicas, self.config.autoscale = replicas, None
+        serve.run(self._application(), name=self.app_name, route_prefix=None)
+
+    def autoscale(self, low: int, high: int, target_ongoing: float | None = None,
+                  downscale_delay_s: float | None = None) -> None:
+        """Let Ray Serve choose between `low` and `high` replicas by load, in place."""
+        self.config.autoscale = check_autoscale(low, high)
+        if target_ongoing is not None:
+            self.config.target_ongoing = target_ongoing
+        if downscale_delay_s is not None:
+            self.config.downscale_delay_s = downscale_delay_s
+        serve.run(self._application(), name=self.app_name, route_prefix=None)
+
+    def running(self) -> int:
+        """Replicas running now (what autoscaling has chosen)."""
+        dep = serve.status().applications[self.app_name].deployments[DEPLOYMENT_NAME]
+        return dep.replica_states.get("RUNNING", 0)
 
     def describe(self) -> dict[str, Any]:
         return self.handle.describe.remote().result(timeout_s=60)
@@ -440,7 +484,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"dlm-lsp serve: {exc}", file=sys.stderr)
         return 2
-    config = ReplicaConfig(model_dir=args.model, device=args.device, replicas=args.replicas, cpus=args.replica_cpus,
+    config = ReplicaConfig(model_dir=args.model, device=args.device, replicas=args.replicas or 1, autoscale=args.autoscale,
+                           target_ongoing=args.target_ongoing_requests, cpus=args.replica_cpus,
                            gpus=args.replica_gpus, threads=args.replica_threads, max_batch=args.max_batch,
                            max_batch_tokens=args.max_batch_tokens, max_caches=args.max_caches,
                            max_owner_slots=args.max_connection_slots)
@@ -454,14 +499,14 @@ def run(args: argparse.Namespace) -> int:
         return 1
     info = deployment.describe()
     options = ServerOptions(host=host, port=port, token=token, ssl_context=ssl_context, limits=limits,
-                            model_name=info["model"], device=f"ray:{info['device']}x{config.replicas}",
+                            model_name=info["model"], device=f"ray:{info['device']} {config.describe_size()}",
                             max_connections=args.max_connections)
     server = RemoteServer(forwarder, options)
 
     async def main() -> None:
         bound = await server.start()
-        print(f"dlm-lsp serve: {LISTENING}{host}:{bound} (model {info['model']} on {config.replicas} Ray Serve "
-              f"replica(s), {info['device']}; auth {'token' if token else 'none (loopback only)'}, "
+        print(f"dlm-lsp serve: {LISTENING}{host}:{bound} (model {info['model']} on Ray Serve, "
+              f"{config.describe_size()}, {info['device']}; auth {'token' if token else 'none (loopback only)'}, "
               f"tls {'on' if ssl_context else 'off'})", file=sys.stderr, flush=True)
         # SIGTERM (a service manager's stop) ends serving like Ctrl-C, so the replicas are removed too.
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)

@@ -18,7 +18,7 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_builtin_is_the_default_engine():
     args = parse()
-    assert args.engine == "builtin" and args.replicas == 1
+    assert args.engine == "builtin" and args.replicas is None and args.autoscale is None  # None: 1 replica
     ray_options.check_arguments(parse("--replicas", "0"))  # ignored without --engine ray
 
 
@@ -26,6 +26,8 @@ def test_builtin_is_the_default_engine():
     (("--replicas", "0"), "--replicas 0"),
     (("--replica-cpus", "-1"), "0 or more"),
     (("--replica-threads", "0"), "--replica-threads 0"),
+    (("--replicas", "2", "--autoscale", "1-3"), "keep one of them"),
+    (("--autoscale", "1-2", "--target-ongoing-requests", "0"), "above 0"),
 ])
 def test_bad_ray_options_refused_before_start(argv, message, capsys):
     assert serve_cli.run(parse("--engine", "ray", *argv)) == 2
@@ -53,3 +55,21 @@ def test_engine_ray_checks_the_model_dir_before_starting_ray(tmp_path, capsys):
                         reason="Ray Serve is not installed: this check runs in ray_serve.run")
     assert serve_cli.run(parse("--engine", "ray", "--model", str(tmp_path / "missing"))) == 2
     assert "is not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, message", [
+    ("0-2", "the least is 1 replica"),
+    ("3-2", "MAX must be at least MIN"),
+    ("2", "write MIN-MAX"),
+    ("a-b", "write MIN-MAX"),
+])
+def test_bad_autoscale_range_refused_by_the_parser(text, message, capsys):
+    with pytest.raises(SystemExit):
+        parse("--engine", "ray", "--autoscale", text)
+    assert message in capsys.readouterr().err
+
+
+def test_autoscale_range_parsed():
+    args = parse("--engine", "ray", "--autoscale", "1-4", "--target-ongoing-requests", "2")
+    ray_options.check_arguments(args)
+    assert args.autoscale == (1, 4) and args.target_ongoing_requests == 2.0

@@ -78,11 +78,14 @@ class Typist(threading.Thread):
     def __init__(self, eng: RemoteEngine, prompts: list[Prompt], pause_s: float = 0.0):
         super().__init__(daemon=True)
         self.eng, self.prompts, self.pause_s = eng, prompts, pause_s
+        self.stop = threading.Event()  # set: the editor stops typing after the request in flight
         self.preds: list = []
         self.errors: list[BaseException] = []
 
     def run(self) -> None:
         for p in self.prompts:
+            if self.stop.is_set():
+                break
             try:
                 self.preds.append(self.eng.predict(p, PARAMS, CancelToken()))
             except BaseException as exc:  # noqa: BLE001 - recorded: the test fails on any
@@ -206,6 +209,35 @@ def test_scale_from_1_to_2_under_load(cluster):
     finally:
         for e in engines:
             e.close()
+
+
+def test_autoscale_adds_a_replica_under_load_and_removes_it_when_idle(cluster):
+    srv, forwarder, deployment = cluster
+    deployment.scale(1)
+    wait_replicas(1)
+    # sized for one request per replica: four editors typing without pause are load for two
+    deployment.autoscale(1, 2, target_ongoing=1, downscale_delay_s=2.0)
+    engines = [engine(srv) for _ in range(4)]
+    try:
+        typists = [Typist(e, keystrokes(100_000, f"auto{i}.py")) for i, e in enumerate(engines)]
+        for t in typists:
+            t.start()
+        wait_replicas(2, timeout=180)  # added by Ray Serve itself: nobody called scale
+        for t in typists:
+            t.stop.set()
+        for t in typists:
+            t.join(120)
+        for t in typists:
+            assert not t.is_alive() and not t.errors and t.preds
+            assert t.empties == 0  # scaling up under load lost no request
+        wait_replicas(1, timeout=180)  # idle: back to the minimum
+        for i, e in enumerate(engines):  # and still answering, on the replica that stayed
+            assert not e.predict(keystrokes(1, f"after{i}.py")[0], PARAMS, CancelToken()).cancelled
+    finally:
+        for e in engines:
+            e.close()
+        deployment.scale(2)
+        wait_replicas(2)
 
 
 def test_bad_token_refused_at_the_ingress(cluster):
