@@ -297,10 +297,22 @@ class RepoMemory:
                 self._memo = {}
                 self._memo_signature = signature
             memo = self._memo
-            accept = (lambda t: t >= 0 and strings[t].startswith(partial)) if partial else None
-            # the word being typed, as a token: known, or a stand-in id no table holds (typing a
-            # new name must not grow the vocabulary one prefix per keystroke)
-            typed_id = self._ids.get(partial, TYPED_WORD) if partial else None
+            if not partial and (not before or is_line_break(before[-1])):
+                # the cursor at the start of a line: what an editor would indent is not indented
+                accept = lambda t: t > 0 and not strings[t][0].isspace()  # fmt: skip
+                typed_id = None
+            elif partial and partial.isspace():
+                # blanks at the cursor (the indentation after Enter, or the space after `=`) are
+                # typed in full: the next token adds no blanks (a deeper indentation is not this line)
+                cut = len(partial)
+                accept = lambda t: t >= 0 and len(strings[t]) > cut and strings[t].startswith(partial) \
+                    and not strings[t][cut].isspace()  # fmt: skip
+                typed_id = None
+            else:
+                accept = (lambda t: t >= 0 and strings[t].startswith(partial)) if partial else None
+                # the word being typed, as a token: known, or a stand-in id no table holds (typing a
+                # new name must not grow the vocabulary one prefix per keystroke)
+                typed_id = self._ids.get(partial, TYPED_WORD) if partial else None
 
             def text_of(t: int) -> str:
                 return partial if t == TYPED_WORD else strings[t]
@@ -458,10 +470,16 @@ class RepoMemory:
         """Write the index: versioned, little-endian arrays, CRC-checked; no pickle."""
         from dlm.coder_model.memory import persist
 
-        with self._write_lock:
+        with self._write_lock:  # no writer meanwhile: files, tables and snippets stay as they are
             self._compact_locked(full=True)
             with self._lock:
-                persist.save(self, fh)
+                # the only thing readers change is the vocabulary, and only by appending (they
+                # intern what they lex): its length now is the snapshot. Serialising (0.2-0.8 s
+                # on a large index) runs outside the readers' lock: suggestions go on meanwhile.
+                if self._snippets.dead:
+                    self._snippets._compact()
+                vocabulary = len(self._strings)
+            persist.save(self, fh, vocabulary)
 
     @classmethod
     def load(cls, fh: typing.BinaryIO) -> RepoMemory:

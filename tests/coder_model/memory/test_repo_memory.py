@@ -249,3 +249,47 @@ def test_a_huge_line_is_read_from_its_end_only():
     before = "x = [" + "1, " * 100_000 + "\nprint("
     assert memory.complete(before, "\n", path="big.py")[0].text == "add(1, 2))"
     assert isinstance(memory.complete("y = " + "a" * 50_000, "\n", path="big2.py"), list)
+
+
+def test_blanks_typed_at_the_cursor_are_not_extended():
+    # indented and unindented lines after the same context: the cursor's indentation decides
+    files = {f"m{i}.py": "if ready:\n        deep_call(x)\nif ready:\n    shallow_call(x)\n" for i in range(3)}
+    files["n.py"] = "if ready:\n        deep_call(x)\n" * 5 + "if ready:\nflat_call(x)\n"
+    memory = build(files)
+    got = [c.text for c in memory.complete("if ready:\n    ", "\n", path="new.py")]
+    assert got and got[0] == "shallow_call(x)" and all(not t[:1].isspace() for t in got)
+    # at the start of a line (no indentation typed) no candidate starts with blanks
+    got = [c.text for c in memory.complete("if ready:\n", "\n", path="new.py")]
+    assert got and got[0] == "flat_call(x)" and all(not t[:1].isspace() for t in got)
+    # after `x = ` the space is typed: the next word carries no second one
+    memory = build({"a.py": "x =  spaced\nx = value\nx =  spaced\nx =  spaced\n"})
+    assert [c.text for c in memory.complete("x = ", "\n", path="new.py")][:1] == ["value"]
+
+
+def test_save_serialises_outside_the_readers_lock(monkeypatch):
+    import threading
+
+    from dlm.coder_model.memory import persist
+
+    memory = build(REPO)
+    memory.complete("brand_new_word = other_new_word(", "\n", path="new.py")  # a reader interned words
+    vocabulary = memory.vocabulary
+    real_save = persist.save
+    seen = {}
+
+    def save_checking_the_lock(mem, fh, vocab=None):
+        # a reader on another thread gets the readers' lock while the file is written
+        t = threading.Thread(target=lambda: seen.setdefault("free", mem._lock.acquire(timeout=5) and not mem._lock.release()))
+        t.start()
+        t.join()
+        real_save(mem, fh, vocab)
+
+    monkeypatch.setattr(persist, "save", save_checking_the_lock)
+    buf = io.BytesIO()
+    memory.save(buf)
+    assert seen == {"free": True}
+    loaded = RepoMemory.load(io.BytesIO(buf.getvalue()))
+    assert loaded.vocabulary == vocabulary
+    assert [c.text for c in loaded.complete("x = 1\nprint(", "\n", path="new.py")] == [
+        c.text for c in memory.complete("x = 1\nprint(", "\n", path="new.py")
+    ]
