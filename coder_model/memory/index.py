@@ -36,6 +36,7 @@ from dlm.coder_model.memory.ngram import (
 from dlm.coder_model.memory.retrieve import Snippet, SnippetIndex
 
 DEFAULT_ORDER = 6
+LOCAL_EXTRA_ORDER = 4  # the file and open-buffer levels' order: the workspace's plus this
 # Changed files wait in a list; a query counts them into dicts (about 150 bytes per n-gram), so
 # while queries come they are sealed into a sorted table early, and a bulk index with no query
 # in between seals big batches (fewer rebuilds).
@@ -70,6 +71,10 @@ class Weights:
 
     current_file: float = 20.0
     open_buffers: float = 5.0
+    # the windows of other files most like the lines above the cursor (SnippetIndex), counted at
+    # the local order: a line of a similar file is copied whole, not pieced from 5-token contexts
+    retrieved: float = 5.0
+    retrieved_windows: int = 4
 
 
 @dataclass
@@ -100,6 +105,7 @@ class RepoMemory:
         max_tokens: int = 20_000_000,
         order: int = DEFAULT_ORDER,
         *,
+        local_order: int | None = None,
         smoothing: Smoothing | None = None,
         weights: Weights | None = None,
     ) -> None:
@@ -107,6 +113,13 @@ class RepoMemory:
             raise ValueError(f"order must be between 1 and 16, got {order}")
         self.max_tokens = max_tokens
         self.order = order
+        # The current file and the open buffers are counted at query time, over a few thousand
+        # tokens: their tables can afford longer contexts than the workspace's, and a line copied
+        # from elsewhere in the same file is the memory's best case.
+        self.local_order = local_order if local_order is not None else order + LOCAL_EXTRA_ORDER
+        if not order <= self.local_order <= 24:
+            raise ValueError(f"local_order must be between order ({order}) and 24, got {self.local_order}")
+        self.query_order = self.local_order
         self.smoothing = smoothing or Smoothing()
         self.weights = weights or Weights()
         self._strings: list[str] = [""]  # token id -> text; id 0 is BOS
@@ -125,6 +138,7 @@ class RepoMemory:
         self._current: OrderedDict[str, _CurrentFile] = OrderedDict()
         self._open: OrderedDict[str, tuple[str, DictTable]] = OrderedDict()
         self._excluded: tuple[str, array, DictTable] | None = None
+        self._retrieved: tuple[tuple, DictTable | None] | None = None
         self._memo: dict = {}
         self._memo_signature: tuple | None = None
 
@@ -276,14 +290,14 @@ class RepoMemory:
         if beam <= 0 or max_tokens <= 0:
             return []
         rest_of_line = _LINE_BREAK.split(after, maxsplit=1)[0] if after else ""
-        tail_tokens = _tail_tokens(before, self.order)
+        tail_tokens = _tail_tokens(before, self.query_order)
         partial = ""
         if tail_tokens and not is_line_break(tail_tokens[-1]):
             partial = tail_tokens.pop()
         with self._lock:
             ctx = list(self._intern(tail_tokens))
-            if len(tail_tokens) < self.order and len(before) > sum(map(len, tail_tokens)) + len(partial):
-                ctx = [-1] * (self.order - len(ctx)) + ctx  # more text above: not a file start
+            if len(tail_tokens) < self.query_order and len(before) > sum(map(len, tail_tokens)) + len(partial):
+                ctx = [-1] * (self.query_order - len(ctx)) + ctx  # more text above: not a file start
             levels = self._levels(before, after, path, open_files, exclude_path)
             strings = self._strings
             # answers per context stay valid while no table changes: the next keystroke on the
@@ -318,11 +332,11 @@ class RepoMemory:
                 return partial if t == TYPED_WORD else strings[t]
 
             def step(generated: tuple[int, ...], first: bool) -> list[tuple[int, float, int]]:
-                full = (ctx + list(generated))[-(self.order - 1) :] if self.order > 1 else []
+                full = (ctx + list(generated))[-(self.query_order - 1) :] if self.query_order > 1 else []
                 key = (tuple(full), partial if first else None)
                 got = memo.get(key)
                 if got is None:
-                    keys = order_keys(full, self.order)
+                    keys = order_keys(full, self.query_order)
                     if first:
                         got = next_tokens(levels, keys, self.smoothing, accept, typed=typed_id)
                     else:
@@ -392,6 +406,10 @@ class RepoMemory:
                 tables.append((+1, self._open_table(p, text)))
             if tables:
                 levels.append(Level(self.weights.open_buffers, tables))
+        if self.weights.retrieved > 0 and self.weights.retrieved_windows > 0:
+            table = self._retrieved_table(before, path, exclude_path)
+            if table is not None:
+                levels.append(Level(self.weights.retrieved, [(+1, table)]))
         ws: list = [(+1, s.table) for s in self._segments]
         if self._delta_parts:
             # changes not counted yet are counted now, QUERY_COUNT_TOKENS a query at most (and at
@@ -422,9 +440,9 @@ class RepoMemory:
         if state.above_table is None or not (above.startswith(state.above) and len(above) - len(state.above) < 8192):
             text = _window_from_line(above, CURRENT_FILE_CHARS)
             state.above_ids = list(self._intern(lex(text)))
-            state.above_table = DictTable(self.order)
+            state.above_table = DictTable(self.local_order)
             state.above_table.add(state.above_ids)
-            state.above_added = DictTable(self.order)
+            state.above_added = DictTable(self.local_order)
             state.above = above
         elif len(above) > len(state.above):
             new_ids = list(self._intern(lex(above[len(state.above) :])))
@@ -436,19 +454,51 @@ class RepoMemory:
         if state.below_table is None or below != state.below:
             state.below = below
             ids = list(self._intern(lex(_head_to_line(below, CURRENT_FILE_CHARS // 2))))
-            state.below_table = DictTable(self.order)
+            state.below_table = DictTable(self.local_order)
             state.below_table.add(ids)
         tables = [(+1, state.above_table), (+1, state.below_table)]
         if state.above_added.tokens:
             tables.append((+1, state.above_added))
         return tables
 
+    def _retrieved_table(self, before: str, path: str, exclude_path: str | None) -> DictTable | None:
+        """The retrieved windows counted at the local order; the same table while the lines above
+        the cursor are the same (the next keystrokes on a line reuse its cached answers)."""
+        from dlm.coder_model.memory.retrieve import QUERY_LINES
+
+        above = before[: line_start(before)]
+        cut = len(above)
+        for _ in range(QUERY_LINES + 1):
+            cut = above.rfind("\n", 0, cut)
+            if cut < 0:
+                break
+        key = (path, exclude_path, above[cut + 1 :], self._snippets.live_windows, len(self._files))
+        if self._retrieved is not None and self._retrieved[0] == key:
+            return self._retrieved[1]
+        found = self._snippets.search(above.split("\n"), self.weights.retrieved_windows, exclude_path)
+        table: DictTable | None = None
+        for wid, _score in found:
+            wpath = self._snippets.win_path[wid]
+            if wpath is None or wpath == path or wpath not in self._files:
+                continue
+            start = self._snippets.win_start[wid]
+            starts = self._line_starts[wpath]
+            ids = self._files[wpath]
+            lo = starts[start] if start < len(starts) else len(ids)
+            end = start + _window()
+            hi = starts[end] if end < len(starts) else len(ids)
+            if table is None:
+                table = DictTable(self.local_order)
+            table.add(ids[lo:hi])
+        self._retrieved = (key, table)
+        return table
+
     def _open_table(self, path: str, text: str) -> DictTable:
         got = self._open.get(path)
         if got is not None and got[0] == text:
             self._open.move_to_end(path)
             return got[1]
-        table = DictTable(self.order)
+        table = DictTable(self.local_order)
         table.add(list(self._intern(lex(text[:OPEN_BUFFER_CHARS]))))
         self._open[path] = (text, table)
         while len(self._open) > OPEN_BUFFERS:

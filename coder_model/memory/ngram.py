@@ -318,7 +318,7 @@ def next_tokens(
             w = level.weight
             got: list[tuple[int, Stats]] = []
             for sign, table in level.tables:
-                if id(table) in missing:
+                if id(table) in missing or k > table.order:  # the local levels count longer contexts
                     continue
                 st = table.lookup(k, keys[k - 1], limit)
                 if st is None:

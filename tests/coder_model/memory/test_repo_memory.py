@@ -56,7 +56,8 @@ def test_the_rest_of_the_line_after_the_cursor_is_respected():
 
 def test_nested_cache_current_file_then_open_buffers_then_workspace():
     workspace = {f"w{i}.py": "value = compute_global(x)\n" for i in range(3)}
-    memory = build(workspace)
+    # the three levels alone (the retrieved windows, a fourth level, are tested below)
+    memory = build(workspace, weights=memory_index.Weights(retrieved=0))
     assert memory.complete("value = ", "\n", path="cur.py")[0].text == "compute_global(x)"
     opened = {"open.py": "value = compute_open(x)\n"}
     assert memory.complete("value = ", "\n", path="cur.py", open_files=opened)[0].text == "compute_open(x)"
@@ -293,3 +294,37 @@ def test_save_serialises_outside_the_readers_lock(monkeypatch):
     assert [c.text for c in loaded.complete("x = 1\nprint(", "\n", path="new.py")] == [
         c.text for c in memory.complete("x = 1\nprint(", "\n", path="new.py")
     ]
+
+
+def test_lines_of_a_similar_file_are_copied_whole_by_the_retrieved_level():
+    # a file like the one being edited: its line after the same lines above is the answer, while
+    # the 5-token contexts of the workspace alone piece together a more common line
+    common = "def check(frame):\n    result = frame.apply(handler, axis=0)\n"
+    similar = (
+        "def convert_table(table, units, strict):\n"
+        "    validate_units(units)\n"
+        "    result = frame.apply(handler, axis=1, raw=True, units=units, strict=strict)\n"
+    )
+    files = {f"common{i}.py": common for i in range(6)}
+    files["similar.py"] = similar
+    before = "def convert_table(table, units, strict):\n    validate_units(units)\n    result = frame.apply(handler, axis="
+    plain = build(files, weights=memory_index.Weights(retrieved=0))
+    # one window retrieved (by default 4: here the next best would be the common files themselves)
+    with_retrieval = build(files, weights=memory_index.Weights(retrieved_windows=1))
+    assert plain.complete(before, "\n", path="new.py")[0].text == "0)"
+    assert with_retrieval.complete(before, "\n", path="new.py")[0].text == "1, raw=True, units=units, strict=strict)"
+    # the current document is never its own retrieved window
+    assert with_retrieval.complete(before, "\n", path="similar.py", exclude_path="similar.py")[0].text == "0)"
+
+
+def test_the_local_levels_count_longer_contexts_than_the_workspace():
+    memory = RepoMemory(order=3)
+    assert memory.local_order == 3 + memory_index.LOCAL_EXTRA_ORDER
+    with pytest.raises(ValueError, match="local_order"):
+        RepoMemory(order=6, local_order=4)
+    # two lines of this file agree on their last 2 tokens before the cursor and differ further
+    # back: the order-3 workspace cannot tell them apart, the file level can
+    text = "alpha beta gamma = first\nomega beta gamma = second\n"
+    memory = build({"other.py": "x = 1\n"}, order=3)
+    assert memory.complete(text + "alpha beta gamma =", "\n", path="cur.py")[0].text == " first"
+    assert memory.complete(text + "omega beta gamma =", "\n", path="cur.py")[0].text == " second"
