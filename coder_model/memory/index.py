@@ -36,7 +36,7 @@ from dlm.coder_model.memory.ngram import (
 from dlm.coder_model.memory.retrieve import Snippet, SnippetIndex
 
 DEFAULT_ORDER = 6
-LOCAL_EXTRA_ORDER = 4  # the file and open-buffer levels' order: the workspace's plus this
+LOCAL_EXTRA_ORDER = 6  # the file, open-buffer and retrieved levels count contexts of order 12 (workspace: 6)
 # Changed files wait in a list; a query counts them into dicts (about 150 bytes per n-gram), so
 # while queries come they are sealed into a sorted table early, and a bulk index with no query
 # in between seals big batches (fewer rebuilds).
