@@ -328,3 +328,28 @@ def test_the_local_levels_count_longer_contexts_than_the_workspace():
     memory = build({"other.py": "x = 1\n"}, order=3)
     assert memory.complete(text + "alpha beta gamma =", "\n", path="cur.py")[0].text == " first"
     assert memory.complete(text + "omega beta gamma =", "\n", path="cur.py")[0].text == " second"
+
+
+def test_a_table_counted_at_once_equals_one_counted_in_pieces_and_one_taken_back():
+    from dlm.coder_model.memory.ngram import DictTable
+
+    stream = [1, 2, 3, 1, 2, 4, 1, 2, 3, 5, 6, 7, 1, 2, 3] * 3 + [0, 9, 0]  # 0: an id the vocabulary gave up on
+    whole = DictTable(5)
+    whole.add(stream)  # an empty table: contexts seen once are stored as their successor alone
+    pieces = DictTable(5)
+    for i in range(0, len(stream), 7):
+        pieces.add(stream[i : i + 7], history=stream[:i])
+    assert whole.entries() == pieces.entries()
+    for k in range(1, 6):
+        assert set(whole.succ[k - 1]) == set(pieces.succ[k - 1])
+        for key in whole.succ[k - 1]:
+            a, b = whole.lookup(k, key, 50), pieces.lookup(k, key, 50)
+            assert (a.total, a.types, sorted(a.top)) == (b.total, b.types, sorted(b.top))
+    # counting more into a table built at once, then taking it back, restores it
+    extra = [7, 1, 2, 3, 8]
+    whole.add(extra, history=stream)
+    whole.add(extra, sign=-1, history=stream)
+    for k in range(1, 6):
+        for key in pieces.succ[k - 1]:
+            a, b = whole.lookup(k, key, 50), pieces.lookup(k, key, 50)
+            assert (a.total, a.types, sorted(a.top)) == (b.total, b.types, sorted(b.top))
