@@ -37,6 +37,7 @@ from dlm.coder_model.memory.retrieve import Snippet, SnippetIndex
 
 DEFAULT_ORDER = 6
 LOCAL_EXTRA_ORDER = 6  # the file, open-buffer and retrieved levels count contexts of order 12 (workspace: 6)
+RETRIEVED_EXTRA_LINES = 10  # lines after a retrieved window counted with it
 # Changed files wait in a list; a query counts them into dicts (about 150 bytes per n-gram), so
 # while queries come they are sealed into a sorted table early, and a bulk index with no query
 # in between seals big batches (fewer rebuilds).
@@ -485,7 +486,7 @@ class RepoMemory:
             starts = self._line_starts[wpath]
             ids = self._files[wpath]
             lo = starts[start] if start < len(starts) else len(ids)
-            end = start + _window()
+            end = start + _window() + RETRIEVED_EXTRA_LINES
             hi = starts[end] if end < len(starts) else len(ids)
             if table is None:
                 table = DictTable(self.local_order)
