@@ -1,4 +1,4 @@
-"""RepoMemory: the workspace's token n-gram and snippet index, nested under open buffers and the file.
+"""RepoMemory: the workspace's token n-gram and snippet index, nested under the file, open buffers and retrieved windows.
 
 Writers (`update_file`, `remove_file`) and readers (`complete`, `retrieve`)
 may run on different threads. Counts of the workspace live in a few sorted
@@ -286,7 +286,10 @@ class RepoMemory:
 
         `before`/`after`: the document around the cursor. Levels, most
         trusted first: this document (minus the cursor's line), the other
-        `open_files` (path -> text), the workspace (minus `exclude_path`).
+        `open_files` (path -> text), the workspace windows most like the
+        lines above the cursor (retrieved, never this document's), the
+        workspace (minus `exclude_path`). The first three count contexts up
+        to `local_order` tokens, the workspace up to `order`.
         """
         if beam <= 0 or max_tokens <= 0:
             return []

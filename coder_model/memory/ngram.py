@@ -12,9 +12,11 @@ two kinds of table with the same `lookup`:
 - `DictTable`: dicts, for small, changing token streams (the current file,
   an open buffer, the changes since the last sealed table).
 
-Probabilities: counts of all levels (current file, open buffers,
-workspace) are merged per order with a weight per level, then smoothed by
-interpolated Witten-Bell from order 1 up to the longest context seen.
+Probabilities: counts of all levels (current file, open buffers, retrieved
+windows, workspace) are merged per order with a weight per level, then
+smoothed by interpolated Witten-Bell from order 1 up to the longest context
+seen. Tables of one query may differ in order (the local levels count longer
+contexts than the workspace): a table is asked only up to its own.
 """
 
 from __future__ import annotations
