@@ -476,16 +476,20 @@ class RepoMemory:
             cut = above.rfind("\n", 0, cut)
             if cut < 0:
                 break
-        key = (path, exclude_path, above[cut + 1 :], self._snippets.live_windows, len(self._files))
+        query = above[cut + 1 :]
+        # any change to the snippet windows (a file indexed, replaced or removed) adds windows or
+        # kills some: their count and the dead count together say whether the index moved
+        snippets = self._snippets
+        key = (path, exclude_path, query, len(snippets.win_path), snippets.dead, self.weights.retrieved_windows)
         if self._retrieved is not None and self._retrieved[0] == key:
             return self._retrieved[1]
-        found = self._snippets.search(above.split("\n"), self.weights.retrieved_windows, exclude_path)
+        found = snippets.search(query.split("\n"), self.weights.retrieved_windows, exclude_path)
         table: DictTable | None = None
         for wid, _score in found:
-            wpath = self._snippets.win_path[wid]
+            wpath = snippets.win_path[wid]
             if wpath is None or wpath == path or wpath not in self._files:
                 continue
-            start = self._snippets.win_start[wid]
+            start = snippets.win_start[wid]
             starts = self._line_starts[wpath]
             ids = self._files[wpath]
             lo = starts[start] if start < len(starts) else len(ids)

@@ -353,3 +353,14 @@ def test_a_table_counted_at_once_equals_one_counted_in_pieces_and_one_taken_back
         for key in pieces.succ[k - 1]:
             a, b = whole.lookup(k, key, 50), pieces.lookup(k, key, 50)
             assert (a.total, a.types, sorted(a.top)) == (b.total, b.types, sorted(b.top))
+
+
+def test_the_retrieved_level_follows_a_change_to_the_retrieved_file():
+    head = "def convert_table(table, units, strict):\n    validate_units(units)\n"
+    files = {"similar.py": head + "    result = frame.apply(handler, axis=1, raw=True)\n", "other.py": "x = 1\n"}
+    memory = build(files, weights=memory_index.Weights(retrieved_windows=1))
+    before = head + "    result = frame.apply(handler, axis="
+    assert memory.complete(before, "\n", path="new.py")[0].text == "1, raw=True)"
+    # the same lines above the cursor, but the similar file changed (same size: same window count)
+    memory.update_file("similar.py", head + "    result = frame.apply(handler, axis=2, raw=None)\n")
+    assert memory.complete(before, "\n", path="new.py")[0].text == "2, raw=None)"
