@@ -105,7 +105,10 @@ class SamplerParams:
     # (the memory alone: a diagnostic, never the product's default). Defaults by measurement
     # (python -m dlm.coder_model.evaluation.memory_mix, xarray + astropy, 500 held-out lines): the
     # model's weight 0.25 was chosen on one half and is neutral on the other (+0.4 points, 95%
-    # interval -1.6..+2.4); weights and bias are the logistic fit of "right" on that half.
+    # interval -1.6..+2.4); weights and bias are the logistic fit of "right" on that half. Rerun
+    # with the order-12 memory (issue 21): every weight 0..4 within a point of the memory alone
+    # (-0.8 at the chosen 2.0, -4.0..+2.0); kept, and the gate (lsp.options.min_confidence)
+    # calibrated through the server with these values.
     memory_weight: float = 1.0
     model_weight: float = 0.25
     memory_bias: float = 0.74

@@ -39,11 +39,15 @@ class Mix:  # built from SamplerParams (Mix.of): the one knob set that travels w
     bias: float = SamplerParams.memory_bias
     veto: float = SamplerParams.veto
     passes: int = SamplerParams.verify_passes
+    # A proposal is scored in one block of up to block_len * blocks slots: the sampler writes a
+    # region in up to max_blocks blocks, so a region it could write is one the check can read (with
+    # one block, every proposal on a long multi-line statement went unscored and was vetoed).
+    blocks: int = SamplerParams.max_blocks
 
     @classmethod
     def of(cls, params) -> Mix:
         return cls(params.memory_weight, params.model_weight, params.memory_bias, params.veto,
-                   params.verify_passes)
+                   params.verify_passes, params.max_blocks)
 
     def combine(self, p_memory: float, p_model: float | None) -> float:
         pm = min(max(p_memory, 1e-6), 1 - 1e-6)
@@ -145,7 +149,8 @@ def verify(model, tok, cache, region: str, cursor: int, proposals: tuple[MemoryP
            mix: Mix) -> Verdict:
     t0 = time.perf_counter()
     if mix.passes:
-        scores, ran = score_proposals(model, tok, cache, region, cursor, proposals, block_len, mix.passes)
+        scores, ran = score_proposals(model, tok, cache, region, cursor, proposals, block_len * mix.blocks,
+                                      mix.passes)
     else:
         scores, ran = [None] * len(proposals), 0
     index, conf = choose(proposals, scores, mix)

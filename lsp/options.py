@@ -68,11 +68,13 @@ class Options:
     # Deadline and confidence gate (lsp.gate; README "Protocol"). minConfidence is chosen by
     # `dlm-lsp eval` on the embedded model (BENCHMARKS.md "Acceptance through the server").
     deadline_ms: int = DEFAULT_DEADLINE_MS  # answer this long after the keystroke, or not at all
-    # Show a suggestion only at this confidence or above. 0.3: through the server, on 400 held-out
-    # lines each of xarray and astropy, the repository memory's proposals checked by the denoiser
-    # show 36.8% / 25.2% of the lines at 70.1% / 66.3% precision from 0.3 (BENCHMARKS.md "Repository
-    # memory through the server"); the model alone reaches 0.3 on none of them.
-    min_confidence: float = 0.3
+    # Show a suggestion only at this confidence or above. 0.5: through the server, on 400 held-out
+    # lines each of xarray, astropy, django and sympy, the repository memory's proposals checked by
+    # the denoiser show 39.3% of the lines at 69.5% precision from 0.5, and each repository >= 25% at
+    # >= 60% (sympy, the weakest: 31.5% at 61.1%); 0.5 is the lowest threshold where every one of the
+    # four meets that (BENCHMARKS.md "Repository memory through the server"). Without an index the
+    # model alone showed nothing at 0.3 already (xarray, 150 lines).
+    min_confidence: float = 0.5
     min_confidence_rewrite_recent: float = 0.98  # ... and this for one deleting/rewriting recent typing
     recent_edit_s: float = 5.0  # "recent" typing: lines changed this many seconds ago or less
     edit_predictions: bool = False  # answer dlm/editPrediction (edits away from the cursor)

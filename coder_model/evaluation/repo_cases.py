@@ -270,17 +270,49 @@ def build_memory(workspace: dict[str, str], **kwargs) -> tuple[object, dict]:
     return memory, cost
 
 
+def load_or_build(index_file: str, workspace: dict[str, str], **kwargs) -> tuple[object, dict]:
+    """The index saved in `index_file` when it holds exactly `workspace`'s files (and the order
+    asked), else a fresh build saved there; the cost says which."""
+    from dlm.coder_model.memory import RepoMemory
+
+    if os.path.exists(index_file):
+        t0, c0 = time.perf_counter(), time.process_time()
+        try:
+            with open(index_file, "rb") as fh:
+                memory = RepoMemory.load(fh)
+        except (OSError, ValueError) as exc:
+            print(f"repo_cases: {index_file}: {exc}; building the index again", file=sys.stderr)
+        else:
+            if sorted(memory.paths()) == sorted(workspace) and memory.order == kwargs.get("order", memory.order):
+                lines = sum(t.count("\n") for t in workspace.values())
+                load_s, load_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+                return memory, {"files": memory.files, "lines": lines, "tokens": memory.tokens,
+                                "loaded_from": index_file, "load_s": load_s, "load_cpu_s": load_cpu_s}
+            print(f"repo_cases: {index_file} holds another workspace or order; building the index again",
+                  file=sys.stderr)
+    memory, cost = build_memory(workspace, **kwargs)
+    tmp = index_file + ".tmp"
+    with open(tmp, "wb") as fh:
+        memory.save(fh)
+    os.replace(tmp, index_file)
+    return memory, cost
+
+
 def _fmt_rate(r: dict) -> str:
     lo, hi = r["ci95"]
     return f"{100 * r['rate']:5.1f}% [{100 * lo:4.1f}, {100 * hi:4.1f}] (n={r['n']})"
 
 
 def report(name: str, cost: dict, result: dict) -> str:
+    if "loaded_from" in cost:
+        index_line = f"index: loaded from {cost['loaded_from']} in {cost['load_s']:.2f} s ({cost['load_cpu_s']:.2f} s CPU)"
+    else:
+        index_line = (f"index: build {cost['build_s']:.1f} s ({cost['build_cpu_s']:.1f} s CPU), +{cost['rss_added_mb']:.0f} MB RSS, "
+                      f"then compact {cost['compact_s']:.1f} s, file {cost['saved_mb']:.1f} MB, save {cost['save_s']:.2f} s, "
+                      f"load {cost['load_s']:.2f} s")
     lines = [
         f"== {name}: {cost['files']} workspace files, {cost['lines']} lines, {cost['tokens']} tokens",
-        (f"index: build {cost['build_s']:.1f} s ({cost['build_cpu_s']:.1f} s CPU), +{cost['rss_added_mb']:.0f} MB RSS, "
-        f"then compact {cost['compact_s']:.1f} s, file {cost['saved_mb']:.1f} MB, save {cost['save_s']:.2f} s, "
-        f"load {cost['load_s']:.2f} s"),
+        index_line,
         f"top-1 exact  {_fmt_rate(result['top1'])}",
         f"top-8 cover  {_fmt_rate(result['top8'])}",
     ]
@@ -318,6 +350,10 @@ def main(argv: Iterable[str] | None = None) -> int:
     ap.add_argument("--beam", type=int, default=8)
     ap.add_argument("--json", default=None, help="write the figures to this file")
     ap.add_argument("--typing-lines", type=int, default=0, help="also time complete() at every keystroke of this many lines")
+    ap.add_argument("--index-file", default=None,
+                    help="load the workspace index from this file if it holds this workspace, else build it and "
+                         "save it there (query-side changes are then measured without a rebuild; the cost line "
+                         "shows the load); with several --repo, a {repo} in the name is the repository's name")
     args = ap.parse_args(list(argv) if argv is not None else None)
     results = {}
     for repo in args.repo:
@@ -329,11 +365,13 @@ def main(argv: Iterable[str] | None = None) -> int:
             print(f"repo_cases: no held-out lines in {repo} (no {SOURCE_EXTENSIONS} files?)", file=sys.stderr)
             return 2
         kwargs = {"order": args.order} if args.order else {}
-        memory, cost = build_memory(workspace, **kwargs)
+        name = os.path.basename(os.path.normpath(repo))
+        index_file = args.index_file.replace("{repo}", name) if args.index_file else None
+        memory, cost = (load_or_build(index_file, workspace, **kwargs) if index_file
+                        else build_memory(workspace, **kwargs))
         result = measure(memory, cases, beam=args.beam)
         if args.typing_lines:
             result["typing_ms"] = typing_latency(memory, cases, args.typing_lines, beam=args.beam)
-        name = os.path.basename(os.path.normpath(repo))
         print(report(name, cost, result), flush=True)
         results[name] = {"cost": cost, "result": result, "cases": len(cases), "seed": args.seed}
     if args.json:

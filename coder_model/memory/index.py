@@ -1,4 +1,4 @@
-"""RepoMemory: the workspace's token n-gram and snippet index, nested under open buffers and the file.
+"""RepoMemory: the workspace's token n-gram and snippet index, nested under the file, open buffers and retrieved windows.
 
 Writers (`update_file`, `remove_file`) and readers (`complete`, `retrieve`)
 may run on different threads. Counts of the workspace live in a few sorted
@@ -36,6 +36,8 @@ from dlm.coder_model.memory.ngram import (
 from dlm.coder_model.memory.retrieve import Snippet, SnippetIndex
 
 DEFAULT_ORDER = 6
+LOCAL_EXTRA_ORDER = 6  # the file, open-buffer and retrieved levels count contexts of order 12 (workspace: 6)
+RETRIEVED_EXTRA_LINES = 10  # lines after a retrieved window counted with it
 # Changed files wait in a list; a query counts them into dicts (about 150 bytes per n-gram), so
 # while queries come they are sealed into a sorted table early, and a bulk index with no query
 # in between seals big batches (fewer rebuilds).
@@ -70,6 +72,10 @@ class Weights:
 
     current_file: float = 20.0
     open_buffers: float = 5.0
+    # the windows of other files most like the lines above the cursor (SnippetIndex), counted at
+    # the local order: a line of a similar file is copied whole, not pieced from 5-token contexts
+    retrieved: float = 5.0
+    retrieved_windows: int = 4
 
 
 @dataclass
@@ -100,6 +106,7 @@ class RepoMemory:
         max_tokens: int = 20_000_000,
         order: int = DEFAULT_ORDER,
         *,
+        local_order: int | None = None,
         smoothing: Smoothing | None = None,
         weights: Weights | None = None,
     ) -> None:
@@ -107,6 +114,13 @@ class RepoMemory:
             raise ValueError(f"order must be between 1 and 16, got {order}")
         self.max_tokens = max_tokens
         self.order = order
+        # The current file and the open buffers are counted at query time, over a few thousand
+        # tokens: their tables can afford longer contexts than the workspace's, and a line copied
+        # from elsewhere in the same file is the memory's best case.
+        self.local_order = local_order if local_order is not None else order + LOCAL_EXTRA_ORDER
+        if not order <= self.local_order <= 24:
+            raise ValueError(f"local_order must be between order ({order}) and 24, got {self.local_order}")
+        self.query_order = self.local_order
         self.smoothing = smoothing or Smoothing()
         self.weights = weights or Weights()
         self._strings: list[str] = [""]  # token id -> text; id 0 is BOS
@@ -125,6 +139,7 @@ class RepoMemory:
         self._current: OrderedDict[str, _CurrentFile] = OrderedDict()
         self._open: OrderedDict[str, tuple[str, DictTable]] = OrderedDict()
         self._excluded: tuple[str, array, DictTable] | None = None
+        self._retrieved: tuple[tuple, DictTable | None] | None = None
         self._memo: dict = {}
         self._memo_signature: tuple | None = None
 
@@ -271,19 +286,22 @@ class RepoMemory:
 
         `before`/`after`: the document around the cursor. Levels, most
         trusted first: this document (minus the cursor's line), the other
-        `open_files` (path -> text), the workspace (minus `exclude_path`).
+        `open_files` (path -> text), the workspace windows most like the
+        lines above the cursor (retrieved, never this document's), the
+        workspace (minus `exclude_path`). The first three count contexts up
+        to `local_order` tokens, the workspace up to `order`.
         """
         if beam <= 0 or max_tokens <= 0:
             return []
         rest_of_line = _LINE_BREAK.split(after, maxsplit=1)[0] if after else ""
-        tail_tokens = _tail_tokens(before, self.order)
+        tail_tokens = _tail_tokens(before, self.query_order)
         partial = ""
         if tail_tokens and not is_line_break(tail_tokens[-1]):
             partial = tail_tokens.pop()
         with self._lock:
             ctx = list(self._intern(tail_tokens))
-            if len(tail_tokens) < self.order and len(before) > sum(map(len, tail_tokens)) + len(partial):
-                ctx = [-1] * (self.order - len(ctx)) + ctx  # more text above: not a file start
+            if len(tail_tokens) < self.query_order and len(before) > sum(map(len, tail_tokens)) + len(partial):
+                ctx = [-1] * (self.query_order - len(ctx)) + ctx  # more text above: not a file start
             levels = self._levels(before, after, path, open_files, exclude_path)
             strings = self._strings
             # answers per context stay valid while no table changes: the next keystroke on the
@@ -297,20 +315,32 @@ class RepoMemory:
                 self._memo = {}
                 self._memo_signature = signature
             memo = self._memo
-            accept = (lambda t: t >= 0 and strings[t].startswith(partial)) if partial else None
-            # the word being typed, as a token: known, or a stand-in id no table holds (typing a
-            # new name must not grow the vocabulary one prefix per keystroke)
-            typed_id = self._ids.get(partial, TYPED_WORD) if partial else None
+            if not partial and (not before or is_line_break(before[-1])):
+                # the cursor at the start of a line: what an editor would indent is not indented
+                accept = lambda t: t > 0 and not strings[t][0].isspace()  # fmt: skip
+                typed_id = None
+            elif partial and partial.isspace():
+                # blanks at the cursor (the indentation after Enter, or the space after `=`) are
+                # typed in full: the next token adds no blanks (a deeper indentation is not this line)
+                cut = len(partial)
+                accept = lambda t: t >= 0 and len(strings[t]) > cut and strings[t].startswith(partial) \
+                    and not strings[t][cut].isspace()  # fmt: skip
+                typed_id = None
+            else:
+                accept = (lambda t: t >= 0 and strings[t].startswith(partial)) if partial else None
+                # the word being typed, as a token: known, or a stand-in id no table holds (typing a
+                # new name must not grow the vocabulary one prefix per keystroke)
+                typed_id = self._ids.get(partial, TYPED_WORD) if partial else None
 
             def text_of(t: int) -> str:
                 return partial if t == TYPED_WORD else strings[t]
 
             def step(generated: tuple[int, ...], first: bool) -> list[tuple[int, float, int]]:
-                full = (ctx + list(generated))[-(self.order - 1) :] if self.order > 1 else []
+                full = (ctx + list(generated))[-(self.query_order - 1) :] if self.query_order > 1 else []
                 key = (tuple(full), partial if first else None)
                 got = memo.get(key)
                 if got is None:
-                    keys = order_keys(full, self.order)
+                    keys = order_keys(full, self.query_order)
                     if first:
                         got = next_tokens(levels, keys, self.smoothing, accept, typed=typed_id)
                     else:
@@ -380,6 +410,10 @@ class RepoMemory:
                 tables.append((+1, self._open_table(p, text)))
             if tables:
                 levels.append(Level(self.weights.open_buffers, tables))
+        if self.weights.retrieved > 0 and self.weights.retrieved_windows > 0:
+            table = self._retrieved_table(before, path, exclude_path)
+            if table is not None:
+                levels.append(Level(self.weights.retrieved, [(+1, table)]))
         ws: list = [(+1, s.table) for s in self._segments]
         if self._delta_parts:
             # changes not counted yet are counted now, QUERY_COUNT_TOKENS a query at most (and at
@@ -410,9 +444,9 @@ class RepoMemory:
         if state.above_table is None or not (above.startswith(state.above) and len(above) - len(state.above) < 8192):
             text = _window_from_line(above, CURRENT_FILE_CHARS)
             state.above_ids = list(self._intern(lex(text)))
-            state.above_table = DictTable(self.order)
+            state.above_table = DictTable(self.local_order)
             state.above_table.add(state.above_ids)
-            state.above_added = DictTable(self.order)
+            state.above_added = DictTable(self.local_order)
             state.above = above
         elif len(above) > len(state.above):
             new_ids = list(self._intern(lex(above[len(state.above) :])))
@@ -424,19 +458,55 @@ class RepoMemory:
         if state.below_table is None or below != state.below:
             state.below = below
             ids = list(self._intern(lex(_head_to_line(below, CURRENT_FILE_CHARS // 2))))
-            state.below_table = DictTable(self.order)
+            state.below_table = DictTable(self.local_order)
             state.below_table.add(ids)
         tables = [(+1, state.above_table), (+1, state.below_table)]
         if state.above_added.tokens:
             tables.append((+1, state.above_added))
         return tables
 
+    def _retrieved_table(self, before: str, path: str, exclude_path: str | None) -> DictTable | None:
+        """The retrieved windows counted at the local order; the same table while the lines above
+        the cursor are the same (the next keystrokes on a line reuse its cached answers)."""
+        from dlm.coder_model.memory.retrieve import QUERY_LINES
+
+        above = before[: line_start(before)]
+        cut = len(above)
+        for _ in range(QUERY_LINES + 1):
+            cut = above.rfind("\n", 0, cut)
+            if cut < 0:
+                break
+        query = above[cut + 1 :]
+        # any change to the snippet windows (a file indexed, replaced or removed) adds windows or
+        # kills some: their count and the dead count together say whether the index moved
+        snippets = self._snippets
+        key = (path, exclude_path, query, len(snippets.win_path), snippets.dead, self.weights.retrieved_windows)
+        if self._retrieved is not None and self._retrieved[0] == key:
+            return self._retrieved[1]
+        found = snippets.search(query.split("\n"), self.weights.retrieved_windows, exclude_path)
+        table: DictTable | None = None
+        for wid, _score in found:
+            wpath = snippets.win_path[wid]
+            if wpath is None or wpath == path or wpath not in self._files:
+                continue
+            start = snippets.win_start[wid]
+            starts = self._line_starts[wpath]
+            ids = self._files[wpath]
+            lo = starts[start] if start < len(starts) else len(ids)
+            end = start + _window() + RETRIEVED_EXTRA_LINES
+            hi = starts[end] if end < len(starts) else len(ids)
+            if table is None:
+                table = DictTable(self.local_order)
+            table.add(ids[lo:hi])
+        self._retrieved = (key, table)
+        return table
+
     def _open_table(self, path: str, text: str) -> DictTable:
         got = self._open.get(path)
         if got is not None and got[0] == text:
             self._open.move_to_end(path)
             return got[1]
-        table = DictTable(self.order)
+        table = DictTable(self.local_order)
         table.add(list(self._intern(lex(text[:OPEN_BUFFER_CHARS]))))
         self._open[path] = (text, table)
         while len(self._open) > OPEN_BUFFERS:
@@ -458,10 +528,16 @@ class RepoMemory:
         """Write the index: versioned, little-endian arrays, CRC-checked; no pickle."""
         from dlm.coder_model.memory import persist
 
-        with self._write_lock:
+        with self._write_lock:  # no writer meanwhile: files, tables and snippets stay as they are
             self._compact_locked(full=True)
             with self._lock:
-                persist.save(self, fh)
+                # the only thing readers change is the vocabulary, and only by appending (they
+                # intern what they lex): its length now is the snapshot. Serialising (0.2-0.8 s
+                # on a large index) runs outside the readers' lock: suggestions go on meanwhile.
+                if self._snippets.dead:
+                    self._snippets._compact()
+                vocabulary = len(self._strings)
+            persist.save(self, fh, vocabulary)
 
     @classmethod
     def load(cls, fh: typing.BinaryIO) -> RepoMemory:

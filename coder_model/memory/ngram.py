@@ -12,9 +12,11 @@ two kinds of table with the same `lookup`:
 - `DictTable`: dicts, for small, changing token streams (the current file,
   an open buffer, the changes since the last sealed table).
 
-Probabilities: counts of all levels (current file, open buffers,
-workspace) are merged per order with a weight per level, then smoothed by
-interpolated Witten-Bell from order 1 up to the longest context seen.
+Probabilities: counts of all levels (current file, open buffers, retrieved
+windows, workspace) are merged per order with a weight per level, then
+smoothed by interpolated Witten-Bell from order 1 up to the longest context
+seen. Tables of one query may differ in order (the local levels count longer
+contexts than the workspace): a table is asked only up to its own.
 """
 
 from __future__ import annotations
@@ -83,7 +85,8 @@ class DictTable:
     def __init__(self, order: int) -> None:
         self.order = order
         self.serial = next(_serials)
-        self.succ: list[dict[int, dict[int, int]]] = [{} for _ in range(order)]
+        # context key -> {successor: count}, or the successor's id alone for a context seen once
+        self.succ: list[dict[int, dict[int, int] | int]] = [{} for _ in range(order)]
         self._sorted: dict[tuple[int, int], tuple[int, list[tuple[int, int]]]] = {}
         self.tokens = 0
 
@@ -103,6 +106,9 @@ class DictTable:
         for k, col in enumerate(file_key_columns(stream, self.order)):
             succ = self.succ[k]
             ctxs = col[offset:]
+            if not succ and sign > 0:
+                self._fill_fresh(succ, ctxs, toks)
+                continue
             # count in C (Counter over pairs), then one Python step per distinct n-gram
             for (key, t), c in Counter(zip(ctxs, toks)).items():
                 c *= sign
@@ -110,6 +116,8 @@ class DictTable:
                 if d is None:
                     succ[key] = {t: c}
                     continue
+                if type(d) is int:  # a context seen once, stored as its one successor
+                    d = succ[key] = {d: 1}
                 c += d.get(t, 0)
                 if c:
                     d[t] = c
@@ -118,10 +126,28 @@ class DictTable:
                     if not d:
                         del succ[key]
 
+    @staticmethod
+    def _fill_fresh(succ: dict, ctxs: list[int], toks: list[int]) -> None:
+        """Counts of an empty order: a context seen once (most of them at the longer orders) is
+        stored as its successor's id, in C (dict over pairs); only repeated ones get a dict."""
+        seen = Counter(ctxs)
+        succ.update(zip(ctxs, toks))  # the last successor of each context
+        if len(seen) == len(ctxs):
+            return
+        repeated = {key for key, c in seen.items() if c > 1}
+        for key in repeated:
+            succ[key] = {}
+        for key, t in zip(ctxs, toks):
+            if key in repeated:
+                d = succ[key]
+                d[t] = d.get(t, 0) + 1
+
     def lookup(self, k: int, key: int, limit: int) -> Stats | None:
         d = self.succ[k - 1].get(key)
-        if not d:
+        if d is None or d == {}:
             return None
+        if type(d) is int:
+            return Stats(1, 1, [(d, 1)])
         got = self._sorted.get((k, key))
         if got is None:
             # totals and order are computed for the contexts asked only, once per table state
@@ -133,7 +159,7 @@ class DictTable:
         return Stats(got[0], len(d), got[1][:limit])
 
     def entries(self) -> int:
-        return sum(len(d) for s in self.succ for d in s.values())
+        return sum(1 if type(d) is int else len(d) for s in self.succ for d in s.values())
 
 
 class SortedTable:
@@ -318,7 +344,7 @@ def next_tokens(
             w = level.weight
             got: list[tuple[int, Stats]] = []
             for sign, table in level.tables:
-                if id(table) in missing:
+                if id(table) in missing or k > table.order:  # the local levels count longer contexts
                     continue
                 st = table.lookup(k, keys[k - 1], limit)
                 if st is None:

@@ -111,8 +111,9 @@ class _Reader:
         return out
 
 
-def save(memory: RepoMemory, fh: typing.BinaryIO) -> None:
-    """Write `memory` (compacted to one table by the caller, under its locks)."""
+def save(memory: RepoMemory, fh: typing.BinaryIO, vocabulary: int | None = None) -> None:
+    """Write `memory` (compacted to one table by the caller, under its writers' lock), with the
+    first `vocabulary` token strings (default: all): the ones any file or table can refer to."""
     from dlm.coder_model.memory.ngram import SortedTable
 
     w = _Writer()
@@ -131,7 +132,7 @@ def save(memory: RepoMemory, fh: typing.BinaryIO) -> None:
             "table_tokens": table.tokens,
         }
     )
-    w.strings(memory._strings)
+    w.strings(memory._strings[:vocabulary] if vocabulary is not None else memory._strings)
     w.strings(paths)
     w.array(array("I", (len(memory._files[p]) for p in paths)))
     for p in paths:
@@ -143,7 +144,7 @@ def save(memory: RepoMemory, fh: typing.BinaryIO) -> None:
             w.array(a)
     snip = memory._snippets
     if snip.dead:
-        snip._compact()
+        raise RuntimeError("RepoMemory.save compacts the snippet windows before it calls persist.save")
     path_index = {p: i for i, p in enumerate(paths)}
     w.strings(list(snip.ident_ids))
     w.array(array("i", (path_index.get(p, -1) if p is not None else -1 for p in snip.win_path)))

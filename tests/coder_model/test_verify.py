@@ -72,3 +72,18 @@ def test_left_to_right_scoring_runs_one_pass_per_slot_of_the_longest_proposal(en
     longest = len(engine.tok.encode(p.region + proposals[0].text)) + 1 - len(engine.tok.encode(p.region))
     assert n_inter == 2 and longest - 1 <= n_ltr <= longest + 1
     assert all(0 < s < 1 for s in inter + ltr) and inter != ltr
+
+
+def test_a_proposal_longer_than_one_block_but_within_max_blocks_is_scored(engine):
+    # the sampler could write this region in max_blocks blocks: the check reads it, and the model
+    # no longer vetoes every proposal on a long statement because it did not fit one block
+    region = "    with "
+    text = "open(path) as f:"
+    slots = len(engine.tok.encode(region + text)) + 1
+    block = (slots + 1) // 2  # the region and its <eom> need two blocks of this size
+    assert block < slots
+    p = Prompt(**{**PROMPT, "region": region, "cursor": len(region)}, proposals=(MemoryProposal(text, 0.9),))
+    two = engine.predict(p, SamplerParams(block_len=block, max_blocks=2, veto=0.0), CancelToken())
+    assert two.text == region + text and two.confidence is not None
+    one = engine.predict(p, SamplerParams(block_len=block, max_blocks=1), CancelToken())
+    assert one.text == region  # one block too small: not scored, so vetoed

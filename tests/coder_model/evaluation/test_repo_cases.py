@@ -78,3 +78,21 @@ def test_main_reports_each_repository(tmp_path, capsys):
     figures = json.loads(out.read_text())["r"]
     assert figures["cases"] == 20 and figures["result"]["typing_ms"]["lines"] == 2
     assert repo_cases.main(["--repo", str(tmp_path / "missing")]) == 2
+
+
+def test_index_file_is_built_once_then_loaded_and_rebuilt_for_another_workspace(tmp_path, capsys):
+    make_repo(tmp_path / "r")
+    index = tmp_path / "{repo}.bin"
+    argv = ["--repo", str(tmp_path / "r"), "--cases", "20", "--index-file", str(index), "--json", str(tmp_path / "a.json")]
+    assert repo_cases.main(argv) == 0
+    assert "index: build" in capsys.readouterr().out and (tmp_path / "r.bin").exists()
+    assert repo_cases.main(argv[:-1] + [str(tmp_path / "b.json")]) == 0
+    assert "index: loaded from" in capsys.readouterr().out
+    first, second = (json.loads((tmp_path / f).read_text())["r"]["result"] for f in ("a.json", "b.json"))
+    assert first["top1"] == second["top1"] and first["top8"] == second["top8"]  # the same index either way
+    (tmp_path / "r" / "pkg0" / "new.py").write_text("x = 1\n" * 5)  # another workspace (or a held-out file)
+    assert repo_cases.main(argv) == 0
+    assert "index: build" in capsys.readouterr().out
+    (tmp_path / "r.bin").write_bytes(b"garbage")
+    assert repo_cases.main(argv) == 0
+    assert "index: build" in capsys.readouterr().out

@@ -56,7 +56,8 @@ def test_the_rest_of_the_line_after_the_cursor_is_respected():
 
 def test_nested_cache_current_file_then_open_buffers_then_workspace():
     workspace = {f"w{i}.py": "value = compute_global(x)\n" for i in range(3)}
-    memory = build(workspace)
+    # the three levels alone (the retrieved windows, a fourth level, are tested below)
+    memory = build(workspace, weights=memory_index.Weights(retrieved=0))
     assert memory.complete("value = ", "\n", path="cur.py")[0].text == "compute_global(x)"
     opened = {"open.py": "value = compute_open(x)\n"}
     assert memory.complete("value = ", "\n", path="cur.py", open_files=opened)[0].text == "compute_open(x)"
@@ -249,3 +250,117 @@ def test_a_huge_line_is_read_from_its_end_only():
     before = "x = [" + "1, " * 100_000 + "\nprint("
     assert memory.complete(before, "\n", path="big.py")[0].text == "add(1, 2))"
     assert isinstance(memory.complete("y = " + "a" * 50_000, "\n", path="big2.py"), list)
+
+
+def test_blanks_typed_at_the_cursor_are_not_extended():
+    # indented and unindented lines after the same context: the cursor's indentation decides
+    files = {f"m{i}.py": "if ready:\n        deep_call(x)\nif ready:\n    shallow_call(x)\n" for i in range(3)}
+    files["n.py"] = "if ready:\n        deep_call(x)\n" * 5 + "if ready:\nflat_call(x)\n"
+    memory = build(files)
+    got = [c.text for c in memory.complete("if ready:\n    ", "\n", path="new.py")]
+    assert got and got[0] == "shallow_call(x)" and all(not t[:1].isspace() for t in got)
+    # at the start of a line (no indentation typed) no candidate starts with blanks
+    got = [c.text for c in memory.complete("if ready:\n", "\n", path="new.py")]
+    assert got and got[0] == "flat_call(x)" and all(not t[:1].isspace() for t in got)
+    # after `x = ` the space is typed: the next word carries no second one
+    memory = build({"a.py": "x =  spaced\nx = value\nx =  spaced\nx =  spaced\n"})
+    assert [c.text for c in memory.complete("x = ", "\n", path="new.py")][:1] == ["value"]
+
+
+def test_save_serialises_outside_the_readers_lock(monkeypatch):
+    import threading
+
+    from dlm.coder_model.memory import persist
+
+    memory = build(REPO)
+    memory.complete("brand_new_word = other_new_word(", "\n", path="new.py")  # a reader interned words
+    vocabulary = memory.vocabulary
+    real_save = persist.save
+    seen = {}
+
+    def save_checking_the_lock(mem, fh, vocab=None):
+        # a reader on another thread gets the readers' lock while the file is written
+        t = threading.Thread(target=lambda: seen.setdefault("free", mem._lock.acquire(timeout=5) and not mem._lock.release()))
+        t.start()
+        t.join()
+        real_save(mem, fh, vocab)
+
+    monkeypatch.setattr(persist, "save", save_checking_the_lock)
+    buf = io.BytesIO()
+    memory.save(buf)
+    assert seen == {"free": True}
+    loaded = RepoMemory.load(io.BytesIO(buf.getvalue()))
+    assert loaded.vocabulary == vocabulary
+    assert [c.text for c in loaded.complete("x = 1\nprint(", "\n", path="new.py")] == [
+        c.text for c in memory.complete("x = 1\nprint(", "\n", path="new.py")
+    ]
+
+
+def test_lines_of_a_similar_file_are_copied_whole_by_the_retrieved_level():
+    # a file like the one being edited: its line after the same lines above is the answer, while
+    # the 5-token contexts of the workspace alone piece together a more common line
+    common = "def check(frame):\n    result = frame.apply(handler, axis=0)\n"
+    similar = (
+        "def convert_table(table, units, strict):\n"
+        "    validate_units(units)\n"
+        "    result = frame.apply(handler, axis=1, raw=True, units=units, strict=strict)\n"
+    )
+    files = {f"common{i}.py": common for i in range(6)}
+    files["similar.py"] = similar
+    before = "def convert_table(table, units, strict):\n    validate_units(units)\n    result = frame.apply(handler, axis="
+    plain = build(files, weights=memory_index.Weights(retrieved=0))
+    # one window retrieved (by default 4: here the next best would be the common files themselves)
+    with_retrieval = build(files, weights=memory_index.Weights(retrieved_windows=1))
+    assert plain.complete(before, "\n", path="new.py")[0].text == "0)"
+    assert with_retrieval.complete(before, "\n", path="new.py")[0].text == "1, raw=True, units=units, strict=strict)"
+    # the current document is never its own retrieved window
+    assert with_retrieval.complete(before, "\n", path="similar.py", exclude_path="similar.py")[0].text == "0)"
+
+
+def test_the_local_levels_count_longer_contexts_than_the_workspace():
+    memory = RepoMemory(order=3)
+    assert memory.local_order == 3 + memory_index.LOCAL_EXTRA_ORDER
+    with pytest.raises(ValueError, match="local_order"):
+        RepoMemory(order=6, local_order=4)
+    # two lines of this file agree on their last 2 tokens before the cursor and differ further
+    # back: the order-3 workspace cannot tell them apart, the file level can
+    text = "alpha beta gamma = first\nomega beta gamma = second\n"
+    memory = build({"other.py": "x = 1\n"}, order=3)
+    assert memory.complete(text + "alpha beta gamma =", "\n", path="cur.py")[0].text == " first"
+    assert memory.complete(text + "omega beta gamma =", "\n", path="cur.py")[0].text == " second"
+
+
+def test_a_table_counted_at_once_equals_one_counted_in_pieces_and_one_taken_back():
+    from dlm.coder_model.memory.ngram import DictTable
+
+    stream = [1, 2, 3, 1, 2, 4, 1, 2, 3, 5, 6, 7, 1, 2, 3] * 3 + [0, 9, 0]  # 0: an id the vocabulary gave up on
+    whole = DictTable(5)
+    whole.add(stream)  # an empty table: contexts seen once are stored as their successor alone
+    pieces = DictTable(5)
+    for i in range(0, len(stream), 7):
+        pieces.add(stream[i : i + 7], history=stream[:i])
+    assert whole.entries() == pieces.entries()
+    for k in range(1, 6):
+        assert set(whole.succ[k - 1]) == set(pieces.succ[k - 1])
+        for key in whole.succ[k - 1]:
+            a, b = whole.lookup(k, key, 50), pieces.lookup(k, key, 50)
+            assert (a.total, a.types, sorted(a.top)) == (b.total, b.types, sorted(b.top))
+    # counting more into a table built at once, then taking it back, restores it
+    extra = [7, 1, 2, 3, 8]
+    whole.add(extra, history=stream)
+    whole.add(extra, sign=-1, history=stream)
+    for k in range(1, 6):
+        for key in pieces.succ[k - 1]:
+            a, b = whole.lookup(k, key, 50), pieces.lookup(k, key, 50)
+            assert (a.total, a.types, sorted(a.top)) == (b.total, b.types, sorted(b.top))
+
+
+def test_the_retrieved_level_follows_a_change_to_the_retrieved_file():
+    head = "def convert_table(table, units, strict):\n    validate_units(units)\n"
+    files = {"similar.py": head + "    result = frame.apply(handler, axis=1, raw=True)\n", "other.py": "x = 1\n"}
+    memory = build(files, weights=memory_index.Weights(retrieved_windows=1))
+    before = head + "    result = frame.apply(handler, axis="
+    assert memory.complete(before, "\n", path="new.py")[0].text == "1, raw=True)"
+    # the same lines above the cursor, but the similar file changed (same size: same window count)
+    memory.update_file("similar.py", head + "    result = frame.apply(handler, axis=2, raw=None)\n")
+    assert memory.complete(before, "\n", path="new.py")[0].text == "2, raw=None)"
