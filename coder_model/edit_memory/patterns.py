@@ -127,8 +127,8 @@ def extract(old_lines: list[str], new_lines: list[str], max_lines: int = 20) -> 
         return []
     out: list[Extracted] = []
     for i, (o, n) in enumerate(zip(old, new)):
-        if o == n:
-            continue
+        if [t.text for t in tokens(o)] == [t.text for t in tokens(n)]:
+            continue  # unchanged, or whitespace only
         p = line_pattern(o, n)
         if p is None:
             return []  # one line of the edit cannot be named: the edit is not a pattern
