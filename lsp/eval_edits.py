@@ -173,7 +173,7 @@ def _git(repo: Path, *args: str, binary: bool = False):
     return proc.stdout if binary else proc.stdout.decode("utf-8", errors="replace")
 
 
-_HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", re.M)
+_HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", re.MULTILINE)
 
 
 def git_commit_records(repo: Path, parent: str, commit: str, date: str) -> list[EditRecord]:
@@ -612,7 +612,7 @@ def summarize_rows(opps: list[Opportunity], thresholds: list[float], rewrite_rec
 
 
 def meets_targets(row: dict) -> bool:
-    r = lambda k: row[k]["rate"]  # noqa: E731
+    r = lambda k: row[k]["rate"]
     return (row["shown"]["rate"] or 0) >= TARGET_SHOWN and r("exact") is not None and r("exact") >= TARGET_EXACT \
         and r("location") >= TARGET_LOCATION and r("deletes_kept") <= TARGET_DELETES_KEPT
 
@@ -800,8 +800,7 @@ def run_next_edits(args: argparse.Namespace, thresholds: list[float]) -> int:
     wrote = [out / "eval-edits.md", out / "eval-edits.json"]
     if args.records:
         with open(args.records, "w", encoding="utf-8") as f:
-            for o in opps:
-                f.write(json.dumps(asdict(o)) + "\n")
+            f.writelines(json.dumps(asdict(o)) + "\n" for o in opps)
         wrote.append(Path(args.records))
     if not args.no_plot:
         write_plot(summary, [o.latency_ms for o in opps if o.latency_ms is not None], out / "eval-edits.png")
