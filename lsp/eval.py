@@ -86,6 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "just over the server's history idleS, so each hunk is its own edit event)")
     nxt.add_argument("--records", metavar="FILE", help="write one JSON line per opportunity (the proposal, the truth, "
                      "the judgement) to FILE")
+    nxt.add_argument("--from-records", metavar="FILE", help="report from a --records file without a replay (other "
+                     "--thresholds or --rewrite-recent on the same proposals)")
     nxt.add_argument("--progress", action="store_true", help="print the running count of opportunities to stderr")
     parser.add_argument("--config", default="verify", help="--repo: model (no memory), memory (no model pass, "
                         "a diagnostic) or verify (the memory proposes, the denoiser checks; default)")

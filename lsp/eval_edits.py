@@ -621,15 +621,15 @@ def summarize(opps: list[Opportunity], thresholds: list[float], rewrite_recent: 
     rows = summarize_rows(opps, thresholds, rewrite_recent)
     chosen = next((r["threshold"] for r in rows if meets_targets(r)), None)
     at = chosen if chosen is not None else min(thresholds)
-    groups: dict[tuple[str, str], list[Opportunity]] = {}
+    groups: dict[tuple[str, int, str], list[Opportunity]] = {}  # each split's row, then its repositories'
     for o in opps:
-        groups.setdefault(("split", o.split), []).append(o)
-        groups.setdefault(("repo", f"{o.split}: {o.repo}"), []).append(o)
+        groups.setdefault((o.split, 0, "split"), []).append(o)
+        groups.setdefault((o.split, 1, o.repo), []).append(o)
     lat = sorted(o.latency_ms for o in opps if o.latency_ms is not None)
     return {
         "rows": rows, "target_threshold": chosen, "groups_at": at,
-        "groups": [{"kind": kind, "name": name, **summarize_rows(g, [at], rewrite_recent)[0]}
-                   for (kind, name), g in sorted(groups.items())],
+        "groups": [{"kind": "split" if level == 0 else "repo", "name": split if level == 0 else f"{split}: {name}",
+                    **summarize_rows(g, [at], rewrite_recent)[0]} for (split, level, name), g in sorted(groups.items())],
         "latency": {"requests": len(lat), "p50_ms": percentile(lat, 50) if lat else None,
                     "p99_ms": percentile(lat, 99) if lat else None},
         "errors": sum(1 for o in opps if o.error), "rewrite_recent": rewrite_recent,
@@ -728,7 +728,52 @@ def _splits(args) -> list[str]:
     return out
 
 
+def read_records(path: str) -> list[Opportunity]:
+    """Opportunities back from a --records file (to report other thresholds without a replay)."""
+    out = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                d = json.loads(line)
+                d["cursor"] = tuple(d["cursor"])
+                d["judgement"] = Judgement(**d["judgement"])
+                out.append(Opportunity(**d))
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise SystemExit(f"dlm-lsp eval --next-edits: --from-records {path}: not a --records file of this version "
+                         f"({type(exc).__name__}: {exc}); write one with --records FILE") from None
+    return out
+
+
+def report(opps: list[Opportunity], thresholds: list[float], args: argparse.Namespace, meta: dict) -> None:
+    summary = summarize(opps, thresholds, args.rewrite_recent)
+    md = render_markdown(summary, meta)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "eval-edits.md").write_text(md, encoding="utf-8")
+    (out / "eval-edits.json").write_text(json.dumps({"meta": meta, "summary": summary}, indent=1, default=str))
+    wrote = [out / "eval-edits.md", out / "eval-edits.json"]
+    if args.records and not args.from_records:
+        with open(args.records, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(asdict(o)) + "\n" for o in opps)
+        wrote.append(Path(args.records))
+    if not args.no_plot:
+        write_plot(summary, [o.latency_ms for o in opps if o.latency_ms is not None], out / "eval-edits.png")
+        wrote.append(out / "eval-edits.png")
+    print(md)
+    print("wrote " + ", ".join(str(w) for w in wrote))
+
+
 def run_next_edits(args: argparse.Namespace, thresholds: list[float]) -> int:
+    if args.from_records:
+        opps = read_records(args.from_records)
+        if not opps:
+            raise SystemExit(f"dlm-lsp eval --next-edits: --from-records {args.from_records} holds no opportunities")
+        material = " ".join(f"--split {s}" if s != "git" else "--git" for s in sorted({o.split for o in opps}))
+        report(opps, thresholds, args, {"material": f"{material} --from-records {Path(args.from_records).name}",
+                                        "model": "(replayed earlier)", "device": "-",
+                                        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                        "records": len({(o.commit, o.path) for o in opps}), "opportunities": len(opps)})
+        return 0
     cases = args.cases if args.cases is not None else DEFAULT_CASES
     if cases < 1 or args.edit_gap_s < 0 or args.deadline_ms < 1 or args.git_commits < 1:
         raise SystemExit("dlm-lsp eval --next-edits: --cases, --git-commits and --deadline-ms must be >= 1 and "
@@ -786,26 +831,11 @@ def run_next_edits(args: argparse.Namespace, thresholds: list[float]) -> int:
             status, server, index_status = res.status or status, res.server, replay.index_status
         finally:
             workspace.close()
-    summary = summarize(opps, thresholds, args.rewrite_recent)
     meta = {"model": status.get("model", ""), "device": status.get("device", ""),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "material": " ".join(material),
             "records": len(records) + len(git_records), "opportunities": len(opps), "seed": args.seed,
             "edit_gap_s": args.edit_gap_s, "deadline_ms": args.deadline_ms, "wall_s": round(time.monotonic() - t0, 1),
             "index": index_status, "server": {k: server.get(k) for k in ("model_runs", "completed", "cancelled", "late")}}
-    md = render_markdown(summary, meta)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "eval-edits.md").write_text(md, encoding="utf-8")
-    (out / "eval-edits.json").write_text(json.dumps({"meta": meta, "summary": summary}, indent=1, default=str))
-    wrote = [out / "eval-edits.md", out / "eval-edits.json"]
-    if args.records:
-        with open(args.records, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(asdict(o)) + "\n" for o in opps)
-        wrote.append(Path(args.records))
-    if not args.no_plot:
-        write_plot(summary, [o.latency_ms for o in opps if o.latency_ms is not None], out / "eval-edits.png")
-        wrote.append(out / "eval-edits.png")
-    print(md)
-    print("wrote " + ", ".join(str(w) for w in wrote))
+    report(opps, thresholds, args, meta)
     return 0
 

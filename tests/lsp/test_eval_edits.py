@@ -251,6 +251,16 @@ def test_next_edits_through_the_server_with_the_embedded_checkpoint(tmp_path):
     assert summary["rows"][0]["opportunities"] == 3 and summary["latency"]["requests"] == 3
     shown_at_0 = sum(1 for r in rows if r["judgement"]["changes"])  # --rewrite-recent 0: every change shows
     assert summary["rows"][0]["shown"]["k"] == shown_at_0
+    # the same proposals reported again without a replay, with the server's rewrite-recent bar
+    again = subprocess.run(
+        [sys.executable, "-m", "dlm.lsp.cli", "eval", "--next-edits", "--from-records", str(records),
+         "--thresholds", "0", "--rewrite-recent", "1", "--no-plot", "--out", str(tmp_path / "again")],
+        env=server_env(), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    summary = json.loads((tmp_path / "again" / "eval-edits.json").read_text())["summary"]
+    unsure = sum(1 for r in rows if r["judgement"]["changes"] and (not r["rewrites_recent"] or r["confidence"] is None))
+    assert summary["rows"][0]["opportunities"] == 3 and summary["rows"][0]["shown"]["k"] == unsure
 
 
 def test_next_edits_refuses_a_bad_split_and_a_folder_that_is_not_a_repository(tmp_path):
