@@ -481,6 +481,7 @@ class NextEditReplay(Bench):
     def initialization_options(self) -> dict:
         # gate at 0 and edit predictions on: every proposal comes back with its confidence
         return {"minConfidence": 0, "minConfidenceRewriteRecent": 0, "editPredictions": True,
+                "nextEdits": {"minConfidence": 0},  # the edit memory's own gate (lsp.next_edits) at 0 too
                 "deadlineMs": self.args.deadline_ms}
 
     def root_uri(self) -> str | None:

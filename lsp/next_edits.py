@@ -83,7 +83,9 @@ def record(ls: DlmServer, doc: Document, change) -> None:
     try:
         tracker = ls.next_edits.tracker(doc.uri, opts.max_edit_lines)
         for edit in tracker.after_change(change, doc.lines):
-            ls.next_edits.memory.observe(ls.path_of(doc.uri), edit, doc.lines)
+            # the change that closed the edit is in doc.lines already: its lines are not looked at
+            skip = (change.start_line, change.new_end_line + 1)
+            ls.next_edits.memory.observe(ls.path_of(doc.uri), edit, doc.lines, skip)
     except Exception:  # the memory must never cost a keystroke
         log.exception("edit memory: could not record a change of %s", doc.uri)
         ls.next_edits.forget(doc.uri)

@@ -84,23 +84,37 @@ class EditMemory:
         self._entries: OrderedDict[tuple, Entry] = OrderedDict()  # newest last
         self.git = GitStats()
         self.forgotten = 0  # patterns forgotten by an undo (dlm/stats)
+        # Whether a rename's new name existed before it, as first seen: later sightings would
+        # count the uses this pattern itself renamed (accepted proposals) as pre-existing.
+        self._ambiguous: OrderedDict[tuple, bool] = OrderedDict()
 
     # ---- learning ---------------------------------------------------------------------------
-    def entries_of(self, path: str, edit: Edit, lines: list[str]) -> list[Entry]:
-        """The patterns of an edit of `path` (not remembered: see `observe`)."""
+    def entries_of(self, path: str, edit: Edit, lines: list[str], skip: tuple[int, int] | None = None) -> list[Entry]:
+        """The patterns of an edit of `path` (not remembered: see `observe`); `lines` is the
+        document now, `skip` a line range [a, b) of it changed after the edit (not looked at)."""
         out = []
         for x in extract(list(edit.old), list(edit.new), self.max_edit_lines):
             p = x.pattern
             line = edit.start + x.line
-            ambiguous = p.kind == "rename" and _exists_outside(lines, p.new, edit.start, edit.start + len(edit.new))
+            ambiguous = False
+            if p.kind == "rename":
+                with self._lock:
+                    known = self._ambiguous.get(p.key)
+                if known is None:
+                    known = _exists_outside(lines, p.new, [(edit.start, edit.start + len(edit.new)), skip or (0, 0)])
+                    with self._lock:
+                        self._ambiguous[p.key] = known
+                        while len(self._ambiguous) > 4 * self.max_patterns:
+                            self._ambiguous.popitem(last=False)
+                ambiguous = known
             event = render_event(path, edit.start, list(edit.old), list(edit.new))
             out.append(Entry(p, path, line, x.context, x.name, event, edit.at, 1, ambiguous,
                              edit.start + len(edit.new)))
         return out
 
-    def observe(self, path: str, edit: Edit, lines: list[str]) -> list[Entry]:
+    def observe(self, path: str, edit: Edit, lines: list[str], skip: tuple[int, int] | None = None) -> list[Entry]:
         """Remember a closed edit's patterns (an undo forgets the pattern it reverts)."""
-        found = self.entries_of(path, edit, lines)
+        found = self.entries_of(path, edit, lines, skip)
         kept = []
         with self._lock:
             for e in found:
@@ -108,6 +122,7 @@ class EditMemory:
                 if undone:
                     for k in undone:
                         del self._entries[k]
+                        self._ambiguous.pop(k, None)
                     self.forgotten += len(undone)
                     continue
                 if e.pattern.kind == "delete_line":
@@ -211,12 +226,12 @@ def enclosing_def(lines: list[str], row: int) -> tuple[int, int] | None:
     return None
 
 
-def _exists_outside(lines: list[str], name: str, start: int, end: int) -> bool:
-    """`name` is a token of a line outside [start, end): it existed before the rename."""
+def _exists_outside(lines: list[str], name: str, ranges: list[tuple[int, int]]) -> bool:
+    """`name` is a token of a line outside the line ranges [a, b): it existed before the rename."""
     if not name:
         return False
     for i, line in enumerate(lines):
-        if start <= i < end or name not in line:
+        if name not in line or any(a <= i < b for a, b in ranges):
             continue
         if any(t.text == name for t in tokens(line)):
             return True

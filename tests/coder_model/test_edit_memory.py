@@ -207,3 +207,16 @@ def test_git_history_up_to_head_gives_support(tmp_path):
     mem.learn_git(stats)
     assert mem.prior("append_arg") > before
     assert mine(str(tmp_path / "nowhere"), 10, 1_000_000) is None
+
+
+def test_uses_the_pattern_renamed_itself_do_not_make_the_rename_ambiguous():
+    doc, mem = Doc(TEXT), EditMemory()
+    doc.edit(1, 8, 13, "tally")
+    pending = mem.entries_of("f.py", doc.tracker.peek(doc.lines), doc.lines)
+    (first,) = [p for p in mem.propose("f.py", doc.lines, 1, now=doc.t, pending=pending) if p.site.line == 2]
+    line = doc.lines[2]
+    closed = doc.edit(2, first.site.start, first.site.end, "tally", dt=3.0)  # the proposal accepted
+    assert line != doc.lines[2] and len(closed) == 1
+    (e,) = mem.observe("f.py", closed[0], doc.lines, skip=(2, 3))
+    assert not e.ambiguous
+    assert [p.site.line for p in mem.propose("f.py", doc.lines, 2, now=doc.t)] == [3]

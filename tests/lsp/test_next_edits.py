@@ -63,7 +63,9 @@ async def test_a_rename_in_one_place_yields_a_proposal_at_another_use_checked_by
 
         # accept it; the last use is 24 lines below the cursor: a "jump to" hint
         text = apply_edit(text, edit)
-        change(client, uri, 3, (6, 24), (6, 29), "tally")
+        rng = edit["range"]
+        change(client, uri, 3, (rng["start"]["line"], rng["start"]["character"]),
+               (rng["end"]["line"], rng["end"]["character"]), edit["newText"])
         res = await edit_prediction(client, uri, 6, 29)
         assert res is not None
         (edit,) = res["edits"]
