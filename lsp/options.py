@@ -74,7 +74,9 @@ class NextEditOptions:
     max_proposals: int = 8  # ranked sites kept per request
     git_commits: int = 300  # commits of the root's git history mined for support (0: none)
     jump_lines: int = 8  # a proposal farther than this from the cursor carries a "jump to" hint
-    model_fallback: bool = True  # without a proposal, the model's wide rewrite answers (as before)
+    # Without a proposal, the model's wide rewrite of the region answers. Off: on the valid split
+    # every one of its proposals deleted lines the commit keeps, none was exact (BENCHMARKS.md "Next edits").
+    model_fallback: bool = False
 
 
 @dataclass
