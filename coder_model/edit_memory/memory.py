@@ -39,7 +39,12 @@ log = logging.getLogger(__name__)
 # P(a pattern of this kind is repeated elsewhere), before any git history is read. Measured on
 # the edit-histories valid split (python -m dlm.coder_model.edit_memory.measure, README "Next edits").
 DEFAULT_PRIORS: dict[str, float] = {"rename": 0.45, "append_arg": 0.15, "insert_line": 0.3, "replace": 0.3}
-PRIOR_WEIGHT = 10.0  # pseudo-counts of the default prior against the project's own git counts
+# How often a pattern of each kind recurs within its commit, over the edit-histories train split
+# (python -m dlm.coder_model.evaluation.next_edits --split train --corpus-repeat 7: every 7th record,
+# grouped by commit; insert_line too rare there, a guess). A project
+# whose history repeats a kind more (less) often than these gets that kind's prior scaled up (down).
+CORPUS_REPEAT: dict[str, float] = {"rename": 0.304, "append_arg": 0.055, "insert_line": 0.2, "replace": 0.087}
+PRIOR_WEIGHT = 10.0  # pseudo-counts of the corpus rate against the project's own git counts
 AMBIGUOUS_SIMILARITY = 0.5  # an ambiguous rename's site needs this much context similarity
 
 
@@ -153,9 +158,13 @@ class EditMemory:
 
     # ---- support ----------------------------------------------------------------------------
     def prior(self, kind: str) -> float:
+        """The kind's default prior, scaled by how much more (or less) often this project's git
+        history repeats the kind within a commit than the corpus does (CORPUS_REPEAT)."""
         base = DEFAULT_PRIORS.get(kind, 0.3)
+        corpus = CORPUS_REPEAT.get(kind, 0.2)
         seen, repeated = self.git.kinds.get(kind, (0, 0))
-        return (repeated + PRIOR_WEIGHT * base) / (seen + PRIOR_WEIGHT)
+        project = (repeated + PRIOR_WEIGHT * corpus) / (seen + PRIOR_WEIGHT)
+        return min(0.95, base * project / corpus)
 
     def support(self, e: Entry, rank_score: float) -> float:
         """P(the proposal is right): 1 - (1 - prior)^n for a pattern applied n times (this

@@ -25,9 +25,10 @@ import json
 import os
 import re
 import time
+from collections import Counter
 from pathlib import Path
 
-from dlm.coder_model.edit_memory import Edit, EditMemory
+from dlm.coder_model.edit_memory import Edit, EditMemory, extract
 from dlm.coder_model.types import CancelToken, MemoryProposal, Prompt, SamplerParams
 
 THRESHOLDS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -103,6 +104,27 @@ def check_prompt(lines: list[str], p, path: str) -> tuple[Prompt, str]:
     return prompt, line[: s.start] + s.new_text + line[s.end :]
 
 
+def corpus_repeat(root: Path, split: str, every: int) -> dict[str, tuple[int, float]]:
+    """kind -> (patterns, share recurring within their commit), over every `every`-th record."""
+    by_commit: dict[str, list[tuple[str, tuple]]] = {}
+    for n, rec in enumerate(records(root, split, None)):
+        if n % every:
+            continue
+        lines = git_lines(rec["before"])
+        for h in rec["hunks"]:
+            s = h["at"] - 1 if h["del"] else h["at"]
+            for x in extract(lines[s : s + h["del"]], git_lines(h["add"])):
+                if x.pattern.kind != "delete_line":
+                    by_commit.setdefault(rec["commit"], []).append((x.pattern.kind, x.pattern.key))
+    kinds: dict[str, list[int]] = {}
+    for keys in by_commit.values():
+        for (kind, _), m in Counter(keys).items():
+            k = kinds.setdefault(kind, [0, 0])
+            k[0] += 1
+            k[1] += m > 1
+    return {kind: (seen, round(rep / seen, 3)) for kind, (seen, rep) in kinds.items()}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default=os.environ.get("DLM_EDIT_HISTORIES", ""),
@@ -111,9 +133,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--limit", type=int, default=None, help="records at most")
     ap.add_argument("--model-check", action="store_true", help="also the denoiser's check (embedded model)")
     ap.add_argument("--write", action="store_true", help="also the denoiser writing the site's line")
+    ap.add_argument("--corpus-repeat", type=int, metavar="K", default=0,
+                    help="instead: per kind, how often a pattern recurs within its commit, over every K-th record "
+                         "of --split (edit_memory.memory.CORPUS_REPEAT: --split train --corpus-repeat 7)")
     args = ap.parse_args(argv)
     if not args.data:
         ap.error("give --data DIR or set DLM_EDIT_HISTORIES to the edit-histories folder")
+    if args.corpus_repeat:
+        print(corpus_repeat(Path(args.data), args.split, args.corpus_repeat))
+        return
     engine = None
     if args.model_check or args.write:
         from dlm.coder_model.engine import load_engine
