@@ -45,6 +45,11 @@ DEFAULT_PRIORS: dict[str, float] = {"rename": 0.45, "append_arg": 0.15, "insert_
 # whose history repeats a kind more (less) often than these gets that kind's prior scaled up (down).
 CORPUS_REPEAT: dict[str, float] = {"rename": 0.304, "append_arg": 0.055, "insert_line": 0.2, "replace": 0.087}
 PRIOR_WEIGHT = 10.0  # pseudo-counts of the corpus rate against the project's own git counts
+# A pattern proposes after the edit that made it and the next one (an edit elsewhere that is not
+# the pattern again makes it stale): on the valid split replayed through one server, older patterns
+# proposed in unrelated files.
+RECENT_EDITS = 2
+OTHER_FILE = 0.5  # support factor of a pattern learnt in another file
 AMBIGUOUS_SIMILARITY = 0.5  # an ambiguous rename's site needs this much context similarity
 
 
@@ -60,6 +65,7 @@ class Entry:
     count: int = 1
     ambiguous: bool = False
     end: int = -1  # the edit's last line + 1 (its own lines are no site of it)
+    seq: int = 0  # EditMemory.edits when it was last seen
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,7 @@ class EditMemory:
         self._entries: OrderedDict[tuple, Entry] = OrderedDict()  # newest last
         self.git = GitStats()
         self.forgotten = 0  # patterns forgotten by an undo (dlm/stats)
+        self.edits = 0  # closed edits observed (patterns or not): a pattern's recency is in edits
         # Whether a rename's new name existed before it, as first seen: later sightings would
         # count the uses this pattern itself renamed (accepted proposals) as pre-existing.
         self._ambiguous: OrderedDict[tuple, bool] = OrderedDict()
@@ -122,6 +129,9 @@ class EditMemory:
         found = self.entries_of(path, edit, lines, skip)
         kept = []
         with self._lock:
+            self.edits += 1
+            for e in found:
+                e.seq = self.edits
             for e in found:
                 undone = [k for k, old in self._entries.items() if e.pattern.undoes(old.pattern)]
                 if undone:
@@ -177,11 +187,14 @@ class EditMemory:
     # ---- proposing --------------------------------------------------------------------------
     def propose(self, path: str, lines: list[str], cursor_line: int, now: float | None = None,
                 pending: list[Entry] = (), max_patterns: int = 4, max_scan: int = 2000,
-                limit: int = 8) -> list[Proposal]:
-        """The best sites in `lines` (the document `path`) for the newest patterns, `pending`
-        (the open burst's) first; at most `limit`, best first."""
+                limit: int = 8, recent_edits: int = RECENT_EDITS) -> list[Proposal]:
+        """The best sites in `lines` (the document `path`) for the patterns of the open burst
+        (`pending`) and of the last `recent_edits` closed edits; at most `limit`, best first."""
         now = time.monotonic() if now is None else now
-        candidates = list(pending) + [e for e in self.patterns() if now - e.at <= self.max_age_s]
+        with self._lock:
+            edits = self.edits
+        candidates = list(pending) + [e for e in self.patterns()
+                                      if now - e.at <= self.max_age_s and edits - e.seq < recent_edits]
         seen: set[tuple] = set()
         out: list[Proposal] = []
         for e in candidates:
@@ -200,7 +213,8 @@ class EditMemory:
                     # a rename to a name that existed: elsewhere the old name may be another
                     # variable; only its uses in the edit's own function body, in a like context
                     continue
-                out.append(Proposal(path, s, e.pattern, self.support(e, score), score, e.event))
+                support = self.support(e, score) * (1.0 if e.path == path else OTHER_FILE)
+                out.append(Proposal(path, s, e.pattern, support, score, e.event))
         out.sort(key=lambda p: (-p.support, abs(p.site.line - cursor_line)))
         return out[:limit]
 

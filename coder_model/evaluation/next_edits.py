@@ -31,7 +31,7 @@ from pathlib import Path
 from dlm.coder_model.edit_memory import Edit, EditMemory, extract
 from dlm.coder_model.types import CancelToken, MemoryProposal, Prompt, SamplerParams
 
-THRESHOLDS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+THRESHOLDS = (0.0, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.7, 0.8)
 
 
 def git_lines(s: str) -> list[str]:
@@ -73,7 +73,8 @@ def cases(rec: dict):
 
 
 def judge(lines: list[str], p, rest) -> tuple[bool, bool]:
-    """(right location, exact) of a proposal against the hunks to come."""
+    """(right location, exact) of a proposal against the hunks to come: exact when its new line is
+    that line's text after the hunk holding it (one line of a longer hunk counts)."""
     s = p.site
     if p.pattern.kind == "insert_line":
         for st, d, add in rest:
@@ -91,6 +92,19 @@ def judge(lines: list[str], p, rest) -> tuple[bool, bool]:
                 exact = new_line in add
             return True, exact
     return False, False
+
+
+def exact_next(lines: list[str], p, rest) -> bool:
+    """The strict rule of `dlm-lsp eval --next-edits`: the document after the proposal is the
+    document after the next hunk (one line replaced by one, or one line inserted)."""
+    if not rest:
+        return False
+    st, d, add = rest[0]
+    s = p.site
+    if p.pattern.kind == "insert_line":
+        return d == 0 and st == s.line and add == [s.new_text]
+    line = lines[s.line]
+    return d == 1 and len(add) == 1 and st == s.line and add[0] == line[: s.start] + s.new_text + line[s.end :]
 
 
 def check_prompt(lines: list[str], p, path: str) -> tuple[Prompt, str]:
@@ -133,6 +147,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--limit", type=int, default=None, help="records at most")
     ap.add_argument("--model-check", action="store_true", help="also the denoiser's check (embedded model)")
     ap.add_argument("--write", action="store_true", help="also the denoiser writing the site's line")
+    ap.add_argument("--fresh-memory", action="store_true",
+                    help="a new memory per record (default: one memory for the whole replay, as one server)")
     ap.add_argument("--corpus-repeat", type=int, metavar="K", default=0,
                     help="instead: per kind, how often a pattern recurs within its commit, over every K-th record "
                          "of --split (edit_memory.memory.CORPUS_REPEAT: --split train --corpus-repeat 7)")
@@ -147,43 +163,50 @@ def main(argv: list[str] | None = None) -> None:
         from dlm.coder_model.engine import load_engine
 
         engine = load_engine(None, device="cpu")
-    rows: dict[str, list[tuple[float, bool, bool]]] = {"memory": [], "checked": [], "written": []}
+    rows: dict[str, list[tuple[float, bool, bool, bool]]] = {"memory": [], "checked": [], "written": []}
     opportunities = 0
     kinds: dict[str, list[int]] = {}
     lat: list[float] = []
     t_start = time.perf_counter()
+    mem = EditMemory()
+    clock = 0.0
     for rec in records(Path(args.data), args.split, args.limit):
-        mem = EditMemory()
+        if args.fresh_memory:
+            mem = EditMemory()
         for lines, edit, rest in cases(rec):
+            clock += 1.2  # the LSP replay's edit gap
+            edit = Edit(edit.start, edit.old, edit.new, clock)
             mem.observe(rec["path"], edit, lines)
             if not rest:
                 continue
             opportunities += 1
             t0 = time.perf_counter()
-            props = mem.propose(rec["path"], lines, edit.start, now=edit.at, limit=1)
+            props = mem.propose(rec["path"], lines, edit.start, now=clock, limit=1)
             lat.append((time.perf_counter() - t0) * 1000)
             if not props:
                 continue
             p = props[0]
             loc, exact = judge(lines, p, rest)
+            strict = exact_next(lines, p, rest)
             k = kinds.setdefault(p.pattern.kind, [0, 0, 0])
             k[0] += 1
             k[1] += loc
             k[2] += exact
-            rows["memory"].append((p.support, loc, exact))
+            rows["memory"].append((p.support, loc, exact, strict))
             if engine is not None and args.model_check:
                 prompt, expected = check_prompt(lines, p, rec["path"])
                 pred = engine.predict(prompt, SamplerParams(), CancelToken())
                 conf = pred.confidence if pred.text == prompt.region[: prompt.cursor] + p.site.new_text + \
                     prompt.region[prompt.cursor :] else -1.0
-                rows["checked"].append((conf if conf is not None else p.support, loc, exact))
+                rows["checked"].append((conf if conf is not None else p.support, loc, exact, strict))
             if engine is not None and args.write:
                 prompt, expected = check_prompt(lines, p, rec["path"])
                 free = Prompt(prefix=prompt.prefix, region=lines[p.site.line], cursor=p.site.start,
                               suffix=prompt.suffix, history=prompt.history, language="python", path=rec["path"])
                 pred = engine.predict(free, SamplerParams(), CancelToken())
                 wrote_it = pred.text == expected
-                rows["written"].append((pred.confidence or 0.0 if wrote_it else -1.0, loc, exact and wrote_it))
+                rows["written"].append((pred.confidence or 0.0 if wrote_it else -1.0, loc, exact and wrote_it,
+                                        strict and wrote_it))
     secs = time.perf_counter() - t_start
     print(f"split {args.split}: {opportunities} opportunities (steps with a hunk to come), {secs:.0f} s")
     print("proposals by kind (made, right location, exact):", kinds)
@@ -193,14 +216,14 @@ def main(argv: list[str] | None = None) -> None:
     for name, rs in rows.items():
         if not rs:
             continue
-        print(f"\n{name}: threshold | shown % | exact % of shown | location % of shown | deletes kept lines %")
+        print(f"\n{name}: threshold | shown % | exact (line) % | exact (next hunk) % | location % | deletes kept lines %")
         for t in THRESHOLDS:
             shown = [r for r in rs if r[0] >= t]
             if not shown:
-                print(f"  {t:.1f} | 0.0 | - | - | -")
+                print(f"  {t:.2f} | 0.0 | - | - | - | -")
                 continue
-            print(f"  {t:.1f} | {100 * len(shown) / opportunities:.1f} | {100 * sum(r[2] for r in shown) / len(shown):.1f}"
-                  f" | {100 * sum(r[1] for r in shown) / len(shown):.1f} | 0.0")
+            pct = [100 * sum(r[i] for r in shown) / len(shown) for i in (2, 3, 1)]
+            print(f"  {t:.2f} | {100 * len(shown) / opportunities:.1f} | {pct[0]:.1f} | {pct[1]:.1f} | {pct[2]:.1f} | 0.0")
 
 
 if __name__ == "__main__":
