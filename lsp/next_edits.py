@@ -187,24 +187,26 @@ async def propose(ls: DlmServer, doc: Document, row: int, col: int) -> dict | No
         ls.stats.add("outdated")  # the file changed while the proposal was computed: dropped
         return None
     p, conf = chosen
-    s = p.site
-    if doc.line(s.line)[s.start : s.end] != s.old_text:
+    if any(doc.line(s.line)[s.start : s.end] != s.old_text for s in p.sites):
         return None  # never replace text the pattern does not cover
     return result(ls, doc, p, conf, row)
 
 
+def site_range(doc: Document, s) -> dict:
+    start, end = doc.to_position(s.line, s.start), doc.to_position(s.line, s.end)
+    return {"start": {"line": start[0], "character": start[1]}, "end": {"line": end[0], "character": end[1]}}
+
+
 def result(ls: DlmServer, doc: Document, p: Proposal, confidence: float, row: int) -> dict:
-    s = p.site
-    start = doc.to_position(s.line, s.start)
-    end = doc.to_position(s.line, s.end)
-    rng = {"start": {"line": start[0], "character": start[1]}, "end": {"line": end[0], "character": end[1]}}
+    """The dlm/editPrediction result: one edit per site of the proposal's block, in order."""
+    edits = [{"range": site_range(doc, s), "newText": s.new_text} for s in p.sites]
     out: dict[str, Any] = {
-        "id": ls.next_id(), "version": doc.version,
-        "edits": [{"range": rng, "newText": s.new_text}],
+        "id": ls.next_id(), "version": doc.version, "edits": edits,
         "confidence": confidence, "rewritesRecent": False,
         "source": "editMemory", "label": p.pattern.label(),
     }
-    if abs(s.line - row) > ls.options.next_edits.jump_lines:
+    first = p.sites[0]
+    if min(abs(s.line - row) for s in p.sites) > ls.options.next_edits.jump_lines:
         # far from the cursor: the client shows a "jump to" hint first (README "Next edits")
-        out["jump"] = {"position": rng["start"], "lines": s.line - row, "label": p.pattern.label()}
+        out["jump"] = {"position": edits[0]["range"]["start"], "lines": first.line - row, "label": p.pattern.label()}
     return out

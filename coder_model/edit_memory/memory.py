@@ -76,6 +76,13 @@ class Proposal:
     support: float  # the memory's P(this proposal is right), 0..1
     rank_score: float
     event: str  # the pattern's edit as a history event (the denoiser's context)
+    # every site of the pattern in the block of neighbouring lines around `site` (it included), in
+    # document order: one next edit (a rename used twice on a line, on three lines in a row)
+    group: tuple[Site, ...] = ()
+
+    @property
+    def sites(self) -> tuple[Site, ...]:
+        return self.group or (self.site,)
 
 
 @dataclass
@@ -207,20 +214,49 @@ class EditMemory:
             scope = enclosing_def(lines, e.line) if e.ambiguous and e.path == path else None
             if e.path == path:  # the edit's own lines are where it was made, not a site
                 sites = [s for s in sites if not e.line <= s.line < max(e.end, e.line + 1)]
+            if e.ambiguous:
+                # a rename to a name that existed: elsewhere the old name may be another variable;
+                # only its uses in the edit's own function body, in a like context
+                sites = [s for s in sites if scope is not None and scope[0] < s.line < scope[1]
+                         and _site_similarity(s, e) >= AMBIGUOUS_SIMILARITY]
+            by_line: dict[int, list[Site]] = {}
+            for s in sites:
+                by_line.setdefault(s.line, []).append(s)
+            grouped: set[int] = set()
             for score, s in rank(sites, e.context, cursor_line, e.name, limit=limit * 4):
-                if e.ambiguous and (scope is None or not scope[0] < s.line < scope[1]
-                                    or _site_similarity(s, e) < AMBIGUOUS_SIMILARITY):
-                    # a rename to a name that existed: elsewhere the old name may be another
-                    # variable; only its uses in the edit's own function body, in a like context
-                    continue
+                group = block_of(by_line, s.line)
+                if group[0].line in grouped:
+                    continue  # the block is proposed already, from a better-ranked site of it
+                grouped.add(group[0].line)
                 support = self.support(e, score) * (1.0 if e.path == path else OTHER_FILE)
-                out.append(Proposal(path, s, e.pattern, support, score, e.event))
+                out.append(Proposal(path, s, e.pattern, support, score, e.event, group))
         out.sort(key=lambda p: (-p.support, abs(p.site.line - cursor_line)))
         return out[:limit]
 
     # ---- git --------------------------------------------------------------------------------
     def learn_git(self, stats: GitStats) -> None:
         self.git = stats
+
+
+MAX_GROUP = 8  # sites in one proposal, at most
+
+
+def block_of(by_line: dict[int, list[Site]], row: int) -> tuple[Site, ...]:
+    """The sites on the run of consecutive lines with sites that holds `row` (nearest first
+    when more than MAX_GROUP), in document order."""
+    lo = hi = row
+    while lo - 1 in by_line:
+        lo -= 1
+    while hi + 1 in by_line:
+        hi += 1
+    rows = sorted(range(lo, hi + 1), key=lambda r: abs(r - row))
+    picked: list[Site] = []
+    for r in rows:
+        for s in sorted(by_line[r], key=lambda s: s.start):
+            if len(picked) < MAX_GROUP and not any(x.line == s.line and x.start < s.end and s.start < x.end
+                                                   for x in picked):
+                picked.append(s)  # overlapping sites on a line (a name and a part of it): the first
+    return tuple(sorted(picked, key=lambda s: (s.line, s.start)))
 
 
 def _site_similarity(s: Site, e: Entry) -> float:

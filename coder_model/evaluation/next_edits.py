@@ -72,6 +72,16 @@ def cases(rec: dict):
         yield list(lines), edit, rest
 
 
+def applied(lines: list[str], p) -> dict[int, str]:
+    """The lines a proposal changes (all its sites), with their new text (insert_line: the
+    inserted line keyed by the def's line)."""
+    out: dict[int, str] = {}
+    for s in sorted(p.sites, key=lambda s: (s.line, -s.start)):  # right to left on a line
+        line = out.get(s.line, lines[s.line])
+        out[s.line] = line[: s.start] + s.new_text + line[s.end :]
+    return out
+
+
 def judge(lines: list[str], p, rest) -> tuple[bool, bool]:
     """(right location, exact) of a proposal against the hunks to come: exact when its new line is
     that line's text after the hunk holding it (one line of a longer hunk counts)."""
@@ -83,8 +93,7 @@ def judge(lines: list[str], p, rest) -> tuple[bool, bool]:
             if st <= s.line <= st + d:
                 return True, False
         return False, False
-    line = lines[s.line]
-    new_line = line[: s.start] + s.new_text + line[s.end :]
+    new_line = applied(lines, p)[s.line]
     for st, d, add in rest:
         if st <= s.line < st + max(d, 1):
             exact = d == len(add) and add[s.line - st] == new_line
@@ -103,8 +112,8 @@ def exact_next(lines: list[str], p, rest) -> bool:
     s = p.site
     if p.pattern.kind == "insert_line":
         return d == 0 and st == s.line and add == [s.new_text]
-    line = lines[s.line]
-    return d == 1 and len(add) == 1 and st == s.line and add[0] == line[: s.start] + s.new_text + line[s.end :]
+    changed = applied(lines, p)
+    return d == len(add) and sorted(changed) == list(range(st, st + d)) and [changed[i] for i in range(st, st + d)] == add
 
 
 def check_prompt(lines: list[str], p, path: str) -> tuple[Prompt, str]:

@@ -121,8 +121,9 @@ def test_a_rename_typed_key_by_key_becomes_one_pattern_and_proposes_the_other_us
     assert doc.lines[1] == "    n = tally(rows)\n"
     pending = mem.entries_of("f.py", doc.tracker.peek(doc.lines), doc.lines)
     props = mem.propose("f.py", doc.lines, 1, now=doc.t, pending=pending)
-    assert {(p.site.line, p.site.old_text, p.site.new_text) for p in props} == {(2, "count", "tally"),
-                                                                                  (3, "count", "tally")}
+    # the uses on lines 2 and 3 are one block of neighbouring lines: one proposal of both
+    (p,) = props
+    assert [(s.line, s.old_text, s.new_text) for s in p.sites] == [(2, "count", "tally"), (3, "count", "tally")]
     assert 0 < props[0].support < 1
 
 
@@ -177,13 +178,14 @@ def test_a_rename_to_a_name_that_exists_proposes_only_uses_in_a_like_context():
     pending = mem.entries_of("f.py", doc.tracker.peek(doc.lines), doc.lines)
     assert pending[0].ambiguous
     props = mem.propose("f.py", doc.lines, 1, now=doc.t, pending=pending)
-    assert all(p.site.line not in (0, 4, 5) for p in props)  # the other functions' `width` stay
+    assert all(s.line not in (0, 4, 5) for p in props for s in p.sites)  # the other functions' `width` stay
     # the same rename to a fresh name proposes them
     doc2, mem2 = Doc(text), EditMemory()
     doc2.edit(1, 11, 16, "span")
     pending2 = mem2.entries_of("f.py", doc2.tracker.peek(doc2.lines), doc2.lines)
     assert not pending2[0].ambiguous
-    assert {p.site.line for p in mem2.propose("f.py", doc2.lines, 1, now=doc2.t, pending=pending2)} >= {0, 4, 5}
+    props2 = mem2.propose("f.py", doc2.lines, 1, now=doc2.t, pending=pending2)
+    assert {s.line for p in props2 for s in p.sites} >= {0, 4, 5}
 
 
 def test_git_history_up_to_head_gives_support(tmp_path):
@@ -213,9 +215,10 @@ def test_uses_the_pattern_renamed_itself_do_not_make_the_rename_ambiguous():
     doc, mem = Doc(TEXT), EditMemory()
     doc.edit(1, 8, 13, "tally")
     pending = mem.entries_of("f.py", doc.tracker.peek(doc.lines), doc.lines)
-    (first,) = [p for p in mem.propose("f.py", doc.lines, 1, now=doc.t, pending=pending) if p.site.line == 2]
+    (first,) = [s for p in mem.propose("f.py", doc.lines, 1, now=doc.t, pending=pending) for s in p.sites
+                if s.line == 2]
     line = doc.lines[2]
-    closed = doc.edit(2, first.site.start, first.site.end, "tally", dt=3.0)  # the proposal accepted
+    closed = doc.edit(2, first.start, first.end, "tally", dt=3.0)  # the proposal accepted (line 2 of it)
     assert line != doc.lines[2] and len(closed) == 1
     (e,) = mem.observe("f.py", closed[0], doc.lines, skip=(2, 3))
     assert not e.ambiguous
