@@ -63,7 +63,9 @@ class NextEditOptions:
     """Next edits from the edit memory (lsp.next_edits, coder_model.edit_memory; README "Next edits")."""
 
     enabled: bool = True  # the edit memory's proposals answer dlm/editPrediction (when editPredictions is on)
-    min_confidence: float = 0.5  # show a proposal at this confidence or above (README "Next edits")
+    # Show a proposal at this confidence or above: 0.35 on the edit-histories valid split shows 10.4% of
+    # the opportunities at 54.9% exact (the next hunk) and 80.9% right location (README "Next edits").
+    min_confidence: float = 0.35
     check_with_model: bool = True  # the denoiser checks each proposal (it can veto) before it is shown
     checked: int = 2  # proposals the denoiser checks per request, best first
     veto: float = 0.0  # a proposal whose edit the model gives less than this probability is never shown
