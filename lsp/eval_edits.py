@@ -53,6 +53,7 @@ import gzip
 import hashlib
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -231,6 +232,7 @@ class ParentWorkspace:
         self.repo = repo.resolve()
         self.root = Path(tempfile.mkdtemp(prefix="dlm-eval-edits-")) / self.repo.name
         self.root.mkdir()
+        self.cache = self.root.parent / "cache"  # the server's XDG_CACHE_HOME (NextEditReplay.run)
         _git(self.root, "init", "-q")
         self.head: str | None = None
 
@@ -485,6 +487,23 @@ class NextEditReplay(Bench):
 
     def root_uri(self) -> str | None:
         return self.workspace.root.as_uri() if self.workspace else None
+
+    async def run(self):
+        if self.workspace is None:
+            return await super().run()
+        if self.records:  # the server indexes the first parent from `initialize`
+            self.workspace.advance(self.parents[self.records[0].commit])
+        # the server persists what it learns of a root in XDG_CACHE_HOME: a cache of its own, removed with the
+        # workspace, so that no run reads what an earlier one saw at a later commit, and the user's cache stays clean
+        saved = os.environ.get("XDG_CACHE_HOME")
+        os.environ["XDG_CACHE_HOME"] = str(self.workspace.cache)
+        try:
+            return await super().run()
+        finally:
+            if saved is None:
+                os.environ.pop("XDG_CACHE_HOME", None)
+            else:
+                os.environ["XDG_CACHE_HOME"] = saved
 
     async def _wait_ready(self, client, log_file: str) -> None:
         await super()._wait_ready(client, log_file)

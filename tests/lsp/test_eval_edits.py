@@ -247,7 +247,9 @@ def test_next_edits_through_the_server_with_the_embedded_checkpoint(tmp_path):
     assert all(r["latency_ms"] is not None and not r["error"] for r in rows)
     assert rows[0]["cursor"] == [0, len("def area(width, h):")]
     assert rows[0]["next_hunk"] == {"line": 4, "del": "def volume(w, h, d):\n", "add": "def volume(width, h, d):\n"}
-    summary = json.loads((out / "eval-edits.json").read_text())["summary"]
+    report = json.loads((out / "eval-edits.json").read_text())
+    assert report["meta"]["index"]["files"] == 1  # the git walk's workspace (m.py at the parent) was indexed
+    summary = report["summary"]
     assert summary["rows"][0]["opportunities"] == 3 and summary["latency"]["requests"] == 3
     shown_at_0 = sum(1 for r in rows if r["judgement"]["changes"])  # --rewrite-recent 0: every change shows
     assert summary["rows"][0]["shown"]["k"] == shown_at_0
