@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import difflib
-import gzip
 import hashlib
 import json
 import math
@@ -152,16 +151,11 @@ def select_records(records: list[EditRecord], cases: int, seed: int) -> list[Edi
 
 
 def dataset_records(split: str, data_dir: str | None) -> list[EditRecord]:
-    from dlm.coder_model.training.commit_edits import edit_histories_dir, split_of_commit
+    """The split's records with >= 2 hunks (the test split is read here, by evaluation, only to report)."""
+    from dlm.coder_model.training.commit_edits import iter_edit_records
 
-    out = []
-    for f in sorted(edit_histories_dir(data_dir).glob("*.jsonl.gz")):
-        with gzip.open(f, "rt", encoding="utf-8") as fh:
-            for line in fh:
-                rec = json.loads(line)
-                if split_of_commit(rec["commit"]) == split and len(rec["hunks"]) >= 2:
-                    out.append(record_from_json(rec))
-    return out
+    return [record_from_json(rec) for rec in iter_edit_records(split, data_dir, allow_test=split == "test")
+            if len(rec["hunks"]) >= 2]
 
 
 # ---- git histories (--git) -----------------------------------------------------------------------------
