@@ -475,9 +475,11 @@ class NextEditReplay(Bench):
         self.index_status: dict | None = None
 
     def initialization_options(self) -> dict:
-        # gate at 0 and edit predictions on: every proposal comes back with its confidence
+        # gate at 0 and edit predictions on: every proposal comes back with its confidence; the edit
+        # memory's own gate (nextEdits.minConfidence, where the server has one; a server without it
+        # logs the key and goes on) at 0 too, so its proposals are swept here like the model's
         return {"minConfidence": 0, "minConfidenceRewriteRecent": 0, "editPredictions": True,
-                "deadlineMs": self.args.deadline_ms}
+                "nextEdits": {"minConfidence": 0}, "deadlineMs": self.args.deadline_ms}
 
     def root_uri(self) -> str | None:
         return self.workspace.root.as_uri() if self.workspace else None
