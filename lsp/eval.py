@@ -84,6 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     nxt.add_argument("--git-commits", type=int, default=200, metavar="N", help="--git: commits to walk back from HEAD (default 200)")
     nxt.add_argument("--edit-gap-s", type=float, default=None, metavar="S", help="seconds between two replayed hunks (default 1.2: "
                      "just over the server's history idleS, so each hunk is its own edit event)")
+    nxt.add_argument("--session", default="repository", help="what one server process replays, so that what it "
+                     "learns from edits stays in one project: repository (default: its commits oldest first) or commit")
     nxt.add_argument("--records", metavar="FILE", help="write one JSON line per opportunity (the proposal, the truth, "
                      "the judgement) to FILE")
     nxt.add_argument("--from-records", metavar="FILE", help="report from a --records file without a replay (other "

@@ -10,6 +10,10 @@ the commit's parent, `before`):
   repository that holds the history up to the parent of the commit being replayed and no later
   commit (fetched commit by commit from REPO, which is only read), with the parent checked out.
 
+One server process replays one session (--session): by default one repository's records, oldest commit
+first, so that what the server learns from edits never crosses projects and never comes from a later
+commit; `--session commit` starts one per commit. With --git the whole walk is one session.
+
 The replay: the server runs with edit predictions on and its gate at 0 (every proposal comes back
 with its confidence; the thresholds are swept here, offline). For a record with n >= 2 hunks the
 file is opened as `before`, and its hunks are applied as the user would make them, in file order
@@ -778,6 +782,24 @@ def report(opps: list[Opportunity], thresholds: list[float], args: argparse.Name
     print("wrote " + ", ".join(str(w) for w in wrote))
 
 
+SESSIONS = ("repository", "commit")
+SERVER_COUNTS = ("model_runs", "completed", "cancelled", "late")
+
+
+def sessions(records: list[EditRecord], session: str) -> list[list[EditRecord]]:
+    """The records each server process replays (in replay order): what the server learns from edits (its
+    history, an edit memory) lasts one session, so no pattern of one project is proposed in another.
+    `repository`: one server per split and repository, its commits oldest first (what it remembers is
+    the project's past); `commit`: one per commit (only that commit's own earlier edits)."""
+    if session not in SESSIONS:
+        raise SystemExit(f"dlm-lsp eval --next-edits: --session {session!r}: use one of {', '.join(SESSIONS)}")
+    out: dict[tuple, list[EditRecord]] = {}
+    for r in records:
+        key = (r.split, r.repo) if session == "repository" else (r.split, r.repo, r.date, r.commit)
+        out.setdefault(key, []).append(r)
+    return list(out.values())
+
+
 def run_next_edits(args: argparse.Namespace, thresholds: list[float]) -> int:
     if args.from_records:
         opps = read_records(args.from_records)
@@ -832,25 +854,30 @@ def run_next_edits(args: argparse.Namespace, thresholds: list[float]) -> int:
     status: dict = {}
     server: dict = {}
     index_status = None
-    if records:
-        replay = NextEditReplay(args, records)
+    server_runs = 0
+    for session in sessions(records, args.session):
+        replay = NextEditReplay(args, session)
         res = asyncio.run(replay.run())
         opps += replay.results
-        status, server = res.status, res.server
+        server_runs += 1
+        status = res.status or status
+        server = {k: (server.get(k) or 0) + (res.server.get(k) or 0) for k in SERVER_COUNTS}
     if git_records:
         workspace = ParentWorkspace(Path(args.git))
         try:
             replay = NextEditReplay(args, git_records, workspace, parents)
             res = asyncio.run(replay.run())
             opps += replay.results
-            status, server, index_status = res.status or status, res.server, replay.index_status
+            server_runs += 1
+            status, index_status = res.status or status, replay.index_status
+            server = {k: (server.get(k) or 0) + (res.server.get(k) or 0) for k in SERVER_COUNTS}
         finally:
             workspace.close()
     meta = {"model": status.get("model", ""), "device": status.get("device", ""),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "material": " ".join(material),
             "records": len(records) + len(git_records), "opportunities": len(opps), "seed": args.seed,
             "edit_gap_s": args.edit_gap_s, "deadline_ms": args.deadline_ms, "wall_s": round(time.monotonic() - t0, 1),
-            "index": index_status, "server": {k: server.get(k) for k in ("model_runs", "completed", "cancelled", "late")}}
+            "index": index_status, "session": args.session, "server_runs": server_runs, "server": server}
     report(opps, thresholds, args, meta)
     return 0
 
