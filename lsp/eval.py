@@ -81,9 +81,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "(the held-out figure: never tune on it) or valid,test")
     nxt.add_argument("--git", metavar="REPO", help="also (or, without --split, only) replay REPO's own history: its "
                      "last --git-commits first-parent commits, oldest first, the workspace at each commit's parent")
-    nxt.add_argument("--git-commits", type=int, default=200, help="--git: commits to walk back from HEAD (default 200)")
-    nxt.add_argument("--edit-gap-s", type=float, default=None, help="seconds between two replayed hunks (default 1.2: "
+    nxt.add_argument("--git-commits", type=int, default=200, metavar="N", help="--git: commits to walk back from HEAD (default 200)")
+    nxt.add_argument("--edit-gap-s", type=float, default=None, metavar="S", help="seconds between two replayed hunks (default 1.2: "
                      "just over the server's history idleS, so each hunk is its own edit event)")
+    nxt.add_argument("--session", default="repository", help="what one server process replays, so that what it "
+                     "learns from edits stays in one project: repository (default: its commits oldest first) or commit")
     nxt.add_argument("--records", metavar="FILE", help="write one JSON line per opportunity (the proposal, the truth, "
                      "the judgement) to FILE")
     nxt.add_argument("--from-records", metavar="FILE", help="report from a --records file without a replay (other "

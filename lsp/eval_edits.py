@@ -10,6 +10,10 @@ the commit's parent, `before`):
   repository that holds the history up to the parent of the commit being replayed and no later
   commit (fetched commit by commit from REPO, which is only read), with the parent checked out.
 
+One server process replays one session (--session): by default one repository's records, oldest commit
+first, so that what the server learns from edits never crosses projects and never comes from a later
+commit; `--session commit` starts one per commit. With --git the whole walk is one session.
+
 The replay: the server runs with edit predictions on and its gate at 0 (every proposal comes back
 with its confidence; the thresholds are swept here, offline). For a record with n >= 2 hunks the
 file is opened as `before`, and its hunks are applied as the user would make them, in file order
@@ -49,10 +53,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import difflib
-import gzip
 import hashlib
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -151,16 +155,11 @@ def select_records(records: list[EditRecord], cases: int, seed: int) -> list[Edi
 
 
 def dataset_records(split: str, data_dir: str | None) -> list[EditRecord]:
-    from dlm.coder_model.training.commit_edits import edit_histories_dir, split_of_commit
+    """The split's records with >= 2 hunks (the test split is read here, by evaluation, only to report)."""
+    from dlm.coder_model.training.commit_edits import iter_edit_records
 
-    out = []
-    for f in sorted(edit_histories_dir(data_dir).glob("*.jsonl.gz")):
-        with gzip.open(f, "rt", encoding="utf-8") as fh:
-            for line in fh:
-                rec = json.loads(line)
-                if split_of_commit(rec["commit"]) == split and len(rec["hunks"]) >= 2:
-                    out.append(record_from_json(rec))
-    return out
+    return [record_from_json(rec) for rec in iter_edit_records(split, data_dir, allow_test=split == "test")
+            if len(rec["hunks"]) >= 2]
 
 
 # ---- git histories (--git) -----------------------------------------------------------------------------
@@ -231,6 +230,7 @@ class ParentWorkspace:
         self.repo = repo.resolve()
         self.root = Path(tempfile.mkdtemp(prefix="dlm-eval-edits-")) / self.repo.name
         self.root.mkdir()
+        self.cache = self.root.parent / "cache"  # the server's XDG_CACHE_HOME (NextEditReplay.run)
         _git(self.root, "init", "-q")
         self.head: str | None = None
 
@@ -479,13 +479,31 @@ class NextEditReplay(Bench):
         self.index_status: dict | None = None
 
     def initialization_options(self) -> dict:
-        # gate at 0 and edit predictions on: every proposal comes back with its confidence
+        # gate at 0 and edit predictions on: every proposal comes back with its confidence; the edit
+        # memory's own gate (nextEdits.minConfidence, where the server has one; a server without it
+        # logs the key and goes on) at 0 too, so its proposals are swept here like the model's
         return {"minConfidence": 0, "minConfidenceRewriteRecent": 0, "editPredictions": True,
-                "nextEdits": {"minConfidence": 0},  # the edit memory's own gate (lsp.next_edits) at 0 too
-                "deadlineMs": self.args.deadline_ms}
+                "nextEdits": {"minConfidence": 0}, "deadlineMs": self.args.deadline_ms}
 
     def root_uri(self) -> str | None:
         return self.workspace.root.as_uri() if self.workspace else None
+
+    async def run(self):
+        if self.workspace is None:
+            return await super().run()
+        if self.records:  # the server indexes the first parent from `initialize`
+            self.workspace.advance(self.parents[self.records[0].commit])
+        # the server persists what it learns of a root in XDG_CACHE_HOME: a cache of its own, removed with the
+        # workspace, so that no run reads what an earlier one saw at a later commit, and the user's cache stays clean
+        saved = os.environ.get("XDG_CACHE_HOME")
+        os.environ["XDG_CACHE_HOME"] = str(self.workspace.cache)
+        try:
+            return await super().run()
+        finally:
+            if saved is None:
+                os.environ.pop("XDG_CACHE_HOME", None)
+            else:
+                os.environ["XDG_CACHE_HOME"] = saved
 
     async def _wait_ready(self, client, log_file: str) -> None:
         await super()._wait_ready(client, log_file)
@@ -764,6 +782,24 @@ def report(opps: list[Opportunity], thresholds: list[float], args: argparse.Name
     print("wrote " + ", ".join(str(w) for w in wrote))
 
 
+SESSIONS = ("repository", "commit")
+SERVER_COUNTS = ("model_runs", "completed", "cancelled", "late")
+
+
+def sessions(records: list[EditRecord], session: str) -> list[list[EditRecord]]:
+    """The records each server process replays (in replay order): what the server learns from edits (its
+    history, an edit memory) lasts one session, so no pattern of one project is proposed in another.
+    `repository`: one server per split and repository, its commits oldest first (what it remembers is
+    the project's past); `commit`: one per commit (only that commit's own earlier edits)."""
+    if session not in SESSIONS:
+        raise SystemExit(f"dlm-lsp eval --next-edits: --session {session!r}: use one of {', '.join(SESSIONS)}")
+    out: dict[tuple, list[EditRecord]] = {}
+    for r in records:
+        key = (r.split, r.repo) if session == "repository" else (r.split, r.repo, r.date, r.commit)
+        out.setdefault(key, []).append(r)
+    return list(out.values())
+
+
 def run_next_edits(args: argparse.Namespace, thresholds: list[float]) -> int:
     if args.from_records:
         opps = read_records(args.from_records)
@@ -818,25 +854,30 @@ def run_next_edits(args: argparse.Namespace, thresholds: list[float]) -> int:
     status: dict = {}
     server: dict = {}
     index_status = None
-    if records:
-        replay = NextEditReplay(args, records)
+    server_runs = 0
+    for session in sessions(records, args.session):
+        replay = NextEditReplay(args, session)
         res = asyncio.run(replay.run())
         opps += replay.results
-        status, server = res.status, res.server
+        server_runs += 1
+        status = res.status or status
+        server = {k: (server.get(k) or 0) + (res.server.get(k) or 0) for k in SERVER_COUNTS}
     if git_records:
         workspace = ParentWorkspace(Path(args.git))
         try:
             replay = NextEditReplay(args, git_records, workspace, parents)
             res = asyncio.run(replay.run())
             opps += replay.results
-            status, server, index_status = res.status or status, res.server, replay.index_status
+            server_runs += 1
+            status, index_status = res.status or status, replay.index_status
+            server = {k: (server.get(k) or 0) + (res.server.get(k) or 0) for k in SERVER_COUNTS}
         finally:
             workspace.close()
     meta = {"model": status.get("model", ""), "device": status.get("device", ""),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "material": " ".join(material),
             "records": len(records) + len(git_records), "opportunities": len(opps), "seed": args.seed,
             "edit_gap_s": args.edit_gap_s, "deadline_ms": args.deadline_ms, "wall_s": round(time.monotonic() - t0, 1),
-            "index": index_status, "server": {k: server.get(k) for k in ("model_runs", "completed", "cancelled", "late")}}
+            "index": index_status, "session": args.session, "server_runs": server_runs, "server": server}
     report(opps, thresholds, args, meta)
     return 0
 

@@ -29,6 +29,7 @@ from dlm.lsp.eval_edits import (
     render_markdown,
     replay_steps,
     select_records,
+    sessions,
     summarize,
 )
 from lsp_helpers import server_env
@@ -132,6 +133,15 @@ def test_select_records_cuts_steps_not_the_truth_and_covers_repositories():
     assert all(len(r.hunks) == 6 for r in got)  # the truth keeps every hunk
     last = got[-1]
     assert len(list(replay_steps(last))) == 2 and len(list(replay_steps(last))[-1][3]) == 4  # 4 hunks remain
+
+
+def test_sessions_never_cross_a_repository():
+    recs = [_record("x\n", [], repo=repo, commit=c * 40) for repo, c in (("o/a", "1"), ("o/a", "1"), ("o/a", "2"),
+                                                                          ("o/b", "3"))]
+    assert [[r.commit[0] for r in s] for s in sessions(recs, "repository")] == [["1", "1", "2"], ["3"]]
+    assert [[r.commit[0] for r in s] for s in sessions(recs, "commit")] == [["1", "1"], ["2"], ["3"]]
+    with pytest.raises(SystemExit, match="repository, commit"):
+        sessions(recs, "file")
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -247,7 +257,10 @@ def test_next_edits_through_the_server_with_the_embedded_checkpoint(tmp_path):
     assert all(r["latency_ms"] is not None and not r["error"] for r in rows)
     assert rows[0]["cursor"] == [0, len("def area(width, h):")]
     assert rows[0]["next_hunk"] == {"line": 4, "del": "def volume(w, h, d):\n", "add": "def volume(width, h, d):\n"}
-    summary = json.loads((out / "eval-edits.json").read_text())["summary"]
+    report = json.loads((out / "eval-edits.json").read_text())
+    assert report["meta"]["server_runs"] == 2  # one session for the records' repository, one for the git walk
+    assert report["meta"]["index"]["files"] == 1  # the git walk's workspace (m.py at the parent) was indexed
+    summary = report["summary"]
     assert summary["rows"][0]["opportunities"] == 3 and summary["latency"]["requests"] == 3
     shown_at_0 = sum(1 for r in rows if r["judgement"]["changes"])  # --rewrite-recent 0: every change shows
     assert summary["rows"][0]["shown"]["k"] == shown_at_0
