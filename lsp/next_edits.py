@@ -54,10 +54,10 @@ class NextEdits:
         for t in self.trackers.values():
             t.max_lines = opts.max_edit_lines
 
-    def tracker(self, uri: str, max_lines: int) -> BurstTracker:
+    def tracker(self, uri: str, max_lines: int, idle_s: float) -> BurstTracker:
         t = self.trackers.get(uri)
         if t is None:
-            t = self.trackers[uri] = BurstTracker(max_lines=max_lines)
+            t = self.trackers[uri] = BurstTracker(idle_s=idle_s, max_lines=max_lines)
         return t
 
     def forget(self, uri: str) -> None:
@@ -81,7 +81,8 @@ def record(ls: DlmServer, doc: Document, change) -> None:
     if not (ls.options.edit_predictions and opts.enabled):
         return
     try:
-        tracker = ls.next_edits.tracker(doc.uri, opts.max_edit_lines)
+        # a pause of history.idleS ends an edit, as it ends an edit event of the history (lsp.history)
+        tracker = ls.next_edits.tracker(doc.uri, opts.max_edit_lines, ls.options.history.idle_s)
         for edit in tracker.after_change(change, doc.lines):
             # the change that closed the edit is in doc.lines already: its lines are not looked at
             skip = (change.start_line, change.new_end_line + 1)

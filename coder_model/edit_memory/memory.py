@@ -27,7 +27,7 @@ import subprocess
 import threading
 import time
 from collections import Counter, OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dlm.coder_model.edit_history import render_event
 from dlm.coder_model.edit_memory.bursts import Edit
@@ -200,6 +200,10 @@ class EditMemory:
         now = time.monotonic() if now is None else now
         with self._lock:
             edits = self.edits
+        with self._lock:
+            # the open edit repeats a remembered pattern: it is one more application of it
+            pending = [replace(e, count=old.count + 1, ambiguous=old.ambiguous, context=old.context | e.context)
+                       if (old := self._entries.get(e.pattern.key)) is not None else e for e in pending]
         candidates = list(pending) + [e for e in self.patterns()
                                       if now - e.at <= self.max_age_s and edits - e.seq < recent_edits]
         seen: set[tuple] = set()
