@@ -71,7 +71,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: $DLM_SAFIM)")
     parser.add_argument("--repo", metavar="DIR", help="evaluate rest-of-line completion in this repository: "
                         "held-out files against an index of the rest (see --cases, --config)")
-    parser.add_argument("--cases", type=int, default=400, help="--repo: held-out lines to evaluate (default 400)")
+    parser.add_argument("--cases", type=int, default=None, help="--repo: held-out lines to evaluate (default 400); "
+                        "--next-edits: next-edit opportunities per split and per --git (default 100)")
+    nxt = parser.add_argument_group("next edits (--next-edits; README \"Evaluating next edits\")")
+    nxt.add_argument("--next-edits", action="store_true", help="replay real edit histories hunk by hunk and ask "
+                     "dlm/editPrediction for the next edit after each: shown share, location and exact precision, "
+                     "kept lines deleted, characters saved, latency, per threshold")
+    nxt.add_argument("--split", metavar="SPLIT", help="edit-histories split(s): valid (the default, for tuning), test "
+                     "(the held-out figure: never tune on it) or valid,test")
+    nxt.add_argument("--git", metavar="REPO", help="also (or, without --split, only) replay REPO's own history: its "
+                     "last --git-commits first-parent commits, oldest first, the workspace at each commit's parent")
+    nxt.add_argument("--git-commits", type=int, default=200, metavar="N", help="--git: commits to walk back from HEAD (default 200)")
+    nxt.add_argument("--edit-gap-s", type=float, default=None, metavar="S", help="seconds between two replayed hunks (default 1.2: "
+                     "just over the server's history idleS, so each hunk is its own edit event)")
+    nxt.add_argument("--session", default="repository", help="what one server process replays, so that what it "
+                     "learns from edits stays in one project: repository (default: its commits oldest first) or commit")
+    nxt.add_argument("--records", metavar="FILE", help="write one JSON line per opportunity (the proposal, the truth, "
+                     "the judgement) to FILE")
+    nxt.add_argument("--from-records", metavar="FILE", help="report from a --records file without a replay (other "
+                     "--thresholds or --rewrite-recent on the same proposals)")
+    nxt.add_argument("--progress", action="store_true", help="print the running count of opportunities to stderr")
     parser.add_argument("--config", default="verify", help="--repo: model (no memory), memory (no model pass, "
                         "a diagnostic) or verify (the memory proposes, the denoiser checks; default)")
     parser.add_argument("--limit", type=int, default=10, help="cases per source (default 10)")
@@ -566,8 +585,18 @@ def run(args: argparse.Namespace) -> int:
     if not thresholds or not all(0 <= t <= 1 for t in thresholds):
         print("dlm-lsp eval: --thresholds must be confidences in [0, 1]", file=sys.stderr)
         return 2
+    if getattr(args, "next_edits", False):
+        from dlm.lsp.eval_edits import EDIT_GAP_S, run_next_edits
+
+        logging.getLogger("pygls.protocol.json_rpc").setLevel(logging.ERROR)
+        if args.edit_gap_s is None:
+            args.edit_gap_s = EDIT_GAP_S
+        return run_next_edits(args, thresholds)
     if getattr(args, "repo", None):
         from dlm.lsp.eval_repo import run_repo
+
+        if args.cases is None:
+            args.cases = 400
 
         logging.getLogger("pygls.protocol.json_rpc").setLevel(logging.ERROR)
         return run_repo(args, thresholds)
