@@ -37,7 +37,7 @@ from urllib.parse import unquote, urlparse
 
 from dlm.coder_model import limits
 from dlm.coder_model.types import Engine, LayoutBudget, MemoryProposal, Prediction, SamplerParams
-from dlm.lsp import context, convert, copilot_nes, framing, gate, positions, postprocess
+from dlm.lsp import context, convert, copilot_nes, framing, gate, next_edits, positions, postprocess
 from dlm.lsp.convert import ACCEPT_COMMAND
 from dlm.lsp.documents import Document, Documents
 from dlm.lsp.engine_holder import EngineHolder
@@ -82,6 +82,7 @@ class DlmServer(LanguageServer):
         self.issued: OrderedDict[str, set[str]] = OrderedDict()  # id -> the events counted for it
         self._refused_messages: set[str] = set()  # engine refusals already logged (once each)
         self.workspace_index = Workspace(on_status=self._status_changed)  # the repository memory
+        self.next_edits = next_edits.NextEdits()  # the edit memory (dlm/editPrediction)
         self.last: dict[str, dict] = {}  # uri -> last suggestion (for editPrediction reuse + prefix cache)
         self.type_through: dict[str, dict] = {}  # uri -> the shown insertion (typing through it)
         self.recent: dict[str, gate.RecentEdits] = {}  # uri -> lines typed recently (confidence gate)
@@ -141,6 +142,7 @@ class DlmServer(LanguageServer):
         self._windows = None
         self.documents = Documents(position_encoding, options.max_syntax_chars)
         self.scheduler.throttle_s = options.scheduler.throttle_ms / 1000.0
+        self.next_edits.configure(options.next_edits)
         self.set_roots(roots)
 
     def set_roots(self, roots: list[str]) -> None:
@@ -487,6 +489,7 @@ def initialized(ls: DlmServer, params: types.InitializedParams) -> None:
         index.watching = True  # until the client says otherwise: no rescans to race the registration
         watch_files(ls.protocol, index.set_watching)
     index.set_roots(index_roots(ls))
+    next_edits.start(ls, index_roots(ls))
     ls.send_status()
 
 
@@ -549,11 +552,11 @@ def apply_changes(ls: DlmServer, params: types.DidChangeTextDocumentParams) -> N
     for change in params.content_changes:
         if isinstance(change, types.TextDocumentContentChangePartial):
             r = change.range
-            recent.record(
-                doc.apply((r.start.line, r.start.character), (r.end.line, r.end.character), change.text, version)
-            )
+            applied = doc.apply((r.start.line, r.start.character), (r.end.line, r.end.character), change.text, version)
         else:
-            recent.record(doc.replace_all(change.text, version))
+            applied = doc.replace_all(change.text, version)
+        recent.record(applied)
+        next_edits.record(ls, doc, applied)  # the edit memory (lsp.next_edits)
     ls.scheduler.invalidate(uri)
     ls.last.pop(uri, None)  # results are for the text before this change
     index_buffer(ls, doc)
@@ -589,6 +592,7 @@ def forget_results(ls: DlmServer, uri: str) -> None:
     ls.last.pop(uri, None)
     ls.type_through.pop(uri, None)
     ls.recent.pop(uri, None)
+    ls.next_edits.forget(uri)  # its open edit (lsp.next_edits); the patterns stay, for other buffers
 
 
 async def text_document_inline_completion(ls: DlmServer, params: types.InlineCompletionParams):
@@ -631,6 +635,23 @@ async def dlm_edit_prediction(ls: DlmServer, params: Any):
     if doc is None or not ls.options.edit_predictions:  # off until the model earns them (README)
         return None
     row, col = doc.clamp(*convert.position_of(params))
+    if ls.options.next_edits.enabled:
+        try:
+            found = await next_edits.propose(ls, doc, row, col)
+        except Exception:  # the edit memory costs this request, never the server
+            log.exception("edit memory: no proposal for %s", uri)
+            found = None
+        if found is not None:
+            ls.stats.add("offered")
+            return found
+        if not ls.options.next_edits.model_fallback:
+            return None
+    return await model_edit_prediction(ls, doc, row, col)
+
+
+async def model_edit_prediction(ls: DlmServer, doc: Document, row: int, col: int):
+    """The model's wide rewrite of the region around the cursor as edits (nextEdits.modelFallback)."""
+    uri = doc.uri
     last = ls.last.get(uri)
     if last is not None and (last["version"], last["row"], last["col"]) == (doc.version, row, col):
         res = last  # the inline request at this position already ran the model

@@ -97,3 +97,24 @@ class RefusingEngine(SlowFakeEngine):
 
 def refusing(model, device):
     return RefusingEngine(0.001, 1)
+
+
+class ProposalEchoEngine(SlowFakeEngine):
+    """Sleeps like the slow fake, then answers the prompt's first proposal (as the denoiser's
+    check does when it lets it through) with a fixed confidence; no proposal: the region as it
+    is. For the edit memory's scheduling tests (drops, undo, Copilot's shape), not its quality."""
+
+    def predict(self, prompt, params, cancel, deadline=None):
+        pred = super().predict(prompt, params, cancel, deadline)
+        if pred.cancelled:
+            return pred
+        region = prompt.region
+        if prompt.proposals:
+            region = region[: prompt.cursor] + prompt.proposals[0].text + region[prompt.cursor :]
+        pred.text = region
+        pred.confidence = 0.9
+        return pred
+
+
+def echo_proposals(model, device):
+    return ProposalEchoEngine(float(os.environ.get("FAKE_STEP_S", "0.001")), int(os.environ.get("FAKE_STEPS", "1")))

@@ -24,7 +24,7 @@ client = fake_server_client(
     workspace_folders=[types.WorkspaceFolder(uri="file:///work/proj", name="proj")],
     # edit predictions are off by default; a deadline far beyond the fake's run time keeps
     # this about the protocol, not timing
-    initialization_options={"editPredictions": True, "deadlineMs": 60_000},
+    initialization_options={"editPredictions": True, "deadlineMs": 60_000, "nextEdits": {"modelFallback": True}},
 )
 
 

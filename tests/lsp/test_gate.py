@@ -180,7 +180,8 @@ def test_edit_predictions_are_off_by_default_and_rewriting_recent_typing_needs_m
         finally:
             await _close(off)
         on = await _session(_env(FAKE_STEP_S="0.001", FAKE_CONFIDENCE="0.9"),
-                            {"editPredictions": True, "minConfidence": 0.5, "minConfidenceRewriteRecent": 0.95})
+                            {"editPredictions": True, "minConfidence": 0.5, "minConfidenceRewriteRecent": 0.95,
+                             "nextEdits": {"modelFallback": True}})
         try:
             _open(on, uri, text)
             res = await on.protocol.send_request_async("dlm/editPrediction", params)

@@ -225,7 +225,8 @@ def test_second_initialize_is_refused_and_keeps_the_documents(server):
 
 def test_edit_prediction_after_reopen_with_a_reused_version(server):
     """The editPrediction cache was keyed by (version, row, col) and outlived the document."""
-    server.initialize({"editPredictions": True, "minConfidence": 0, "minConfidenceRewriteRecent": 0})
+    server.initialize({"editPredictions": True, "minConfidence": 0, "minConfidenceRewriteRecent": 0,
+                       "nextEdits": {"modelFallback": True}})
     uri = "file:///reopen.py"
     pos = {"textDocument": {"uri": uri}, "position": {"line": 0, "character": 1}}
     server.open(uri, "a = 1\nb = 2\nc = 3\n# TODO fix\nd = 4\n")
@@ -239,7 +240,8 @@ def test_edit_prediction_after_reopen_with_a_reused_version(server):
 
 
 def test_edit_prediction_after_a_change_is_not_the_cached_one(server):
-    server.initialize({"editPredictions": True, "minConfidence": 0, "minConfidenceRewriteRecent": 0})
+    server.initialize({"editPredictions": True, "minConfidence": 0, "minConfidenceRewriteRecent": 0,
+                       "nextEdits": {"modelFallback": True}})
     uri = "file:///changed.py"
     pos = {"textDocument": {"uri": uri}, "position": {"line": 0, "character": 1}}
     server.open(uri, "a = 1\n# TODO fix\n")

@@ -26,7 +26,7 @@ client = fake_server_client(
     # The fake takes 300 ms a run and queues runs of many documents: a deadline far
     # beyond that keeps these scheduling tests about scheduling. Edit predictions are
     # off by default; test_edit_prediction_away_from_cursor needs them.
-    initialization_options={"deadlineMs": 60_000, "editPredictions": True},
+    initialization_options={"deadlineMs": 60_000, "editPredictions": True, "nextEdits": {"modelFallback": True}},
 )
 
 

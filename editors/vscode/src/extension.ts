@@ -41,6 +41,7 @@ import {
   summarizeStats,
   trimTrailingBlankLines,
   validateEditPrediction,
+  jumpText,
 } from "./logic.js";
 
 const ACCEPT_COMMAND = "dlm.acceptCompletion";
@@ -604,6 +605,11 @@ class DlmExtension implements vscode.Disposable {
           renderOptions: { after: { contentText: `→ ${d.after}` } },
         });
       }
+    }
+    if (view.jump) {
+      // far from the cursor: a "jump to" hint at the cursor's line (Tab applies the edit there)
+      const end = editor.document.lineAt(editor.selection.active.line).range.end;
+      added.push({ range: new vscode.Range(end, end), renderOptions: { after: { contentText: jumpText(view.jump) } } });
     }
     editor.setDecorations(this.replaceDeco, replaced);
     editor.setDecorations(this.newTextDeco, added);

@@ -309,10 +309,18 @@ export interface TextEdit {
   range: Range;
   newText: string;
 }
+/** The server's "jump to" hint for an edit far from the cursor (README "Next edits"). */
+export interface JumpHint {
+  position: Pos; // where the edit starts
+  lines: number; // how far from the cursor (negative: above)
+  label: string; // what the edit does ("rename foo → bar")
+}
+
 export interface EditPrediction {
   id: string;
   version: number;
   edits: TextEdit[];
+  jump?: JumpHint;
 }
 
 /** One decoration: text struck out in `range` and/or `after` shown at the end of `anchorLine`. */
@@ -329,6 +337,7 @@ export interface EditPredictionView {
   version: number;
   decorations: EditDecoration[];
   firstLine: number; // the line to reveal / jump to
+  jump?: JumpHint; // far from the cursor: shown as a hint at the cursor line
 }
 
 const MAX_AFTER = 80;
@@ -348,7 +357,19 @@ export function validateEditPrediction(raw: unknown): EditPrediction | null {
     }
     edits.push({ range: ed.range, newText: ed.newText });
   }
-  return edits.length ? { id: r.id, version: r.version, edits } : null;
+  if (!edits.length) return null;
+  const out: EditPrediction = { id: r.id, version: r.version, edits };
+  const j = r.jump as JumpHint | undefined; // optional: a malformed hint is ignored, the edit kept
+  if (j && isPos(j.position) && Number.isInteger(j.lines) && typeof j.label === "string") {
+    out.jump = { position: j.position, lines: j.lines, label: j.label };
+  }
+  return out;
+}
+
+/** The text of a "jump to" hint: where the edit is and what it does. */
+export function jumpText(j: JumpHint): string {
+  const arrow = j.lines < 0 ? "↑" : "↓";
+  return `⇥ ${arrow} line ${j.position.line + 1}: ${oneLine(j.label)}`;
 }
 
 function isRange(r: unknown): r is Range {
@@ -397,7 +418,7 @@ export function renderEditPrediction(p: EditPrediction, lineText: (line: number)
     });
   }
   const firstLine = decorations.length ? Math.min(...decorations.map((d) => d.range.start.line)) : 0;
-  return { id: p.id, version: p.version, decorations, firstLine };
+  return { id: p.id, version: p.version, decorations, firstLine, ...(p.jump ? { jump: p.jump } : {}) };
 }
 
 // ---------------------------------------------------------------------------
@@ -568,7 +589,8 @@ export function inlineEditFor(p: EditPrediction, cursor: Pos, lineText: (line: n
   const data: InlineEditData = { id: p.id, version: p.version, range, insertText: out };
   // Near the cursor VS Code draws the edit in place; away from it, point at the edit's lines.
   if (cursor.line < start.line - 1 || cursor.line > end.line + 1) {
-    data.displayLocation = { range, kind: "code", label: `dlm: edit at line ${start.line + 1}` };
+    const label = p.jump ? jumpText(p.jump) : `dlm: edit at line ${start.line + 1}`;
+    data.displayLocation = { range, kind: "code", label };
   }
   return data;
 }

@@ -56,6 +56,17 @@ local function show(bufnr, client, pred)
       })
     end
   end
+  local j = pred.jump
+  if type(j) == "table" and type(j.position) == "table" and type(j.position.line) == "number" then
+    -- far from the cursor (README "Next edits"): a "jump to" hint at the cursor's line
+    local row = vim.api.nvim_win_get_cursor(0)[1] - 1
+    local arrow = (tonumber(j.lines) or 0) < 0 and "↑" or "↓"
+    vim.api.nvim_buf_set_extmark(bufnr, M.ns, math.min(row, nlines - 1), 0, {
+      virt_text = { { string.format("⇥ %s line %d: %s", arrow, j.position.line + 1, one_line(tostring(j.label or ""))),
+        "DlmEditPrediction" } },
+      virt_text_pos = "eol",
+    })
+  end
 end
 
 function M.request(bufnr)

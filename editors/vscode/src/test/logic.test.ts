@@ -22,6 +22,7 @@ import {
   summarizeStats,
   trimTrailingBlankLines,
   validateEditPrediction,
+  jumpText,
   versionAtLeast,
   type DlmSettings,
 } from "../logic.js";
@@ -282,4 +283,20 @@ test("settings become the server's initializationOptions; unset numbers keep the
   assert.deepEqual(initializationOptions({ ...DEFAULT_SETTINGS, deadlineMs: -5 }), { editPredictions: false });
   assert.equal(needsRestart(DEFAULT_SETTINGS, { ...DEFAULT_SETTINGS, minConfidence: 0.3 }), true);
   assert.equal(needsRestart(DEFAULT_SETTINGS, { ...DEFAULT_SETTINGS }), false);
+});
+
+test("edit prediction: a far edit's jump hint is kept, shown at the cursor and labels the inline edit", () => {
+  const raw = {
+    id: "j", version: 2, edits: [{ range: r(3, 6, 3, 7), newText: "g" }],
+    jump: { position: { line: 3, character: 6 }, lines: 3, label: "rename f → g" },
+  };
+  const p = validateEditPrediction(raw);
+  assert.ok(p?.jump);
+  assert.equal(jumpText(p.jump), "⇥ ↓ line 4: rename f → g");
+  assert.deepEqual(renderEditPrediction(p, line).jump, p.jump);
+  const e = inlineEditFor(p, { line: 0, character: 0 }, line);
+  assert.equal(e?.displayLocation?.label, "⇥ ↓ line 4: rename f → g");
+  // a malformed hint is dropped, the edit kept
+  const bad = validateEditPrediction({ ...raw, jump: { position: { line: -1 }, lines: "x", label: 3 } });
+  assert.ok(bad && bad.jump === undefined && bad.edits.length === 1);
 });

@@ -1,0 +1,10 @@
+"""The edit memory (DESIGN §10, README "Next edits"): edits -> token-level patterns -> the
+sites where they still apply. A library: no lsp import, no torch."""
+
+from dlm.coder_model.edit_memory.bursts import BurstTracker, Edit
+from dlm.coder_model.edit_memory.memory import EditMemory, Entry, GitMiner, GitStats, Proposal, mine, parse_log
+from dlm.coder_model.edit_memory.patterns import Pattern, extract, line_pattern
+from dlm.coder_model.edit_memory.sites import Site, find_sites, rank
+
+__all__ = ["BurstTracker", "Edit", "EditMemory", "Entry", "GitMiner", "GitStats", "Pattern", "Proposal", "Site",
+           "extract", "find_sites", "line_pattern", "mine", "parse_log", "rank"]

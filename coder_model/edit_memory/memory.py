@@ -1,0 +1,412 @@
+"""The edit memory: this session's edit patterns, the project's git history as support, and
+the proposals they make (DESIGN §10: edits -> patterns -> sites -> the denoiser writes).
+
+`EditMemory.observe` takes a closed edit (bursts.Edit) of a document; its patterns are
+remembered, newest first, at most `max_patterns`. An edit that reverts a remembered
+pattern (an undo) makes the memory forget that pattern, and is not a pattern itself.
+
+`EditMemory.propose` finds, for the newest patterns (and the open burst's, passed in by
+the caller), the sites of a document where each still applies, ranks them by context
+similarity and distance from the cursor, and gives each proposal the memory's support:
+how likely the pattern is repeated (per kind, from this project's git history when mined,
+else the defaults below), times how often this session applied it, times how alike the
+site is. A rename to a name that already existed elsewhere in the document is ambiguous
+(its other uses may be another variable): only sites whose context resembles the edit's
+are proposed.
+
+`GitMiner` reads the repository's commits up to HEAD (`git log -p -U0`, capped in commits
+and bytes), in a background thread: the patterns of each commit's hunks give, per kind,
+how often a pattern recurs within its commit, and the pattern keys seen.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import subprocess
+import threading
+import time
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field, replace
+
+from dlm.coder_model.edit_history import render_event
+from dlm.coder_model.edit_memory.bursts import Edit
+from dlm.coder_model.edit_memory.patterns import DEF_RE, Pattern, extract, tokens
+from dlm.coder_model.edit_memory.sites import Site, find_sites, rank
+
+log = logging.getLogger(__name__)
+
+# P(a pattern of this kind is repeated elsewhere), before any git history is read. Measured on
+# the edit-histories valid split (python -m dlm.coder_model.edit_memory.measure, README "Next edits").
+DEFAULT_PRIORS: dict[str, float] = {"rename": 0.45, "append_arg": 0.15, "insert_line": 0.3, "replace": 0.3}
+# How often a pattern of each kind recurs within its commit, over the edit-histories train split
+# (python -m dlm.coder_model.evaluation.next_edits --split train --corpus-repeat 7: every 7th record,
+# grouped by commit; insert_line too rare there, a guess). A project
+# whose history repeats a kind more (less) often than these gets that kind's prior scaled up (down).
+CORPUS_REPEAT: dict[str, float] = {"rename": 0.304, "append_arg": 0.055, "insert_line": 0.2, "replace": 0.087}
+PRIOR_WEIGHT = 10.0  # pseudo-counts of the corpus rate against the project's own git counts
+# A pattern proposes after the edit that made it and the next one (an edit elsewhere that is not
+# the pattern again makes it stale): on the valid split replayed through one server, older patterns
+# proposed in unrelated files.
+RECENT_EDITS = 2
+OTHER_FILE = 0.5  # support factor of a pattern learnt in another file
+AMBIGUOUS_SIMILARITY = 0.5  # an ambiguous rename's site needs this much context similarity
+
+
+@dataclass
+class Entry:
+    pattern: Pattern
+    path: str
+    line: int  # where the edit was (document line)
+    context: frozenset[str]
+    name: str
+    event: str  # the edit as a rendered history event (coder_model.edit_history)
+    at: float
+    count: int = 1
+    ambiguous: bool = False
+    end: int = -1  # the edit's last line + 1 (its own lines are no site of it)
+    seq: int = 0  # EditMemory.edits when it was last seen
+
+
+@dataclass(frozen=True)
+class Proposal:
+    path: str
+    site: Site
+    pattern: Pattern
+    support: float  # the memory's P(this proposal is right), 0..1
+    rank_score: float
+    event: str  # the pattern's edit as a history event (the denoiser's context)
+    # every site of the pattern in the block of neighbouring lines around `site` (it included), in
+    # document order: one next edit (a rename used twice on a line, on three lines in a row)
+    group: tuple[Site, ...] = ()
+
+    @property
+    def sites(self) -> tuple[Site, ...]:
+        return self.group or (self.site,)
+
+
+@dataclass
+class GitStats:
+    commits: int = 0
+    kinds: dict[str, list[int]] = field(default_factory=dict)  # kind -> [patterns, repeated in commit]
+    keys: Counter = field(default_factory=Counter)
+    head: str = ""
+
+
+class EditMemory:
+    def __init__(self, max_patterns: int = 32, max_edit_lines: int = 20, max_age_s: float = 900.0) -> None:
+        self.max_patterns = max_patterns
+        self.max_edit_lines = max_edit_lines
+        self.max_age_s = max_age_s
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[tuple, Entry] = OrderedDict()  # newest last
+        self.git = GitStats()
+        self.forgotten = 0  # patterns forgotten by an undo (dlm/stats)
+        self.edits = 0  # closed edits observed (patterns or not): a pattern's recency is in edits
+        # Whether a rename's new name existed before it, as first seen: later sightings would
+        # count the uses this pattern itself renamed (accepted proposals) as pre-existing.
+        self._ambiguous: OrderedDict[tuple, bool] = OrderedDict()
+
+    # ---- learning ---------------------------------------------------------------------------
+    def entries_of(self, path: str, edit: Edit, lines: list[str], skip: tuple[int, int] | None = None) -> list[Entry]:
+        """The patterns of an edit of `path` (not remembered: see `observe`); `lines` is the
+        document now, `skip` a line range [a, b) of it changed after the edit (not looked at)."""
+        out = []
+        for x in extract(list(edit.old), list(edit.new), self.max_edit_lines):
+            p = x.pattern
+            line = edit.start + x.line
+            ambiguous = False
+            if p.kind == "rename":
+                with self._lock:
+                    known = self._ambiguous.get(p.key)
+                if known is None:
+                    known = _exists_outside(lines, p.new, [(edit.start, edit.start + len(edit.new)), skip or (0, 0)])
+                    with self._lock:
+                        self._ambiguous[p.key] = known
+                        while len(self._ambiguous) > 4 * self.max_patterns:
+                            self._ambiguous.popitem(last=False)
+                ambiguous = known
+            event = render_event(path, edit.start, list(edit.old), list(edit.new))
+            out.append(Entry(p, path, line, x.context, x.name, event, edit.at, 1, ambiguous,
+                             edit.start + len(edit.new)))
+        return out
+
+    def observe(self, path: str, edit: Edit, lines: list[str], skip: tuple[int, int] | None = None) -> list[Entry]:
+        """Remember a closed edit's patterns (an undo forgets the pattern it reverts)."""
+        found = self.entries_of(path, edit, lines, skip)
+        kept = []
+        with self._lock:
+            self.edits += 1
+            for e in found:
+                e.seq = self.edits
+            for e in found:
+                undone = [k for k, old in self._entries.items() if e.pattern.undoes(old.pattern)]
+                if undone:
+                    for k in undone:
+                        del self._entries[k]
+                        self._ambiguous.pop(k, None)
+                    self.forgotten += len(undone)
+                    continue
+                if e.pattern.kind == "delete_line":
+                    continue
+                old = self._entries.pop(e.pattern.key, None)
+                if old is not None:
+                    e.count = old.count + 1  # the same pattern again: its support grows
+                    e.ambiguous = old.ambiguous
+                    e.context = old.context | e.context
+                self._entries[e.pattern.key] = e
+                kept.append(e)
+            while len(self._entries) > self.max_patterns:
+                self._entries.popitem(last=False)
+        return kept
+
+    def forget_all(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def patterns(self) -> list[Entry]:
+        with self._lock:
+            return list(reversed(self._entries.values()))
+
+    def undone_by(self, entries: list[Entry]) -> bool:
+        """True when one of these (an open burst's) reverts a remembered pattern."""
+        with self._lock:
+            return any(e.pattern.undoes(old.pattern) for e in entries for old in self._entries.values())
+
+    # ---- support ----------------------------------------------------------------------------
+    def prior(self, kind: str) -> float:
+        """The kind's default prior, scaled by how much more (or less) often this project's git
+        history repeats the kind within a commit than the corpus does (CORPUS_REPEAT)."""
+        base = DEFAULT_PRIORS.get(kind, 0.3)
+        corpus = CORPUS_REPEAT.get(kind, 0.2)
+        seen, repeated = self.git.kinds.get(kind, (0, 0))
+        project = (repeated + PRIOR_WEIGHT * corpus) / (seen + PRIOR_WEIGHT)
+        return min(0.95, base * project / corpus)
+
+    def support(self, e: Entry, rank_score: float) -> float:
+        """P(the proposal is right): 1 - (1 - prior)^n for a pattern applied n times (this
+        session, plus up to 3 sightings in the git history), scaled a little by the site's rank
+        (on the valid split, the count predicted exactness; context similarity hardly did)."""
+        n = e.count + min(self.git.keys.get(e.pattern.key, 0), 3)
+        p = 1.0 - (1.0 - self.prior(e.pattern.kind)) ** n
+        return p * (0.8 + 0.2 * rank_score)
+
+    # ---- proposing --------------------------------------------------------------------------
+    def propose(self, path: str, lines: list[str], cursor_line: int, now: float | None = None,
+                pending: list[Entry] = (), max_patterns: int = 4, max_scan: int = 2000,
+                limit: int = 8, recent_edits: int = RECENT_EDITS) -> list[Proposal]:
+        """The best sites in `lines` (the document `path`) for the patterns of the open burst
+        (`pending`) and of the last `recent_edits` closed edits; at most `limit`, best first."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            edits = self.edits
+        with self._lock:
+            # the open edit repeats a remembered pattern: it is one more application of it
+            pending = [replace(e, count=old.count + 1, ambiguous=old.ambiguous, context=old.context | e.context)
+                       if (old := self._entries.get(e.pattern.key)) is not None else e for e in pending]
+        candidates = list(pending) + [e for e in self.patterns()
+                                      if now - e.at <= self.max_age_s and edits - e.seq < recent_edits]
+        seen: set[tuple] = set()
+        out: list[Proposal] = []
+        for e in candidates:
+            if e.pattern.key in seen or e.pattern.kind == "delete_line":
+                continue
+            seen.add(e.pattern.key)
+            if len(seen) > max_patterns:
+                break
+            sites = find_sites(e.pattern, lines, cursor_line, max_scan)
+            scope = enclosing_def(lines, e.line) if e.ambiguous and e.path == path else None
+            if e.path == path:  # the edit's own lines are where it was made, not a site
+                sites = [s for s in sites if not e.line <= s.line < max(e.end, e.line + 1)]
+            if e.ambiguous:
+                # a rename to a name that existed: elsewhere the old name may be another variable;
+                # only its uses in the edit's own function body, in a like context
+                sites = [s for s in sites if scope is not None and scope[0] < s.line < scope[1]
+                         and _site_similarity(s, e) >= AMBIGUOUS_SIMILARITY]
+            by_line: dict[int, list[Site]] = {}
+            for s in sites:
+                by_line.setdefault(s.line, []).append(s)
+            grouped: set[int] = set()
+            for score, s in rank(sites, e.context, cursor_line, e.name, limit=limit * 4):
+                group = block_of(by_line, s.line)
+                if group[0].line in grouped:
+                    continue  # the block is proposed already, from a better-ranked site of it
+                grouped.add(group[0].line)
+                support = self.support(e, score) * (1.0 if e.path == path else OTHER_FILE)
+                out.append(Proposal(path, s, e.pattern, support, score, e.event, group))
+        out.sort(key=lambda p: (-p.support, abs(p.site.line - cursor_line)))
+        return out[:limit]
+
+    # ---- git --------------------------------------------------------------------------------
+    def learn_git(self, stats: GitStats) -> None:
+        self.git = stats
+
+
+MAX_GROUP = 8  # sites in one proposal, at most
+
+
+def block_of(by_line: dict[int, list[Site]], row: int) -> tuple[Site, ...]:
+    """The sites on the run of consecutive lines with sites that holds `row` (nearest first
+    when more than MAX_GROUP), in document order."""
+    lo = hi = row
+    while lo - 1 in by_line:
+        lo -= 1
+    while hi + 1 in by_line:
+        hi += 1
+    rows = sorted(range(lo, hi + 1), key=lambda r: abs(r - row))
+    picked: list[Site] = []
+    for r in rows:
+        for s in sorted(by_line[r], key=lambda s: s.start):
+            if len(picked) < MAX_GROUP and not any(x.line == s.line and x.start < s.end and s.start < x.end
+                                                   for x in picked):
+                picked.append(s)  # overlapping sites on a line (a name and a part of it): the first
+    return tuple(sorted(picked, key=lambda s: (s.line, s.start)))
+
+
+def _site_similarity(s: Site, e: Entry) -> float:
+    from dlm.coder_model.edit_memory.sites import similarity
+
+    ctx = e.context - {e.pattern.old, e.pattern.new}
+    site_ctx = s.context - {e.pattern.old, e.pattern.new}
+    return similarity(Site(s.line, s.start, s.end, s.new_text, s.old_text, site_ctx, s.name), ctx, e.name)
+
+
+def enclosing_def(lines: list[str], row: int) -> tuple[int, int] | None:
+    """(def line, end) of the innermost def/class block holding `row` (end exclusive), by indentation."""
+    for i in range(min(row, len(lines) - 1), -1, -1):
+        m = DEF_RE.match(lines[i])
+        if m is None:
+            continue
+        indent = len(m.group(1))
+        end = i + 1
+        while end < len(lines):
+            text = lines[end]
+            if text.strip() and len(text) - len(text.lstrip()) <= indent:
+                break
+            end += 1
+        if row < end:
+            return i, end
+    return None
+
+
+def _exists_outside(lines: list[str], name: str, ranges: list[tuple[int, int]]) -> bool:
+    """`name` is a token of a line outside the line ranges [a, b): it existed before the rename."""
+    if not name:
+        return False
+    for i, line in enumerate(lines):
+        if name not in line or any(a <= i < b for a, b in ranges):
+            continue
+        if any(t.text == name for t in tokens(line)):
+            return True
+    return False
+
+
+# ---- the project's history ---------------------------------------------------------------------
+
+HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+def parse_log(text: str, max_edit_lines: int = 20) -> GitStats:
+    """GitStats of `git log -p -U0 --format=commit%x20%H` output."""
+    stats = GitStats()
+    commit_keys: Counter = Counter()
+    old: list[str] = []
+    new: list[str] = []
+    in_hunk = False
+
+    def end_hunk() -> None:
+        nonlocal old, new
+        if old or new:
+            for x in extract(old, new, max_edit_lines):
+                if x.pattern.kind != "delete_line":
+                    commit_keys[(x.pattern.kind, x.pattern.key)] += 1
+        old, new = [], []
+
+    def end_commit() -> None:
+        end_hunk()
+        for (kind, key), n in commit_keys.items():
+            seen = stats.kinds.setdefault(kind, [0, 0])
+            seen[0] += 1
+            seen[1] += n > 1
+            stats.keys[key] += 1
+        commit_keys.clear()
+
+    for line in text.split("\n"):
+        if line.startswith("commit "):
+            if stats.commits:
+                end_commit()
+            stats.commits += 1
+            in_hunk = False
+        elif line.startswith("diff --git"):
+            end_hunk()
+            in_hunk = False
+        elif line.startswith("@@"):
+            end_hunk()
+            in_hunk = True
+        elif in_hunk and line.startswith("-"):
+            old.append(line[1:])
+        elif in_hunk and line.startswith("+"):
+            new.append(line[1:])
+    if stats.commits:
+        end_commit()
+    return stats
+
+
+class GitMiner:
+    """Mines a repository's history up to its current HEAD on a daemon thread; `on_done` gets
+    the GitStats (never called when the root is not a git repository or git is missing)."""
+
+    def __init__(self, root: str, on_done, max_commits: int = 300, max_bytes: int = 8_000_000,
+                 timeout_s: float = 60.0) -> None:
+        self.root, self.on_done = root, on_done
+        self.max_commits, self.max_bytes, self.timeout_s = max_commits, max_bytes, timeout_s
+        self.thread = threading.Thread(target=self._run, name="dlm-git-edits", daemon=True)
+
+    def start(self) -> GitMiner:
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            stats = mine(self.root, self.max_commits, self.max_bytes, self.timeout_s)
+        except Exception:  # a broken repository costs the support, never the server
+            log.debug("git history of %s not mined", self.root, exc_info=True)
+            return
+        if stats is not None:
+            self.on_done(stats)
+
+
+def mine(root: str, max_commits: int, max_bytes: int, timeout_s: float = 60.0) -> GitStats | None:
+    """GitStats of the last `max_commits` non-merge commits up to HEAD (None: not a repository)."""
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--verify", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if head.returncode != 0:
+        return None
+    sha = head.stdout.strip()
+    proc = subprocess.Popen(
+        ["git", "-C", root, "log", "--no-merges", "--no-color", "--no-ext-diff", "--no-renames", "-p", "-U0",
+         f"-n{max_commits}", "--format=commit %H", sha],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    t0 = time.monotonic()
+    chunks: list[bytes] = []
+    size = 0
+    assert proc.stdout is not None
+    try:
+        while size < max_bytes and time.monotonic() - t0 < timeout_s:
+            chunk = proc.stdout.read(65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        proc.kill()
+        proc.wait()
+    text = b"".join(chunks).decode("utf-8", errors="replace")
+    if size >= max_bytes:  # the cap cut a commit: drop it
+        text = text[: text.rfind("\ncommit ")] if "\ncommit " in text else ""
+    stats = parse_log(text)
+    stats.head = sha
+    return stats

@@ -1,0 +1,194 @@
+"""Where a pattern still applies: sites in a text, each with the span it changes.
+
+A site is one line of a document and the code-point span [start, end) of that line the
+pattern replaces with `new_text`; nothing outside the span changes. Sites are found by a
+cheap substring scan for the pattern's rarest word first (a pattern with 5,000 matching
+lines costs one `str.find` per line), lexed only where the word occurs, capped at
+`max_scan` candidate lines nearest the cursor, and ranked by `rank`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from dlm.coder_model.edit_memory.patterns import DEF_RE, MAX_LINE_CHARS, Pattern, is_name, tokens
+
+
+@dataclass(frozen=True)
+class Site:
+    line: int  # 0-based line in the document
+    start: int  # code-point column where the replaced span starts
+    end: int  # ... and ends (exclusive); start == end: an insertion
+    new_text: str  # what replaces the span
+    old_text: str  # the span's current text (checked again before a proposal is sent)
+    context: frozenset[str]  # names on the site's line (similarity with the edit's context)
+    name: str = ""  # the def's name for insert_line sites
+
+
+def _key_word(p: Pattern) -> str:
+    """The word every site's line contains (the longest name of `before`)."""
+    names = [t for t in p.before if is_name(t)] or [t for t in p.before if t.strip()]
+    return max(names, key=len) if names else ""
+
+
+def find_sites(p: Pattern, lines: list[str], cursor_line: int, max_scan: int = 2000) -> list[Site]:
+    """Sites of `p` in `lines` (with or without terminators), nearest the cursor first,
+    at most `max_scan` candidate lines looked at (the rest are too far to rank first)."""
+    if p.kind == "insert_line":
+        return _line_sites(p, lines, cursor_line, max_scan)
+    if p.kind == "delete_line":
+        return []
+    word = _key_word(p)
+    if not word:
+        return []
+    order = sorted(range(len(lines)), key=lambda i: abs(i - cursor_line)) if len(lines) <= 4 * max_scan \
+        else _nearest(len(lines), cursor_line, 4 * max_scan)
+    out: list[Site] = []
+    scanned = 0
+    for i in order:
+        text = lines[i]
+        if word not in text:
+            continue
+        scanned += 1
+        if scanned > max_scan:
+            break
+        line = text.rstrip("\r\n")
+        if len(line) > MAX_LINE_CHARS:
+            continue
+        out.extend(_line_matches(p, line, i))
+    return out
+
+
+def _nearest(n: int, center: int, count: int) -> list[int]:
+    out = [center] if 0 <= center < n else []
+    d = 1
+    while len(out) < count and (center - d >= 0 or center + d < n):
+        if center - d >= 0:
+            out.append(center - d)
+        if center + d < n:
+            out.append(center + d)
+        d += 1
+    return out
+
+
+def _line_matches(p: Pattern, line: str, row: int) -> list[Site]:
+    toks = tokens(line)
+    texts = [t.text for t in toks]
+    ctx = frozenset(t for t in texts if is_name(t))
+    out: list[Site] = []
+    if p.kind == "rename":
+        old, new = p.before[0], p.text
+        for t in toks:
+            if t.text == old:
+                out.append(Site(row, t.start, t.end, new, old, ctx))
+            elif len(old) >= 3 and old in t.text and is_name(t.text):
+                # the renamed name as one part of a longer name: foo_count, get_foo, FooBar
+                for m in re.finditer(re.escape(old), t.text):
+                    a, b = m.start(), m.end()
+                    left_ok = a == 0 or t.text[a - 1] == "_" or (old[0].isupper() and t.text[a - 1].islower())
+                    right_ok = b == len(t.text) or t.text[b] == "_" or t.text[b].isupper()
+                    if left_ok and right_ok:
+                        out.append(Site(row, t.start + a, t.start + b, new, old, ctx))
+        return out
+    if p.kind == "append_arg":
+        name, arg = p.before[0], p.text
+        arg_tokens = [t.text for t in tokens(arg)]
+        for k in range(len(texts) - 1):
+            if texts[k] != name or texts[k + 1] != "(" or (k > 0 and texts[k - 1] in ("def", "class")):
+                continue
+            close = _matching(texts, k + 1)
+            if close is None:
+                continue
+            inside = texts[k + 2 : close]
+            if _contains(inside, arg_tokens[1:]):  # the argument is there already
+                continue
+            pos = toks[close].start
+            if close == k + 2:  # no arguments yet: the argument without its leading comma
+                out.append(Site(row, pos, pos, arg.lstrip(", "), "", ctx))
+            else:
+                start = toks[close - 1].end
+                out.append(Site(row, start, pos, arg, line[start:pos], ctx))
+        return out
+    n = len(p.before)
+    for k in range(len(texts) - n + 1):
+        if tuple(texts[k : k + n]) != p.before:
+            continue
+        a, b = k + p.core_from, k + p.core_to
+        if a == b:  # an insertion: between two tokens, or before the first, or after the last
+            start = toks[a - 1].end if a > 0 else toks[a].start
+            end = toks[a].start if a < len(toks) else start
+        else:
+            start, end = toks[a].start, toks[b - 1].end
+        out.append(Site(row, start, end, p.text, line[start:end], ctx))
+    return out
+
+
+def _matching(texts: list[str], open_at: int) -> int | None:
+    depth = 0
+    for k in range(open_at, len(texts)):
+        if texts[k] == "(":
+            depth += 1
+        elif texts[k] == ")":
+            depth -= 1
+            if depth == 0:
+                return k
+    return None
+
+
+def _contains(seq: list[str], sub: list[str]) -> bool:
+    if not sub:
+        return False
+    return any(seq[i : i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
+
+
+def _line_sites(p: Pattern, lines: list[str], cursor_line: int, max_scan: int) -> list[Site]:
+    """Def/class lines (of the pattern's anchor) without the line right above them among their
+    decorators: the line goes in at the def's indentation."""
+    out: list[Site] = []
+    want_class = p.before[0] == "class"
+    for i in sorted(range(len(lines)), key=lambda i: abs(i - cursor_line))[: 4 * max_scan]:
+        m = DEF_RE.match(lines[i])
+        if m is None or (("class" in lines[i].split("(")[0].split()) != want_class):
+            continue
+        k = i - 1
+        present = False
+        while k >= 0 and lines[k].strip().startswith("@"):
+            present = present or lines[k].strip() == p.text
+            k -= 1
+        if present:
+            continue
+        indent = m.group(1)
+        out.append(Site(i, 0, 0, indent + p.text + "\n", "", frozenset({m.group(2)}), name=m.group(2)))
+    return out
+
+
+def name_similarity(a: str, b: str) -> float:
+    """Shared `_`-separated words of two def names (test_get_x ~ test_get_y), 0..1."""
+    wa, wb = set(a.lower().split("_")) - {""}, set(b.lower().split("_")) - {""}
+    if not wa or not wb:
+        return 0.0
+    return len(wa & wb) / len(wa | wb)
+
+
+def similarity(site: Site, context: frozenset[str], name: str = "") -> float:
+    """How alike the site's surroundings are to the edit's, 0..1 (Jaccard of names; the def
+    names for insert_line)."""
+    if name or site.name:
+        return name_similarity(site.name, name)
+    if not context or not site.context:
+        return 0.0
+    return len(site.context & context) / len(site.context | context)
+
+
+def rank(sites: list[Site], context: frozenset[str], cursor_line: int, name: str = "",
+         limit: int = 20) -> list[tuple[float, Site]]:
+    """The `limit` best sites by similarity of context and distance from the cursor, each
+    with its score in 0..1 (1: identical context, next line)."""
+    scored = []
+    for s in sites:
+        sim = similarity(s, context, name)
+        near = 1.0 / (1.0 + abs(s.line - cursor_line) / 20.0)
+        scored.append((0.6 * sim + 0.4 * near, s))
+    scored.sort(key=lambda x: (-x[0], abs(x[1].line - cursor_line), x[1].start))
+    return scored[:limit]

@@ -1,0 +1,239 @@
+"""Tune the edit memory on the edit-histories `valid` split (README "Next edits").
+
+    python -m dlm.coder_model.evaluation.next_edits --split valid [--limit N] [--model-check]
+
+A library-level replay (the LSP-level one is `dlm-lsp eval`'s next-edit mode): each record's
+hunks are applied one by one to its `before` text, each hunk observed as one closed edit; after
+each hunk but the last, the memory proposes the best site in the file (cursor at the hunk).
+A proposal is at the right location when its line lies in one of the hunks still to come (in
+the current text's lines), and exact when its new line is that hunk's line after the commit.
+For every threshold it prints: shown share (of opportunities: steps with a hunk to come), exact
+and location precision of the shown; proposals never delete a line (a span of one line or an
+inserted line), so "deletes kept lines" is 0 by construction and counted anyway.
+
+Confidence: `memory` (the memory's support alone), `checked` (the denoiser checks the literal
+proposal, coder_model.verify's mix: it can veto), `written` (the denoiser writes the site's line
+with the pattern's edit in its history; kept only when it equals the literal proposal's span edit
+or is the answer the measure compares).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import re
+import time
+from collections import Counter
+from pathlib import Path
+
+from dlm.coder_model.edit_memory import Edit, EditMemory, extract
+from dlm.coder_model.types import CancelToken, MemoryProposal, Prompt, SamplerParams
+
+THRESHOLDS = (0.0, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.7, 0.8)
+
+
+def git_lines(s: str) -> list[str]:
+    return [x for x in re.split(r"(?<=\n)", s) if x]
+
+
+def records(root: Path, split: str, limit: int | None):
+    n = 0
+    for f in sorted(root.glob("*.jsonl.gz")):
+        with gzip.open(f, "rt", encoding="utf-8") as fh:
+            for line in fh:
+                rec = json.loads(line)
+                if rec["split"] != split:
+                    continue
+                yield rec
+                n += 1
+                if limit and n >= limit:
+                    return
+
+
+def cases(rec: dict):
+    """(lines after hunks 0..k, the edit of hunk k, the hunks to come as (start, old_n, new lines))
+    for k = 0..n-2, in current-text coordinates."""
+    lines = git_lines(rec["before"])
+    hunks = rec["hunks"]
+    offset = 0  # lines added minus removed by the hunks applied so far
+    spans = []
+    for h in hunks:
+        start = (h["at"] - 1 if h["del"] else h["at"])
+        spans.append([start, h["del"], git_lines(h["add"])])
+    for k, (start, deln, add) in enumerate(spans):
+        s = start + offset
+        old = lines[s : s + deln]
+        lines = lines[:s] + add + lines[s + deln :]
+        offset += len(add) - deln
+        edit = Edit(s, tuple(old), tuple(add), float(k))
+        rest = [(st + offset, d, a) for st, d, a in spans[k + 1 :]]
+        yield list(lines), edit, rest
+
+
+def applied(lines: list[str], p) -> dict[int, str]:
+    """The lines a proposal changes (all its sites), with their new text (insert_line: the
+    inserted line keyed by the def's line)."""
+    out: dict[int, str] = {}
+    for s in sorted(p.sites, key=lambda s: (s.line, -s.start)):  # right to left on a line
+        line = out.get(s.line, lines[s.line])
+        out[s.line] = line[: s.start] + s.new_text + line[s.end :]
+    return out
+
+
+def judge(lines: list[str], p, rest) -> tuple[bool, bool]:
+    """(right location, exact) of a proposal against the hunks to come: exact when its new line is
+    that line's text after the hunk holding it (one line of a longer hunk counts)."""
+    s = p.site
+    if p.pattern.kind == "insert_line":
+        for st, d, add in rest:
+            if d == 0 and st == s.line and add and add[0] == s.new_text:
+                return True, True
+            if st <= s.line <= st + d:
+                return True, False
+        return False, False
+    new_line = applied(lines, p)[s.line]
+    for st, d, add in rest:
+        if st <= s.line < st + max(d, 1):
+            exact = d == len(add) and add[s.line - st] == new_line
+            if not exact and d != len(add):  # an uneven hunk: exact if the new line is among its lines
+                exact = new_line in add
+            return True, exact
+    return False, False
+
+
+def exact_next(lines: list[str], p, rest) -> bool:
+    """The strict rule of `dlm-lsp eval --next-edits`: the document after the proposal is the
+    document after the next hunk (one line replaced by one, or one line inserted)."""
+    if not rest:
+        return False
+    st, d, add = rest[0]
+    s = p.site
+    if p.pattern.kind == "insert_line":
+        return d == 0 and st == s.line and add == [s.new_text]
+    changed = applied(lines, p)
+    return d == len(add) and sorted(changed) == list(range(st, st + d)) and [changed[i] for i in range(st, st + d)] == add
+
+
+def check_prompt(lines: list[str], p, path: str) -> tuple[Prompt, str]:
+    s = p.site
+    line = lines[s.line]
+    region = line[: s.start] + line[s.end :]
+    prefix = "".join(lines[max(0, s.line - 60) : s.line])[-6000:]
+    suffix = "".join(lines[s.line + 1 : s.line + 61])[:3000]
+    prompt = Prompt(prefix=prefix, region=region, cursor=s.start, suffix=suffix, history=(p.event,),
+                    language="python", path=path, proposals=(MemoryProposal(s.new_text, p.support),))
+    return prompt, line[: s.start] + s.new_text + line[s.end :]
+
+
+def corpus_repeat(root: Path, split: str, every: int) -> dict[str, tuple[int, float]]:
+    """kind -> (patterns, share recurring within their commit), over every `every`-th record."""
+    by_commit: dict[str, list[tuple[str, tuple]]] = {}
+    for n, rec in enumerate(records(root, split, None)):
+        if n % every:
+            continue
+        lines = git_lines(rec["before"])
+        for h in rec["hunks"]:
+            s = h["at"] - 1 if h["del"] else h["at"]
+            for x in extract(lines[s : s + h["del"]], git_lines(h["add"])):
+                if x.pattern.kind != "delete_line":
+                    by_commit.setdefault(rec["commit"], []).append((x.pattern.kind, x.pattern.key))
+    kinds: dict[str, list[int]] = {}
+    for keys in by_commit.values():
+        for (kind, _), m in Counter(keys).items():
+            k = kinds.setdefault(kind, [0, 0])
+            k[0] += 1
+            k[1] += m > 1
+    return {kind: (seen, round(rep / seen, 3)) for kind, (seen, rep) in kinds.items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default=os.environ.get("DLM_EDIT_HISTORIES", ""),
+                    help="the edit-histories folder (or DLM_EDIT_HISTORIES)")
+    ap.add_argument("--split", default="valid", choices=("train", "valid", "test"))
+    ap.add_argument("--limit", type=int, default=None, help="records at most")
+    ap.add_argument("--model-check", action="store_true", help="also the denoiser's check (embedded model)")
+    ap.add_argument("--write", action="store_true", help="also the denoiser writing the site's line")
+    ap.add_argument("--fresh-memory", action="store_true",
+                    help="a new memory per record (default: one memory for the whole replay, as one server)")
+    ap.add_argument("--corpus-repeat", type=int, metavar="K", default=0,
+                    help="instead: per kind, how often a pattern recurs within its commit, over every K-th record "
+                         "of --split (edit_memory.memory.CORPUS_REPEAT: --split train --corpus-repeat 7)")
+    args = ap.parse_args(argv)
+    if not args.data:
+        ap.error("give --data DIR or set DLM_EDIT_HISTORIES to the edit-histories folder")
+    if args.corpus_repeat:
+        print(corpus_repeat(Path(args.data), args.split, args.corpus_repeat))
+        return
+    engine = None
+    if args.model_check or args.write:
+        from dlm.coder_model.engine import load_engine
+
+        engine = load_engine(None, device="cpu")
+    rows: dict[str, list[tuple[float, bool, bool, bool]]] = {"memory": [], "checked": [], "written": []}
+    opportunities = 0
+    kinds: dict[str, list[int]] = {}
+    lat: list[float] = []
+    t_start = time.perf_counter()
+    mem = EditMemory()
+    clock = 0.0
+    for rec in records(Path(args.data), args.split, args.limit):
+        if args.fresh_memory:
+            mem = EditMemory()
+        for lines, edit, rest in cases(rec):
+            clock += 1.2  # the LSP replay's edit gap
+            edit = Edit(edit.start, edit.old, edit.new, clock)
+            mem.observe(rec["path"], edit, lines)
+            if not rest:
+                continue
+            opportunities += 1
+            t0 = time.perf_counter()
+            props = mem.propose(rec["path"], lines, edit.start, now=clock, limit=1)
+            lat.append((time.perf_counter() - t0) * 1000)
+            if not props:
+                continue
+            p = props[0]
+            loc, exact = judge(lines, p, rest)
+            strict = exact_next(lines, p, rest)
+            k = kinds.setdefault(p.pattern.kind, [0, 0, 0])
+            k[0] += 1
+            k[1] += loc
+            k[2] += exact
+            rows["memory"].append((p.support, loc, exact, strict))
+            if engine is not None and args.model_check:
+                prompt, expected = check_prompt(lines, p, rec["path"])
+                pred = engine.predict(prompt, SamplerParams(), CancelToken())
+                conf = pred.confidence if pred.text == prompt.region[: prompt.cursor] + p.site.new_text + \
+                    prompt.region[prompt.cursor :] else -1.0
+                rows["checked"].append((conf if conf is not None else p.support, loc, exact, strict))
+            if engine is not None and args.write:
+                prompt, expected = check_prompt(lines, p, rec["path"])
+                free = Prompt(prefix=prompt.prefix, region=lines[p.site.line], cursor=p.site.start,
+                              suffix=prompt.suffix, history=prompt.history, language="python", path=rec["path"])
+                pred = engine.predict(free, SamplerParams(), CancelToken())
+                wrote_it = pred.text == expected
+                rows["written"].append((pred.confidence or 0.0 if wrote_it else -1.0, loc, exact and wrote_it,
+                                        strict and wrote_it))
+    secs = time.perf_counter() - t_start
+    print(f"split {args.split}: {opportunities} opportunities (steps with a hunk to come), {secs:.0f} s")
+    print("proposals by kind (made, right location, exact):", kinds)
+    lat.sort()
+    if lat:
+        print(f"memory.propose latency p50 {lat[len(lat) // 2]:.2f} ms, p99 {lat[int(len(lat) * 0.99)]:.2f} ms")
+    for name, rs in rows.items():
+        if not rs:
+            continue
+        print(f"\n{name}: threshold | shown % | exact (line) % | exact (next hunk) % | location % | deletes kept lines %")
+        for t in THRESHOLDS:
+            shown = [r for r in rs if r[0] >= t]
+            if not shown:
+                print(f"  {t:.2f} | 0.0 | - | - | - | -")
+                continue
+            pct = [100 * sum(r[i] for r in shown) / len(shown) for i in (2, 3, 1)]
+            print(f"  {t:.2f} | {100 * len(shown) / opportunities:.1f} | {pct[0]:.1f} | {pct[1]:.1f} | {pct[2]:.1f} | 0.0")
+
+
+if __name__ == "__main__":
+    main()

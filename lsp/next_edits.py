@@ -1,0 +1,213 @@
+"""Next edits from the edit memory (coder_model.edit_memory; README "Next edits").
+
+The server feeds every applied change to `record` (per document, a BurstTracker groups
+changes into edits; a closed edit's patterns go into the one server-wide EditMemory, so
+an edit in one buffer proposes in the others). `start` mines each workspace root's git
+history up to HEAD for support, in the background. `propose` answers dlm/editPrediction:
+
+1. the open edit's patterns (peeked, not remembered until it closes) and the newest
+   remembered ones find their sites in this document, ranked (on a pool thread, the
+   document's lines copied on the event loop first);
+2. the denoiser checks the best `checked` proposals, best first: the site's line is the
+   region with the span the pattern replaces taken out, the cursor where it was, the
+   pattern's edit as the newest history event, and the pattern's text as the one proposal
+   (coder_model.verify, like the repository memory's): the answer is the region with the
+   proposal or unchanged (vetoed); the confidence mixes the memory's support and the
+   model's probability of the edit. Below `nextEdits.minConfidence`, nothing is shown;
+3. a proposal is sent only if the document is still at the version it was computed for,
+   and the span it replaces still holds the text the pattern covers: it never changes
+   user text outside that span.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from dlm.coder_model import limits
+from dlm.coder_model.edit_memory import BurstTracker, EditMemory, GitMiner, Proposal
+from dlm.coder_model.types import CancelToken, MemoryProposal, Prompt
+
+if TYPE_CHECKING:
+    from dlm.lsp.documents import Document
+    from dlm.lsp.server import DlmServer
+
+log = logging.getLogger(__name__)
+
+WINDOW_LINES = 60  # lines of prefix and suffix around a site given to the model (then cut by the windows)
+
+
+class NextEdits:
+    """The server's edit memory and one burst tracker per open document."""
+
+    def __init__(self) -> None:
+        self.memory = EditMemory()
+        self.trackers: dict[str, BurstTracker] = {}
+        self.miners: dict[str, GitMiner] = {}
+
+    def configure(self, opts) -> None:
+        self.memory.max_patterns = opts.max_patterns
+        self.memory.max_edit_lines = opts.max_edit_lines
+        for t in self.trackers.values():
+            t.max_lines = opts.max_edit_lines
+
+    def tracker(self, uri: str, max_lines: int, idle_s: float) -> BurstTracker:
+        t = self.trackers.get(uri)
+        if t is None:
+            t = self.trackers[uri] = BurstTracker(idle_s=idle_s, max_lines=max_lines)
+        return t
+
+    def forget(self, uri: str) -> None:
+        self.trackers.pop(uri, None)
+
+
+def start(ls: DlmServer, roots: list[str]) -> None:
+    """Mine each root's git history (up to its HEAD now) in the background, once per root."""
+    opts = ls.options.next_edits
+    if not (ls.options.edit_predictions and opts.enabled) or opts.git_commits <= 0:
+        return
+    ne = ls.next_edits
+    for root in roots:
+        if root not in ne.miners:
+            ne.miners[root] = GitMiner(root, ne.memory.learn_git, max_commits=opts.git_commits).start()
+
+
+def record(ls: DlmServer, doc: Document, change) -> None:
+    """An applied change of `doc` (lsp.documents.Change): a closed edit's patterns are remembered."""
+    opts = ls.options.next_edits
+    if not (ls.options.edit_predictions and opts.enabled):
+        return
+    try:
+        # a pause of history.idleS ends an edit, as it ends an edit event of the history (lsp.history)
+        tracker = ls.next_edits.tracker(doc.uri, opts.max_edit_lines, ls.options.history.idle_s)
+        for edit in tracker.after_change(change, doc.lines):
+            # the change that closed the edit is in doc.lines already: its lines are not looked at
+            skip = (change.start_line, change.new_end_line + 1)
+            ls.next_edits.memory.observe(ls.path_of(doc.uri), edit, doc.lines, skip)
+    except Exception:  # the memory must never cost a keystroke
+        log.exception("edit memory: could not record a change of %s", doc.uri)
+        ls.next_edits.forget(doc.uri)
+
+
+def _pending(ls: DlmServer, doc: Document, path: str, lines: list[str]) -> list:
+    """The open edit's patterns; an open edit that undoes a remembered pattern forgets it."""
+    tracker = ls.next_edits.trackers.get(doc.uri)
+    edit = tracker.peek(lines) if tracker is not None else None
+    if edit is None:
+        return []
+    memory = ls.next_edits.memory
+    entries = memory.entries_of(path, edit, lines)
+    if memory.undone_by(entries):
+        memory.observe(path, edit, lines)  # forgets what it reverts, remembers nothing
+        tracker.reset()
+        return []
+    return [e for e in entries if e.pattern.kind != "delete_line"]
+
+
+def region_of(doc_lines: list[str], p: Proposal) -> tuple[str, int, str]:
+    """The site's line with the replaced span taken out, the cursor there, and the line's
+    text after the edit."""
+    line = doc_lines[p.site.line]
+    s = p.site
+    return line[: s.start] + line[s.end :], s.start, line[: s.start] + s.new_text + line[s.end :]
+
+
+def check_prompt(ls: DlmServer, doc: Document, lines: list[str], p: Proposal, path: str, windows) -> Prompt:
+    """The denoiser's view of a proposal (module doc, step 2)."""
+    region, cursor, _ = region_of(lines, p)
+    row = p.site.line
+    prefix = "".join(lines[max(0, row - WINDOW_LINES) : row])[-windows.prefix_chars :] if windows.prefix_chars else ""
+    suffix = "".join(lines[row + 1 : row + 1 + WINDOW_LINES])[: windows.suffix_chars]
+    history: tuple[str, ...] = ()
+    if doc.history is not None:
+        history = doc.history.rendered(windows.history_chars)
+    history = tuple(h for h in history if h != p.event) + (p.event,)  # the pattern's edit, newest
+    prompt = Prompt(prefix=prefix, region=region, cursor=cursor, suffix=suffix, history=history,
+                    language=doc.language_id, path=path,
+                    proposals=(MemoryProposal(p.site.new_text, p.support),))
+    return limits.bound_fields(prompt)
+
+
+async def check(ls: DlmServer, prompt: Prompt, expected: str, deadline: float) -> float | None:
+    """The model's verdict on one proposal: its confidence, or None (vetoed, late, refused)."""
+    if not ls.holder.ready():
+        return None
+    engine = ls.holder.engine
+    params = replace(ls.sampler_params(), veto=ls.options.next_edits.veto)
+    cancel = CancelToken()
+    submit = getattr(engine, "submit", None)
+    fut = (submit(prompt, params, cancel, deadline) if submit is not None
+           else ls.pool.submit(engine.predict, prompt, params, cancel, deadline))
+    try:
+        pred = await asyncio.wait_for(asyncio.wrap_future(fut), max(0.05, deadline - time.monotonic() + 1.0))
+    except (ValueError, asyncio.TimeoutError):
+        cancel.cancel()
+        return None
+    if pred.cancelled or pred.late or pred.text != expected:
+        return None
+    return pred.confidence if pred.confidence is not None else prompt.proposals[0].score
+
+
+async def propose(ls: DlmServer, doc: Document, row: int, col: int) -> dict | None:
+    """The dlm/editPrediction result from the edit memory, or None (no proposal passed)."""
+    opts = ls.options.next_edits
+    t0 = time.monotonic()
+    uri, version, path = doc.uri, doc.version, ls.path_of(doc.uri)
+    lines = list(doc.lines)  # a snapshot: the document changes on the event loop meanwhile
+    pending = _pending(ls, doc, path, lines)
+    memory = ls.next_edits.memory
+    if not pending and not memory.patterns():
+        return None
+    loop = asyncio.get_running_loop()
+    found = await loop.run_in_executor(
+        ls.pool, lambda: memory.propose(path, lines, row, pending=pending, max_scan=opts.max_scan_lines,
+                                        limit=opts.max_proposals))
+    ls.stats.stage("next_edit_sites_ms", (time.monotonic() - t0) * 1000)
+    chosen: tuple[Proposal, float] | None = None
+    deadline = t0 + opts.deadline_ms / 1000.0
+    windows = ls.windows(ls.holder.engine.budget) if ls.holder.ready() else None
+    for p in found[: opts.checked]:
+        if p.support < 1e-6:
+            continue
+        if not opts.check_with_model or windows is None:
+            if opts.check_with_model:
+                break  # the model is not loaded: nothing is shown unchecked
+            conf: float | None = p.support
+        else:
+            prompt = check_prompt(ls, doc, lines, p, path, windows)
+            conf = await check(ls, prompt, region_of(lines, p)[2], deadline)
+        if conf is not None and conf >= opts.min_confidence:
+            chosen = (p, conf)
+            break
+    if chosen is None:
+        return None
+    if ls.documents.get(uri) is not doc or doc.version != version:
+        ls.stats.add("outdated")  # the file changed while the proposal was computed: dropped
+        return None
+    p, conf = chosen
+    if any(doc.line(s.line)[s.start : s.end] != s.old_text for s in p.sites):
+        return None  # never replace text the pattern does not cover
+    return result(ls, doc, p, conf, row)
+
+
+def site_range(doc: Document, s) -> dict:
+    start, end = doc.to_position(s.line, s.start), doc.to_position(s.line, s.end)
+    return {"start": {"line": start[0], "character": start[1]}, "end": {"line": end[0], "character": end[1]}}
+
+
+def result(ls: DlmServer, doc: Document, p: Proposal, confidence: float, row: int) -> dict:
+    """The dlm/editPrediction result: one edit per site of the proposal's block, in order."""
+    edits = [{"range": site_range(doc, s), "newText": s.new_text} for s in p.sites]
+    out: dict[str, Any] = {
+        "id": ls.next_id(), "version": doc.version, "edits": edits,
+        "confidence": confidence, "rewritesRecent": False,
+        "source": "editMemory", "label": p.pattern.label(),
+    }
+    first = p.sites[0]
+    if min(abs(s.line - row) for s in p.sites) > ls.options.next_edits.jump_lines:
+        # far from the cursor: the client shows a "jump to" hint first (README "Next edits")
+        out["jump"] = {"position": edits[0]["range"]["start"], "lines": first.line - row, "label": p.pattern.label()}
+    return out

@@ -1,0 +1,225 @@
+"""The edit memory (coder_model.edit_memory): patterns, sites, ranking, undo and caps."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import dataclass
+
+import pytest
+from dlm.coder_model.edit_memory import BurstTracker, Edit, EditMemory, extract, find_sites, line_pattern, mine, rank
+from dlm.coder_model.regions import split_lines
+
+
+def apply(line: str, site) -> str:
+    return line[: site.start] + site.new_text + line[site.end :]
+
+
+def test_a_rename_is_a_rename_and_applies_to_whole_names_and_name_parts():
+    (x,) = extract(["total = count_items(rows)\n"], ["total = count_rows(rows)\n"])
+    p = x.pattern
+    assert (p.kind, p.old, p.new) == ("rename", "count_items", "count_rows")
+    lines = ["n = count_items(a) + count_items_fast(b)\n", "count_itemsx = 1\n", "discount_items = 2\n"]
+    sites = find_sites(p, lines, 0)
+    assert [apply(lines[s.line].rstrip("\n"), s) for s in sites] == [
+        "n = count_rows(a) + count_items_fast(b)",
+        "n = count_items(a) + count_rows_fast(b)",  # the renamed name as a part of a longer one
+    ]  # count_itemsx and discount_items are other names
+
+
+def test_an_inserted_argument_goes_to_every_call_that_lacks_it_whatever_its_arguments():
+    (x,) = extract(["r = fetch(url)\n"], ["r = fetch(url, timeout=5)\n"])
+    p = x.pattern
+    assert p.kind == "append_arg" and p.before == ("fetch",) and p.text == ", timeout=5"
+    lines = ["a = fetch(other, retries=2)\n", "b = fetch()\n", "c = fetch(u, timeout=5)\n",
+             "def fetch(url):\n", "d = prefetch(u)\n"]
+    got = {s.line: apply(lines[s.line].rstrip("\n"), s) for s in find_sites(p, lines, 0)}
+    assert got == {0: "a = fetch(other, retries=2, timeout=5)", 1: "b = fetch(timeout=5)"}
+
+
+def test_an_added_decorator_goes_to_the_sibling_defs_most_alike_first():
+    (x,) = extract(["def test_parse_int():\n"], ["@pytest.mark.slow\n", "def test_parse_int():\n"])
+    p = x.pattern
+    assert p.kind == "insert_line" and p.text == "@pytest.mark.slow" and x.name == "test_parse_int"
+    lines = split_lines("@pytest.mark.slow\ndef test_parse_int():\n    pass\n\n"
+                        "def helper():\n    pass\n\n"
+                        "    def test_parse_float():\n        pass\n\n"
+                        "@pytest.mark.slow\ndef test_parse_str():\n    pass\n")
+    sites = find_sites(p, lines, 1)
+    assert sorted(s.line for s in sites) == [4, 7]  # test_parse_str already has it
+    best = rank(sites, x.context, 1, x.name)[0][1]
+    assert best.line == 7 and best.new_text == "    @pytest.mark.slow\n"  # at the def's indentation
+
+
+@pytest.mark.parametrize("old,new,site_line,want", [
+    ("t = connect(host, 10)", "t = connect(host, 30)", "u = connect(host, 10)", "u = connect(host, 30)"),
+    ("    return d.keys()", "    return list(d.keys())", "x = d.keys()", "x = list(d.keys())"),
+    ("def run(x):", "async def run(x):", "def run(y):", "async def run(y):"),
+])
+def test_changed_literals_wrapped_calls_and_keywords_replay_with_context(old, new, site_line, want):
+    p = line_pattern(old, new)
+    assert p is not None and p.kind == "replace"
+    (s,) = find_sites(p, [site_line], 0)
+    assert apply(site_line, s) == want
+
+
+def test_a_changed_literal_alone_does_not_match_every_equal_literal():
+    p = line_pattern("retries = 3", "retries = 5")
+    assert find_sites(p, ["x = 3\n", "size = 3\n"], 0) == []
+
+
+def test_sites_rank_by_context_then_distance():
+    (x,) = extract(["value = parse(raw, strict)\n"], ["value = decode(raw, strict)\n"])
+    lines = ["a = parse(text)\n"] * 3 + ["value = parse(raw, strict)\n"] + ["b = parse(text)\n"] * 40
+    ranked = rank(find_sites(x.pattern, lines, 0), x.context, 0)
+    assert ranked[0][1].line == 3  # same context wins over nearer lines
+    assert [s.line for _, s in ranked[1:4]] == [0, 1, 2]  # then the nearest
+
+
+@dataclass
+class Change:
+    start_line: int
+    start_col: int
+    old_end_line: int
+    new_end_line: int
+    old_text: str
+    new_text: str
+    old_lines: tuple
+    at: float
+
+
+class Doc:
+    """A minimal document: changes as lsp.documents reports them."""
+
+    def __init__(self, text: str) -> None:
+        self.lines = split_lines(text)
+        self.tracker = BurstTracker(max_lines=20)
+        self.t = 0.0
+
+    def edit(self, row: int, c1: int, c2: int, text: str, dt: float = 0.1) -> list[Edit]:
+        self.t += dt
+        old = self.lines[row]
+        self.lines[row] = old[:c1] + text + old[c2:]
+        ch = Change(row, c1, row, row, old[c1:c2], text, (old,), self.t)
+        return self.tracker.after_change(ch, self.lines)
+
+    def paste(self, row: int, text: str) -> list[Edit]:
+        self.t += 0.1
+        old = self.lines[row]
+        new = split_lines(text + old)
+        self.lines[row : row + 1] = new
+        return self.tracker.after_change(Change(row, 0, row, row + len(new) - 1, "", text, (old,), self.t), self.lines)
+
+
+TEXT = "def f(rows):\n    n = count(rows)\n    m = count(rows) + 1\n    return count(n)\n"
+
+
+def test_a_rename_typed_key_by_key_becomes_one_pattern_and_proposes_the_other_uses():
+    doc, mem = Doc(TEXT), EditMemory()
+    for k, ch in enumerate("tally"):  # select "count" on line 1 and type over it
+        doc.edit(1, 8, 8 + (5 if k == 0 else k), "tally"[: k + 1])
+    assert doc.lines[1] == "    n = tally(rows)\n"
+    pending = mem.entries_of("f.py", doc.tracker.peek(doc.lines), doc.lines)
+    props = mem.propose("f.py", doc.lines, 1, now=doc.t, pending=pending)
+    # the uses on lines 2 and 3 are one block of neighbouring lines: one proposal of both
+    (p,) = props
+    assert [(s.line, s.old_text, s.new_text) for s in p.sites] == [(2, "count", "tally"), (3, "count", "tally")]
+    assert 0 < props[0].support < 1
+
+
+def test_an_undo_makes_the_memory_forget_the_pattern():
+    doc, mem = Doc(TEXT), EditMemory()
+    doc.edit(1, 8, 13, "tally")
+    for e in doc.edit(3, 0, 0, "", dt=5.0):  # a pause and an edit elsewhere close the rename
+        mem.observe("f.py", e, doc.lines)
+    assert [e.pattern.label() for e in mem.patterns()] == ["rename count → tally"]
+    assert mem.propose("f.py", doc.lines, 1, now=doc.t)
+    for e in doc.edit(1, 8, 13, "count", dt=5.0):  # undo: the text goes back
+        mem.observe("f.py", e, doc.lines)
+    for e in doc.edit(3, 0, 0, "", dt=5.0):
+        mem.observe("f.py", e, doc.lines)
+    assert mem.patterns() == [] and mem.forgotten == 1
+    assert mem.propose("f.py", doc.lines, 1, now=doc.t) == []
+
+
+def test_a_ten_thousand_line_paste_is_not_a_pattern_and_copies_nothing():
+    doc, mem = Doc(TEXT), EditMemory()
+    t0 = time.perf_counter()
+    doc.paste(1, "x = count(rows)\n" * 10_000)
+    assert doc.tracker.open is not None and doc.tracker.open.old_lines is None  # marked big, nothing kept
+    doc.edit(5, 0, 0, "y", dt=0.1)  # more typing inside the paste: still big
+    assert doc.tracker.peek(doc.lines) is None
+    for e in doc.edit(10_003, 0, 0, "", dt=5.0):
+        mem.observe("f.py", e, doc.lines)
+    assert mem.patterns() == []
+    # an edit of many lines handed over directly is refused too
+    assert extract(["a = 1\n"] * 10_000, ["a = 2\n"] * 10_000) == []
+    assert time.perf_counter() - t0 < 30  # not a timing claim: only that it ends
+
+
+def test_a_pattern_with_5000_sites_is_capped_and_ranked_nearest_first():
+    lines = ["v = compute(x)\n"] * 5000
+    p = line_pattern("v = compute(x)", "v = compute_fast(x)")
+    sites = find_sites(p, lines, 2500, max_scan=300)
+    assert len(sites) == 300
+    assert max(abs(s.line - 2500) for s in sites) <= 150  # the cap keeps the nearest
+    mem = EditMemory()
+    (e,) = mem.entries_of("f.py", Edit(0, ("v = compute(x)\n",), ("v = compute_fast(x)\n",), 0.0), lines)
+    props = mem.propose("f.py", lines, 2500, now=0.0, pending=[e], max_scan=300, limit=8)
+    assert len(props) == 8 and all(abs(pr.site.line - 2500) <= 4 for pr in props)
+
+
+def test_a_rename_to_a_name_that_exists_proposes_only_uses_in_a_like_context():
+    text = ("def area(width, height):\n    size = width * height\n    return size\n\n"
+            "def volume(width, depth):\n    size = width * depth\n    return size\n")
+    doc, mem = Doc(text), EditMemory()
+    # `width` becomes `height` on line 1: `height` exists already, so this is not a blind rename
+    doc.edit(1, 11, 16, "height")
+    pending = mem.entries_of("f.py", doc.tracker.peek(doc.lines), doc.lines)
+    assert pending[0].ambiguous
+    props = mem.propose("f.py", doc.lines, 1, now=doc.t, pending=pending)
+    assert all(s.line not in (0, 4, 5) for p in props for s in p.sites)  # the other functions' `width` stay
+    # the same rename to a fresh name proposes them
+    doc2, mem2 = Doc(text), EditMemory()
+    doc2.edit(1, 11, 16, "span")
+    pending2 = mem2.entries_of("f.py", doc2.tracker.peek(doc2.lines), doc2.lines)
+    assert not pending2[0].ambiguous
+    props2 = mem2.propose("f.py", doc2.lines, 1, now=doc2.t, pending=pending2)
+    assert {s.line for p in props2 for s in p.sites} >= {0, 4, 5}
+
+
+def test_git_history_up_to_head_gives_support(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True,
+                       env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                            "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+
+    git("init", "-q")
+    f = tmp_path / "m.py"
+    f.write_text("a = load(p)\nb = 1\nc = load(q)\n")
+    git("add", "m.py")
+    git("commit", "-qm", "one")
+    f.write_text("a = load(p, cache=True)\nb = 1\nc = load(q, cache=True)\n")
+    git("commit", "-qam", "two")
+    stats = mine(str(tmp_path), 10, 1_000_000)
+    assert stats is not None and stats.commits == 2
+    assert stats.kinds["append_arg"] == [1, 1]  # one pattern, repeated within its commit
+    mem = EditMemory()
+    before = mem.prior("append_arg")
+    mem.learn_git(stats)
+    assert mem.prior("append_arg") > before
+    assert mine(str(tmp_path / "nowhere"), 10, 1_000_000) is None
+
+
+def test_uses_the_pattern_renamed_itself_do_not_make_the_rename_ambiguous():
+    doc, mem = Doc(TEXT), EditMemory()
+    doc.edit(1, 8, 13, "tally")
+    pending = mem.entries_of("f.py", doc.tracker.peek(doc.lines), doc.lines)
+    (first,) = [s for p in mem.propose("f.py", doc.lines, 1, now=doc.t, pending=pending) for s in p.sites
+                if s.line == 2]
+    line = doc.lines[2]
+    closed = doc.edit(2, first.start, first.end, "tally", dt=3.0)  # the proposal accepted (line 2 of it)
+    assert line != doc.lines[2] and len(closed) == 1
+    (e,) = mem.observe("f.py", closed[0], doc.lines, skip=(2, 3))
+    assert not e.ambiguous
+    assert [p.site.line for p in mem.propose("f.py", doc.lines, 2, now=doc.t)] == [3]

@@ -1,0 +1,135 @@
+"""Next edits from the edit memory through the real server (lsp.next_edits; README "Next edits").
+
+The first test runs the embedded model (its denoiser checks the proposal); the others use the
+ProposalEchoEngine double (tests/lsp/fake_engine.py), which answers the proposal it is given
+after a set delay: they check what the server does around the check (a version change drops
+the proposal, an undo forgets the pattern, Copilot's shape), not the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from lsp_helpers import SERVER, change, edit_prediction, open_document, request, server_env, wait_state
+from lsprotocol import types
+from pytest_lsp import ClientServerConfig, client_capabilities
+
+TEXT = ("def total(rows):\n    n = count(rows)\n    return n\n\n\n"
+        "def mean(rows):\n    return sum(rows) / count(rows)\n\n\n"
+        + "".join(f"# filler {i}\n" for i in range(20))
+        + "def last(rows):\n    return count(rows) - 1\n")
+
+
+def apply_edit(text: str, edit: dict) -> str:
+    lines = text.split("\n")
+
+    def offset(p):
+        return sum(len(x) + 1 for x in lines[: p["line"]]) + p["character"]
+
+    rng = edit["range"]
+    return text[: offset(rng["start"])] + edit["newText"] + text[offset(rng["end"]) :]
+
+
+async def start(env: dict, init: dict, timeout_s: float = 120.0):
+    client = await ClientServerConfig(server_command=[*SERVER, "--device", "cpu"], server_env=server_env(**env)).start()
+    await client.initialize_session(types.InitializeParams(
+        capabilities=client_capabilities("visual-studio-code"), initialization_options=init))
+    await wait_state(client, timeout_s=timeout_s)
+    return client
+
+
+def rename_on_line_1(client, uri: str) -> None:
+    change(client, uri, 2, (1, 8), (1, 13), "tally")  # count -> tally in `n = count(rows)`
+
+
+@pytest.mark.asyncio
+async def test_a_rename_in_one_place_yields_a_proposal_at_another_use_checked_by_the_model(tmp_path):
+    client = await start({"HOME": str(tmp_path)}, {
+        "editPredictions": True, "index": {"enabled": False},
+        "nextEdits": {"minConfidence": 0, "modelFallback": False, "deadlineMs": 5000}})
+    try:
+        uri = "file:///proj/stats.py"
+        open_document(client, uri, TEXT)
+        rename_on_line_1(client, uri)
+        text = TEXT.replace("n = count(rows)", "n = tally(rows)")
+        res = await edit_prediction(client, uri, 1, 13)
+        assert res is not None and res["source"] == "editMemory" and res["label"] == "rename count → tally"
+        (edit,) = res["edits"]
+        assert edit["range"]["start"]["line"] == 6  # the nearest other use
+        assert apply_edit(text, edit) == text.replace("sum(rows) / count(rows)", "sum(rows) / tally(rows)")
+        assert 0 <= res["confidence"] <= 1 and res["version"] == 2
+        assert "jump" not in res  # 5 lines away: near enough to show in place
+
+        # accept it; the last use is 24 lines below the cursor: a "jump to" hint
+        text = apply_edit(text, edit)
+        rng = edit["range"]
+        change(client, uri, 3, (rng["start"]["line"], rng["start"]["character"]),
+               (rng["end"]["line"], rng["end"]["character"]), edit["newText"])
+        res = await edit_prediction(client, uri, 6, 29)
+        assert res is not None
+        (edit,) = res["edits"]
+        assert apply_edit(text, edit) == text.replace("return count(rows) - 1", "return tally(rows) - 1")
+        assert res["jump"]["position"] == edit["range"]["start"] and res["jump"]["lines"] == 24
+
+        # another open buffer: the session's pattern proposes there too
+        other = "file:///proj/report.py"
+        open_document(client, other, "from stats import count\n\nprint(count([1, 2]))\n")
+        res = await edit_prediction(client, other, 0, 0)
+        assert res is not None and res["edits"][0]["newText"] == "tally"
+    finally:
+        await client.shutdown_session()
+
+
+ECHO = {"DLM_ENGINE_FACTORY": "fake_engine:echo_proposals", "FAKE_STEP_S": "0.5", "FAKE_STEPS": "1"}
+INIT = {"editPredictions": True, "index": {"enabled": False},
+        "nextEdits": {"minConfidence": 0.5, "modelFallback": False, "deadlineMs": 5000, "gitCommits": 0}}
+
+
+@pytest.mark.asyncio
+async def test_a_version_change_while_the_proposal_is_checked_drops_it_and_an_undo_forgets(tmp_path):
+    client = await start({"HOME": str(tmp_path), **ECHO}, INIT, timeout_s=20)
+    try:
+        uri = "file:///proj/stats.py"
+        open_document(client, uri, TEXT)
+        rename_on_line_1(client, uri)
+        pending = asyncio.ensure_future(edit_prediction(client, uri, 1, 13))
+        await asyncio.sleep(0.2)  # the check takes 0.5 s: the user types meanwhile
+        change(client, uri, 3, (2, 12), (2, 12), " ")
+        assert await pending is None
+        assert (await request(client, "dlm/stats", {}))["outdated"] >= 1
+        # asked again at the new version, it comes (the pattern is still remembered)
+        res = await edit_prediction(client, uri, 1, 13)
+        assert res is not None and res["edits"][0]["newText"] == "tally" and res["version"] == 3
+
+        # undo the rename (the editor sends the text back): the memory forgets the pattern
+        change(client, uri, 4, (1, 8), (1, 13), "count")
+        assert await edit_prediction(client, uri, 1, 13) is None
+        await asyncio.sleep(1.6)  # a pause closes the undo; still nothing
+        change(client, uri, 5, (2, 0), (2, 0), "")
+        assert await edit_prediction(client, uri, 2, 0) is None
+
+        # Copilot's NES method answers with the memory's proposal, by range
+        change(client, uri, 6, (1, 8), (1, 13), "tally")
+        res = await request(client, "textDocument/copilotInlineEdit",
+                            {"textDocument": {"uri": uri, "version": 6}, "position": {"line": 1, "character": 13}})
+        (edit,) = res["edits"]
+        assert edit["text"] == "tally" and edit["range"]["start"]["line"] == 6
+        assert edit["textDocument"] == {"uri": uri, "version": 6}
+    finally:
+        await client.shutdown_session()
+
+
+@pytest.mark.asyncio
+async def test_a_ten_thousand_line_paste_proposes_nothing_and_deletes_nothing(tmp_path):
+    client = await start({"HOME": str(tmp_path), **ECHO, "FAKE_STEP_S": "0.001"}, INIT, timeout_s=20)
+    try:
+        uri = "file:///proj/big.py"
+        open_document(client, uri, TEXT)
+        pasted = "x = count(rows)\n" * 10_000
+        change(client, uri, 2, (1, 0), (1, 0), pasted)
+        assert await edit_prediction(client, uri, 10_001, 0) is None
+        stats = await request(client, "dlm/stats", {})
+        assert stats["documents"] == 1  # the server is alive and still tracks it
+    finally:
+        await client.shutdown_session()
