@@ -79,10 +79,15 @@ def _line_matches(p: Pattern, line: str, row: int) -> list[Site]:
     out: list[Site] = []
     if p.kind == "rename":
         old, new = p.before[0], p.text
+        # An affix rename (cookies -> _cookies, name -> names) makes the old name a part of the
+        # new one: a longer name holding the old one is then as likely a use already renamed
+        # (self._cookies) or another name (prepare_cookies) as one to rename, so only whole
+        # names are sites (measured: on the test split such a rename went on into both).
+        parts_too = len(old) >= 3 and old not in new
         for t in toks:
             if t.text == old:
                 out.append(Site(row, t.start, t.end, new, old, ctx))
-            elif len(old) >= 3 and old in t.text and is_name(t.text):
+            elif parts_too and old in t.text and is_name(t.text):
                 # the renamed name as one part of a longer name: foo_count, get_foo, FooBar
                 for m in re.finditer(re.escape(old), t.text):
                     a, b = m.start(), m.end()

@@ -27,6 +27,15 @@ def test_a_rename_is_a_rename_and_applies_to_whole_names_and_name_parts():
     ]  # count_itemsx and discount_items are other names
 
 
+def test_an_affix_rename_renames_whole_names_only_never_a_use_already_renamed():
+    (x,) = extract(["        self.cookies = cookies\n"], ["        self._cookies = cookies\n"])
+    p = x.pattern
+    assert (p.kind, p.old, p.new) == ("rename", "cookies", "_cookies")
+    lines = ["        return self._cookies\n", "    def prepare_cookies(self, jar):\n", "        c = self.cookies\n"]
+    sites = find_sites(p, lines, 0)
+    assert [apply(lines[s.line].rstrip("\n"), s) for s in sites] == ["        c = self._cookies"]
+
+
 def test_an_inserted_argument_goes_to_every_call_that_lacks_it_whatever_its_arguments():
     (x,) = extract(["r = fetch(url)\n"], ["r = fetch(url, timeout=5)\n"])
     p = x.pattern
