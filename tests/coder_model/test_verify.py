@@ -72,3 +72,24 @@ def test_left_to_right_scoring_runs_one_pass_per_slot_of_the_longest_proposal(en
     longest = len(engine.tok.encode(p.region + proposals[0].text)) + 1 - len(engine.tok.encode(p.region))
     assert n_inter == 2 and longest - 1 <= n_ltr <= longest + 1
     assert all(0 < s < 1 for s in inter + ltr) and inter != ltr
+
+
+def test_typing_prompts_score_the_insertion_alone(engine):
+    """Prompt.insert (layout 2): the block is the proposal and <eom>, not the region again, so a
+    long typed line leaves the block's slots to the proposal."""
+    import torch
+    from dlm.coder_model.cache import PrefixCache
+    from dlm.coder_model.layout import encode_prompt
+    from dlm.coder_model.verify import score_proposals
+
+    typed = "    result = compute_the_value(first_argument, second_argument, "
+    proposals = (MemoryProposal("third_argument)", 0.4),)
+    p = Prompt(**{**PROMPT, "region": typed, "cursor": len(typed)}, proposals=proposals, insert=True)
+    cache = PrefixCache()
+    with torch.inference_mode():
+        engine.model.prefill(encode_prompt(engine.tok, p, engine.budget), cache)
+    as_insertion, _ = score_proposals(engine.model, engine.tok, cache, p.region, p.cursor, proposals, 8, 2,
+                                      insert=True)
+    as_region, ran = score_proposals(engine.model, engine.tok, cache, p.region, p.cursor, proposals, 8, 2)
+    assert as_region == [None] and ran == 0  # the whole region does not fit 8 slots
+    assert as_insertion[0] is not None and 0 < as_insertion[0] < 1
