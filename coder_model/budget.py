@@ -5,8 +5,10 @@ predict`, the remote backend, the open families, and training's example builders
 here, so the model is served the layout it was trained on:
 
 - `plan(budget)` gives the token cuts the layout (coder_model.layout.encode_prompt) makes:
-  a fixed allowance for the header and markers, history up to `max_history`, the suffix up to
-  `max_suffix`, a fixed allowance for the region, and the prefix in what is left;
+  a fixed allowance for the header and markers, retrieved snippets up to `snippets` (a fifth
+  of the context, MAX_SNIPPETS of them, each SNIPPET_LINES lines at most), history up to
+  `max_history`, the suffix up to `max_suffix`, a fixed allowance for the region, and the
+  prefix in what is left;
 - `Plan.prefix_chars` / `suffix_chars` / `history_chars` are the text windows that fill those
   cuts (`chars_for`): enough characters that a line-snapped window re-anchored only partly full
   (lsp.context's hysteresis) still holds more text than the cut keeps. The layout then cuts the
@@ -34,6 +36,12 @@ MAX_CHARS_PER_TOKEN = 8
 # Special tokens of the native layout around the text (coder_model.layout): <bos> <file> <history>
 # <prefix> <suffix> <region> <cursor> <rewrite>.
 LAYOUT_SPECIALS = 8
+# Retrieved snippets (coder_model.layout's sections before the file's, DESIGN §10): how many, how
+# many lines each (the lines of a retrieved window that share most identifiers with the query), and
+# the share of the context they may take (a fifth: 76 tokens of a 384-token window).
+MAX_SNIPPETS = 2
+SNIPPET_LINES = 6
+SNIPPETS_SHARE = 5
 # LAYOUT_SPECIALS and the `language:path\n` line of an ordinary path; the layout counts the real
 # header and cuts the prefix for a longer one.
 HEADER_TOKENS = 16
@@ -48,7 +56,8 @@ class Plan:
     history: int  # at most this many tokens of history events (newest kept)
     suffix: int  # at most this many suffix tokens (nearest kept)
     region: int  # allowance reserved for the region, whatever its size (a larger one takes from the prefix)
-    prefix: int  # the prefix's room with no history and a full suffix
+    prefix: int  # the prefix's room with no history, no snippets and a full suffix
+    snippets: int = 0  # at most this many tokens of retrieved snippets, their <file> lines included
 
     @property
     def prefix_room_max(self) -> int:
@@ -68,6 +77,11 @@ class Plan:
         return chars_for(self.history)
 
     @property
+    def snippet_chars(self) -> int:
+        """Characters of each snippet's text that the snippets' cut can hold at most."""
+        return chars_for(self.snippets)
+
+    @property
     def region_bytes(self) -> int:
         """A region of at most this many UTF-8 bytes always fits beside a full history and suffix."""
         return max(0, self.budget.max_context - self.header - self.history - self.suffix)
@@ -78,7 +92,8 @@ def plan(budget: LayoutBudget) -> Plan:
     region = budget.max_context // 4
     header = min(HEADER_TOKENS, budget.max_context)
     prefix = max(0, budget.max_context - header - budget.max_history - budget.max_suffix - region)
-    return Plan(budget, header, budget.max_history, budget.max_suffix, region, prefix)
+    return Plan(budget, header, budget.max_history, budget.max_suffix, region, prefix,
+                budget.max_context // SNIPPETS_SHARE)
 
 
 def chars_for(tokens: int) -> int:
@@ -125,7 +140,8 @@ def region_fits(region: str, budget: LayoutBudget) -> bool:
 def clip_prompt(prompt: Prompt, budget: LayoutBudget) -> Prompt:
     """`prompt` with its far ends cut by characters, above what the layout keeps: the prefix
     keeps its end, the suffix its start, the history its newest events, the path its end.
-    The region is what the model rewrites and is never cut here (see region_fits)."""
+    The region is what the model rewrites and is never cut here (see region_fits). Snippets:
+    the first MAX_SNIPPETS, each text keeping its start, each path its end."""
     p = plan(budget)
     kept: list[str] = []
     size, keep = 0, p.history * MAX_CHARS_PER_TOKEN
@@ -140,4 +156,8 @@ def clip_prompt(prompt: Prompt, budget: LayoutBudget) -> Prompt:
         suffix=clip_after(prompt.suffix, p.suffix),
         history=tuple(reversed(kept)),
         path=bound_path(prompt.path),
+        snippets=tuple(
+            replace(sn, path=bound_path(sn.path), text=clip_after(sn.text, p.snippets))
+            for sn in prompt.snippets[:MAX_SNIPPETS]
+        ),
     )

@@ -156,7 +156,8 @@ def verify_prediction(model, tok, prompt: Prompt, params: SamplerParams, ids: li
     with torch.inference_mode():
         reused = model.prefill(ids, cache)
     prefill_ms = (time.perf_counter() - t0) * 1000
-    v = verify(model, tok, cache, prompt.region, prompt.cursor, prompt.proposals, params.block_len, Mix.of(params))
+    v = verify(model, tok, cache, prompt.region, prompt.cursor, prompt.proposals, params.block_len, Mix.of(params),
+               insert=prompt.insert)
     text = prompt.region if v.index is None else region_after(prompt.region, prompt.cursor,
                                                                prompt.proposals[v.index].text)
     return Prediction(text=text, confidence=v.confidence, steps=v.passes, tokens=0, queue_ms=queue_ms,

@@ -1,11 +1,22 @@
 """The native token layout (DESIGN §4): Prompt -> context tokens, target -> block tokens.
 
-    <bos><file>{language}:{path}\\n<history>{event}<edit>{event}...
+    <bos>[<file>{snippet path}\\n{snippet text}]...<file>{language}:{path}\\n<history>{event}<edit>{event}...
     <prefix>{prefix}<suffix>{suffix}<region>{region[:cursor]}<cursor>{region[cursor:]}<rewrite>
-    [MASK] x L
+    [MASK] x L                                  (edit mode: the block is the new region)
+
+    ...<region>{region[:cursor]}<cursor>{region[cursor:]}<cursor>
+    [MASK] x L                                  (typing, Prompt.insert: the block is the insertion)
+
+Two modes, told apart by the marker that ends the context: after <rewrite> the block holds the
+new text of the whole region; after a second <cursor> it holds only the text to insert at the
+cursor (up to the end of the statement), so the model never re-types what the user typed.
+Retrieved snippets of other files (Prompt.snippets) come first, each as a `<file>` section of its
+own, with no new special token (the tokenizer's ids stay as they are): the file's own `<file>`
+line is the last, followed by <history>.
 
 The order is chosen for the prefix KV cache: typing inside a line changes only
-the region, so everything up to <region> keeps its tokens. Each segment is
+the region, so everything up to <region> keeps its tokens (the snippets too: their query is
+the lines above the region, coder_model.snippets). Each segment is
 tokenized on its own, and the tokenizer memoises long segments, so a keystroke
 re-tokenizes only what changed. How many tokens each section keeps is
 coder_model.budget's plan, the one budget every serving path and training share.
@@ -16,11 +27,14 @@ the first (block diffusion).
 
 from __future__ import annotations
 
-from dlm.coder_model.budget import clip_prompt, plan
+from dlm.coder_model.budget import MAX_SNIPPETS, clip_prompt, plan
 from dlm.coder_model.tokenizer import Tokenizer
 from dlm.coder_model.types import LayoutBudget, Prompt
 
-__all__ = ["LAYOUT_VERSION", "PREFIX_CUT_QUANTUM", "LayoutBudget", "decode_context", "encode_prompt", "encode_target", "target_block"]
+__all__ = [
+    "LAYOUT_VERSION", "PREFIX_CUT_QUANTUM", "LayoutBudget", "answer_text", "decode_context", "encode_prompt",
+    "encode_target", "new_region", "target_block",
+]
 
 PREFIX_CUT_QUANTUM = 32
 
@@ -28,12 +42,14 @@ PREFIX_CUT_QUANTUM = 32
 # records the version it was trained with (config.json "layout_version"; none = 1, the layout of
 # the embedded checkpoint) and the loader refuses any other: a model fed a layout it was not
 # trained on writes nonsense without an error. Bump it with every change to what encode_prompt,
-# encode_target or target_block produce.
-LAYOUT_VERSION = 1
+# encode_target or target_block produce. 2: typing prompts (Prompt.insert) end in a second
+# <cursor> and the block is the insertion; retrieved snippets as <file> sections before the file's.
+LAYOUT_VERSION = 2
 
 
 def encode_prompt(tok: Tokenizer, prompt: Prompt, budget: LayoutBudget | None = None) -> list[int]:
-    """Context token ids for a prompt, ending with <rewrite>; cut by coder_model.budget.plan.
+    """Context token ids for a prompt, ending with <rewrite> (edit mode) or a second <cursor>
+    (Prompt.insert); cut by coder_model.budget.plan.
 
     The text is first cut by characters (coder_model.budget.clip_prompt), here and so on every
     path (local, remote, training): the prefix's far-end token cut depends on the length of
@@ -42,7 +58,14 @@ def encode_prompt(tok: Tokenizer, prompt: Prompt, budget: LayoutBudget | None = 
     cuts = plan(b)
     prompt = clip_prompt(prompt, b)
     sp = tok.special
-    header = [sp["<bos>"], sp["<file>"]] + tok.encode(f"{prompt.language}:{prompt.path}\n")
+    snippets: list[int] = []
+    for sn in prompt.snippets[:MAX_SNIPPETS]:  # best first: a later one gets what room is left
+        room = cuts.snippets - len(snippets)
+        ids = [sp["<file>"]] + tok.encode(f"{sn.path}\n") + tok.encode(sn.text)
+        if room < 8 or not sn.text.strip():
+            continue
+        snippets += ids[:room]
+    header = [sp["<bos>"]] + snippets + [sp["<file>"]] + tok.encode(f"{prompt.language}:{prompt.path}\n")
 
     history: list[int] = []
     for event in reversed(prompt.history):  # newest events are kept first
@@ -56,7 +79,7 @@ def encode_prompt(tok: Tokenizer, prompt: Prompt, budget: LayoutBudget | None = 
         + tok.encode(prompt.region[: prompt.cursor])
         + [sp["<cursor>"]]
         + tok.encode(prompt.region[prompt.cursor :])
-        + [sp["<rewrite>"]]
+        + [sp["<cursor>"] if prompt.insert else sp["<rewrite>"]]
     )
     suffix = tok.encode(prompt.suffix)[: cuts.suffix]
     # The prefix's room must not depend on what changes while typing (the region),
@@ -74,8 +97,30 @@ def encode_prompt(tok: Tokenizer, prompt: Prompt, budget: LayoutBudget | None = 
     return header + [sp["<history>"]] + history + [sp["<prefix>"]] + prefix + [sp["<suffix>"]] + suffix + region
 
 
+def answer_text(prompt: Prompt, region: str) -> str:
+    """What the blocks must hold for `prompt` when its new region is `region`: the region itself
+    (edit mode), or the text inserted at the cursor (Prompt.insert). ValueError when an insertion
+    prompt's new region is not the old one with text inserted at the cursor."""
+    if not prompt.insert:
+        return region
+    before, after = prompt.region[: prompt.cursor], prompt.region[prompt.cursor :]
+    if not (region.startswith(before) and region.endswith(after) and len(region) >= len(prompt.region)):
+        raise ValueError(
+            "an insertion prompt's target must be its region with text inserted at the cursor; "
+            "build this example with insert=False (edit mode) instead"
+        )
+    return region[len(before) : len(region) - len(after)]
+
+
+def new_region(prompt: Prompt, answer: str) -> str:
+    """Inverse of answer_text: the new region for what the model wrote in its blocks."""
+    if not prompt.insert:
+        return answer
+    return prompt.region[: prompt.cursor] + answer + prompt.region[prompt.cursor :]
+
+
 def encode_target(tok: Tokenizer, target: str) -> list[int]:
-    """The answer the blocks must hold: the new region's tokens, then <eom>."""
+    """The answer the blocks must hold (answer_text: the new region, or the insertion), then <eom>."""
     return tok.encode(target) + [tok.eom_id]
 
 
@@ -89,12 +134,21 @@ def decode_context(tok: Tokenizer, ids: list[int]) -> dict[str, str]:
     """Inverse of encode_prompt for checks and debugging: the text of each segment."""
     names = {v: k for k, v in tok.special.items()}
     segments: dict[str, list[int]] = {}
+    files: list[list[int]] = []  # every <file> section: snippets first, the file's own last
     current = "<head>"
     for i in ids:
         name = names.get(i)
-        if name in ("<file>", "<history>", "<prefix>", "<suffix>", "<region>", "<rewrite>"):
+        if name == "<file>":
+            files.append([])
+            current = name
+        elif current == "<file>" and name is None:
+            files[-1].append(i)
+        elif name in ("<history>", "<prefix>", "<suffix>", "<region>", "<rewrite>"):
             current = name
             segments.setdefault(current, [])
+        elif name == "<cursor>" and current == "<region>" and tok.special["<cursor>"] in segments["<region>"]:
+            segments["<insert>"] = []  # the second <cursor>: the block is an insertion
+            current = "<insert>"
         elif name == "<cursor>":
             segments.setdefault("<region>", []).append(i)
         elif name in ("<bos>",):
@@ -102,6 +156,11 @@ def decode_context(tok: Tokenizer, ids: list[int]) -> dict[str, str]:
         else:
             segments.setdefault(current, []).append(i)
     out: dict[str, str] = {}
+    if files:
+        out["file"] = tok.decode(files[-1])
+        out["snippets"] = "\x00".join(tok.decode(f) for f in files[:-1])
+    out["mode"] = "insert" if "<insert>" in segments else "rewrite"
+    segments.pop("<insert>", None)
     for k, seg in segments.items():
         if k == "<region>" and tok.special["<cursor>"] in seg:
             c = seg.index(tok.special["<cursor>"])

@@ -57,6 +57,7 @@ import torch
 from dlm import kernels
 from dlm.coder_model.cache import PrefixCache
 from dlm.coder_model.calibration import Calibration
+from dlm.coder_model.layout import new_region
 from dlm.coder_model.model import DLM
 from dlm.coder_model.tokenizer import SPECIAL_TOKENS, Tokenizer
 from dlm.coder_model.types import CancelToken, Prediction, Prompt, SamplerParams
@@ -613,12 +614,16 @@ class BlockDecoder:
             return "", 0.0
         if self.complete and (self.ended or self.prompt is None):
             probs = self.output_probs + ([self.eom_prob] if self.eom_prob is not None else [])
-            return self.text(), self.calibration(raw_confidence(probs, self.calibration.kind))
+            text = self.text() if self.prompt is None else new_region(self.prompt, self.text())
+            return text, self.calibration(raw_confidence(probs, self.calibration.kind))
         nothing = self.prompt.region if self.prompt is not None else ""
         if self.prompt is None:
             return nothing, 0.0
         ids, probs = (self.output, self.output_probs) if self.unterminated else self.left_part()
-        region = partial_region(self.prompt.region, self.prompt.cursor, self.tok.decode(ids))
+        # the left part of the new region: for an insertion (Prompt.insert), what precedes the cursor
+        decoded = self.tok.decode(ids)
+        left = self.prompt.region[: self.prompt.cursor] + decoded if self.prompt.insert else decoded
+        region = partial_region(self.prompt.region, self.prompt.cursor, left)
         if region is None:
             return nothing, 0.0
         # no <eom> was committed: the score covers the kept slots only, which is what is shown

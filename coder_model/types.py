@@ -25,13 +25,31 @@ class MemoryProposal:
 
 
 @dataclass(frozen=True)
+class RetrievedSnippet:
+    """Lines of another file of the project, similar to the lines above the cursor (DESIGN §10):
+    the layout gives them to the model in sections of their own, before the file's."""
+
+    path: str
+    text: str
+
+
+@dataclass(frozen=True)
 class Prompt:
     """What the model sees for one prediction.
 
     `region` is the current text of the editable region and `cursor` an offset
-    (in characters) inside it; the model returns the new text of the region.
-    `prefix`/`suffix` are the windowed texts before/after the region.
-    `history` holds rendered edit events (unified diffs), oldest first.
+    (in characters) inside it. `prefix`/`suffix` are the windowed texts
+    before/after the region. `history` holds rendered edit events (unified
+    diffs), oldest first.
+
+    `insert` is the mode (DESIGN §4). False (edit mode: after a pause, a jump,
+    dlm/editPrediction): the model writes the new text of the whole region.
+    True (typing): the model writes only the text to insert at the cursor, up
+    to the end of the statement; it never re-types the region. Either way the
+    engine answers `Prediction.text` as the new region (for an insertion:
+    region[:cursor] + insertion + region[cursor:]), so no caller changes.
+    `snippets` are retrieved from other files of the project (best first); the
+    layout keeps what its budget holds.
     """
 
     prefix: str
@@ -44,6 +62,8 @@ class Prompt:
     # Insertions at the cursor proposed by the repository memory, best first: the engine scores
     # them with the denoiser and answers the best one (or none) instead of decoding freely.
     proposals: tuple[MemoryProposal, ...] = ()
+    insert: bool = False
+    snippets: tuple[RetrievedSnippet, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.cursor <= len(self.region):

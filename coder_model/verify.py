@@ -2,7 +2,8 @@
 
 The memory (coder_model.memory) proposes whole insertions at the cursor; an n-gram sees only the
 text before the cursor. The denoiser scores each proposal with the suffix in view: the block is
-filled with the region as it would be after the insertion, then `<eom>`; the proposal's slots and
+filled with the region as it would be after the insertion (edit layout) or the insertion alone
+(typing layout, Prompt.insert), then `<eom>`; the proposal's slots and
 the `<eom>` are masked in `passes` interleaved groups (slot i in group i mod passes), and each
 masked slot is scored with every other slot visible: a pseudo-likelihood, a far better score for a
 masked model than one all-masked pass (which ranked the memory's beam worse than the memory's own
@@ -71,18 +72,21 @@ def region_after(region: str, cursor: int, insertion: str) -> str:
 
 
 def score_proposals(model, tok, cache, region: str, cursor: int, proposals: tuple[MemoryProposal, ...],
-                    block_len: int, passes: int = 2, order: str = "interleaved") -> tuple[list[float | None], int]:
+                    block_len: int, passes: int = 2, order: str = "interleaved",
+                    insert: bool = False) -> tuple[list[float | None], int]:
     """Geometric-mean probability the model gives each proposal's inserted tokens and its <eom>;
     `cache` holds the context. None for a proposal whose region does not fit one block. Returns
     (scores, passes run). `order`: "interleaved" masks slot i in pass i mod `passes` (each slot
     predicted with the others visible); "left_to_right" masks every slot from i on in pass i and
-    scores slot i (iterative unmasking, one slot per pass: as many passes as the longest proposal)."""
-    before = tok.encode(region[:cursor])
+    scores slot i (iterative unmasking, one slot per pass: as many passes as the longest proposal).
+    `insert` (Prompt.insert, the typing layout): the block is the insertion alone, then <eom>;
+    else the region as it would be after the insertion, then <eom>."""
+    before = [] if insert else tok.encode(region[:cursor])
     rows: list[list[int]] = []
     spans: list[tuple[int, int]] = []  # slots [a, b) to score: the insertion and what follows up to <eom>
     keep: list[int] = []
     for j, p in enumerate(proposals):
-        ids = tok.encode(region_after(region, cursor, p.text)) + [tok.eom_id]
+        ids = tok.encode(p.text if insert else region_after(region, cursor, p.text)) + [tok.eom_id]
         if len(ids) > block_len:
             continue
         a = _common_prefix(before, ids)
@@ -146,11 +150,11 @@ def choose(proposals: tuple[MemoryProposal, ...], model_scores: list[float | Non
 
 
 def verify(model, tok, cache, region: str, cursor: int, proposals: tuple[MemoryProposal, ...], block_len: int,
-           mix: Mix) -> Verdict:
+           mix: Mix, insert: bool = False) -> Verdict:
     t0 = time.perf_counter()
     if mix.passes:
         scores, ran = score_proposals(model, tok, cache, region, cursor, proposals, block_len * mix.blocks,
-                                      mix.passes)
+                                      mix.passes, insert=insert)
     else:
         scores, ran = [None] * len(proposals), 0
     index, conf = choose(proposals, scores, mix)

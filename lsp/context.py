@@ -3,7 +3,9 @@
 The editable region is snapped to syntax:
 - "typing" (the user is typing here, last edit < idle_ms ago near the cursor):
   the cursor line plus the rest of its statement, bounded in tokens, so the
-  masked block stays short (L ~ 32-48) and a step is cheap;
+  masked block stays short (L ~ 32-48) and a step is cheap. Its Prompt is an
+  insertion prompt (Prompt.insert, DESIGN §4): the region shows the model the
+  line around the cursor, and the model writes only the text to insert there;
 - "wide" (after a pause or a jump, and for dlm/editPrediction): a few lines
   around the cursor, widened to whole statements, to look for next edits.
 
@@ -15,18 +17,25 @@ only when the window would exceed its budget or no longer precedes the
 region, and then placed `window_fill` full, so typing (and Enter) does not
 move its start: the tokens before the region stay the same and the model's
 prefix KV cache stays valid. The suffix window works the same way.
+
+`with_snippets` adds snippets of other files from the workspace index (typing only), retrieved
+by coder_model.snippets' rule from the lines above the region, so they too stay the same while
+the user types on one line.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, replace
 
 from dlm.coder_model import regions
 from dlm.coder_model.budget import chars_for, plan
 from dlm.coder_model.languages import language_name
 from dlm.coder_model.regions import Mode
-from dlm.coder_model.types import LayoutBudget, Prompt
+from dlm.coder_model.snippets import pick, query_lines
+from dlm.coder_model.types import LayoutBudget, Prompt, RetrievedSnippet
 from dlm.lsp.documents import Document, content
 from dlm.lsp.options import ContextOptions
 
@@ -132,5 +141,37 @@ def build(
         history=history,
         language=language_name(doc.language_id, doc.uri),
         path=path,
+        insert=mode == "typing",
     )
     return BuiltContext(prompt, start, end, mode)
+
+
+# Windows retrieved per query before coder_model.snippets.pick keeps the best MAX_SNIPPETS.
+RETRIEVED = 4
+SNIPPET_MEMO = 64
+_snippet_memo: OrderedDict[tuple, tuple[RetrievedSnippet, ...]] = OrderedDict()
+_snippet_lock = threading.Lock()
+
+
+def with_snippets(built: BuiltContext, memory, rel: str) -> BuiltContext:
+    """`built` with snippets of other workspace files (`memory`: coder_model.memory RepoMemory;
+    `rel`: this file's path in it, excluded). Memoised by query: every keystroke on one line asks
+    the same, and an answer that stays the same keeps the snippet sections' KV cache even while
+    the index changes underneath (it is refreshed when the query moves to another line)."""
+    if not built.prompt.insert:
+        return built
+    query = query_lines(built.prompt.prefix)
+    key = (id(memory), rel, tuple(query))
+    with _snippet_lock:
+        found = _snippet_memo.get(key)
+        if found is not None:
+            _snippet_memo.move_to_end(key)
+    if found is None:
+        found = pick(memory.retrieve(query, RETRIEVED, exclude_path=rel), query)
+        with _snippet_lock:
+            _snippet_memo[key] = found
+            while len(_snippet_memo) > SNIPPET_MEMO:
+                _snippet_memo.popitem(last=False)
+    if not found:
+        return built
+    return replace(built, prompt=replace(built.prompt, snippets=found))

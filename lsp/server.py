@@ -237,7 +237,9 @@ class DlmServer(LanguageServer):
                         if cancel.cancelled:
                             out.set_result(None)
                             return
-                        with_memory = replace(built, prompt=replace(built.prompt, proposals=proposals))
+                        # typing: snippets of other files in the layout's snippet sections too
+                        with_memory = context.with_snippets(built, memory, rel)
+                        with_memory = replace(with_memory, prompt=replace(with_memory.prompt, proposals=proposals))
                         inner = engine_future(engine, self.pool, with_memory, ctx_ms, params, cancel, deadline,
                                               self.refused)
                         chain(inner, out)

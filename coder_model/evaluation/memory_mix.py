@@ -51,13 +51,14 @@ def collect(repo: str, n: int, seed: int, engine, order: str = "interleaved") ->
         if proposals:
             line_start = c.before.rfind("\n") + 1
             prompt = Prompt(prefix=c.before[:line_start], region=c.before[line_start:], cursor=len(c.before) - line_start,
-                            suffix=c.after, path=c.path, language="python", proposals=proposals)
+                            suffix=c.after, path=c.path, language="python", proposals=proposals, insert=True)
             from dlm.coder_model.cache import PrefixCache
 
             cache = PrefixCache()
             with torch.inference_mode():
                 model.prefill(encode_prompt(tok, prompt, budget), cache)
-            scores, _ = score_proposals(model, tok, cache, prompt.region, prompt.cursor, proposals, 32, 2, order)
+            scores, _ = score_proposals(model, tok, cache, prompt.region, prompt.cursor, proposals, 32, 2, order,
+                                        insert=prompt.insert)
             rec["proposals"] = [{"text": p.text, "memory": p.score, "model": s, "right": p.text == c.answer}
                                 for p, s in zip(proposals, scores)]
         out.append(rec)

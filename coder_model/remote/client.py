@@ -148,6 +148,10 @@ class RemoteEngine:
         try:
             if prompt.proposals and "proposals" not in session.features:
                 prompt = replace(prompt, proposals=())  # an older server: it decodes freely
+            if prompt.insert and "insert" not in session.features:
+                prompt = replace(prompt, insert=False)  # an older server's model rewrites the region
+            if prompt.snippets and "snippets" not in session.features:
+                prompt = replace(prompt, snippets=())
             frame = encode_frame(predict_message(rid, prompt, params, deadline_ms))
         except (ValueError, TypeError) as exc:  # e.g. lone surrogates in the text cannot be UTF-8 encoded
             self._note(f"prompt could not be encoded for the wire ({exc}); returned no suggestion")

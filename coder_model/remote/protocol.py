@@ -34,7 +34,13 @@ from typing import Any
 
 import msgpack
 from dlm.coder_model import limits
-from dlm.coder_model.types import MemoryProposal, Prediction, Prompt, SamplerParams
+from dlm.coder_model.budget import MAX_SNIPPETS
+from dlm.coder_model.types import MemoryProposal, Prediction, Prompt, RetrievedSnippet, SamplerParams
+
+# A snippet's text as it may come over the wire: more than any model's snippet cut keeps
+# (budget.clip_prompt cuts it by the model's budget), little enough that a hostile client cannot
+# make the server hold megabytes per request.
+MAX_SNIPPET_WIRE_CHARS = 16_000
 
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct(">I")  # 4-byte big-endian frame length
@@ -180,7 +186,8 @@ _PROMPT_STR_FIELDS = ("prefix", "region", "suffix", "language", "path")
 
 # What this side of the protocol can take beyond version 1's fields, announced in the server's
 # hello: a client sends a field of a feature only to a server that announced it.
-FEATURES = ("proposals",)
+# "insert": typing prompts as insertions (Prompt.insert, layout 2); "snippets": retrieved snippets.
+FEATURES = ("proposals", "insert", "snippets")
 
 
 def prompt_to_wire(prompt: Prompt) -> dict[str, Any]:
@@ -195,7 +202,25 @@ def prompt_to_wire(prompt: Prompt) -> dict[str, Any]:
     }
     if prompt.proposals:  # the repository memory's insertions, checked by the server's denoiser
         out["proposals"] = [[p.text, float(p.score)] for p in prompt.proposals]
+    if prompt.insert:  # typing: the model writes the insertion at the cursor (layout v2)
+        out["insert"] = True
+    if prompt.snippets:  # retrieved from the client's workspace index: they leave the machine here
+        out["snippets"] = [[sn.path, sn.text] for sn in prompt.snippets]
     return out
+
+
+def snippets_from_wire(raw: Any, request_id: int) -> tuple[RetrievedSnippet, ...]:
+    """prompt.snippets: at most MAX_SNIPPETS [path, text] pairs; each text is cut to what the
+    layout can keep (coder_model.budget.clip_prompt cuts it again, by the model's budget)."""
+    if not isinstance(raw, list) or len(raw) > MAX_SNIPPETS:
+        raise _bad(request_id, f"prompt.snippets must be a list of at most {MAX_SNIPPETS} [path, text] pairs")
+    out = []
+    for item in raw:
+        if not (isinstance(item, (list, tuple)) and len(item) == 2 and all(isinstance(x, str) for x in item)):
+            raise _bad(request_id, "each of prompt.snippets must be [path, text], two strings")
+        out.append(RetrievedSnippet(limits.bound_path(limits.clean_text(item[0])),
+                                    limits.clean_text(item[1][:MAX_SNIPPET_WIRE_CHARS])))
+    return tuple(out)
 
 
 def proposals_from_wire(raw: Any, request_id: int) -> tuple[MemoryProposal, ...]:
@@ -232,10 +257,10 @@ def _bad(request_id: int, message: str) -> ProtocolError:
 def prompt_from_wire(obj: Any, request_id: int) -> Prompt:
     if not isinstance(obj, dict):
         raise _bad(request_id, '"prompt" must be a map of Prompt fields')
-    unknown = set(obj) - set(_PROMPT_STR_FIELDS) - {"cursor", "history", "proposals"}
+    unknown = set(obj) - set(_PROMPT_STR_FIELDS) - {"cursor", "history", "proposals", "insert", "snippets"}
     if unknown:
         raise _bad(request_id, f"unknown prompt fields {sorted(map(str, unknown))}; known: prefix, region, "
-                   "cursor, suffix, history, language, path, proposals")
+                   "cursor, suffix, history, language, path, proposals, insert, snippets")
     kwargs: dict[str, Any] = {}
     for name in _PROMPT_STR_FIELDS:
         value = obj.get(name, "")
@@ -252,8 +277,13 @@ def prompt_from_wire(obj: Any, request_id: int) -> Prompt:
     if not isinstance(history, list) or not all(isinstance(h, str) for h in history):
         raise _bad(request_id, "prompt.history must be a list of strings")
     proposals = proposals_from_wire(obj["proposals"], request_id) if "proposals" in obj else ()
+    insert = obj.get("insert", False)
+    if not isinstance(insert, bool):
+        raise _bad(request_id, f"prompt.insert must be true or false, got {type(insert).__name__}")
+    snippets = snippets_from_wire(obj["snippets"], request_id) if "snippets" in obj else ()
     try:
-        prompt = Prompt(cursor=cursor, history=tuple(history), proposals=proposals, **kwargs)
+        prompt = Prompt(cursor=cursor, history=tuple(history), proposals=proposals, insert=insert,
+                        snippets=snippets, **kwargs)
     except ValueError as exc:
         raise _bad(request_id, f"invalid prompt: {exc}") from None
     # path, language and history entries cut to coder_model.limits here, before anything tokenizes

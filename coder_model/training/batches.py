@@ -2,7 +2,9 @@
 
 Each example (training.examples / synthetic_edits / commit_edits) becomes one
 sequence: left padding, the context tokens of the native layout, then one block
-of L slots holding the target region, <eom> and <pad>. `batches()` yields
+of L slots holding the answer (the new region, or the insertion of a typing
+prompt: layout.answer_text), <eom> and <pad>. Typing examples get retrieved
+snippets of their project's other files (`--snippet-share`; training.project_snippets). `batches()` yields
 collated batches from the main process (`workers=0`, deterministic given the
 trainer's rng: what resume relies on) or from N worker processes through a torch
 DataLoader over `BatchDataset` (each worker with its own seed), so example
@@ -15,15 +17,17 @@ import math
 import random
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 import torch
 from dlm.coder_model.budget import plan
-from dlm.coder_model.layout import LayoutBudget, encode_prompt, encode_target, target_block
+from dlm.coder_model.layout import LayoutBudget, answer_text, encode_prompt, encode_target, target_block
 from dlm.coder_model.tokenizer import Tokenizer
 from dlm.coder_model.training import examples as ex_mod
 from dlm.coder_model.training.corpus import read_split
+from dlm.coder_model.training.project_snippets import ProjectSnippets
 
 
 class ExampleStream:
@@ -31,7 +35,13 @@ class ExampleStream:
 
     def __init__(self, cfg, split: str, rng: random.Random) -> None:
         self.cfg, self.split, self.rng = cfg, split, rng
-        self.files = [(r["path"], r["language"], r["text"]) for r in read_split(Path(cfg.corpus), split)]
+        records = list(read_split(Path(cfg.corpus), split))
+        self.files = [(r["path"], r["language"], r["text"], r.get("source", "")) for r in records]
+        # Typing examples get snippets retrieved from the other files of their project (a share
+        # of them: the server has none before its index is ready, or with the index off).
+        self.snippet_share = float(getattr(cfg, "snippet_share", 0.0))
+        self.project_snippets = ProjectSnippets((p, t, s) for p, _, t, s in self.files) \
+            if self.snippet_share > 0 else None
         if not self.files:
             raise SystemExit(f"corpus split {split!r} in {cfg.corpus} is empty; build it with "
                              "python -m dlm.coder_model.training.corpus")
@@ -57,13 +67,14 @@ class ExampleStream:
         self.weights = [float(weights[k]) for k in self.kinds]
 
     def _real_edits(self):
-        from dlm.coder_model.training.commit_edits import real_edit_examples
+        from dlm.coder_model.training.commit_edits import edit_histories_dir, real_edit_examples
 
-        if not Path(self.cfg.edit_histories).is_dir():
-            print(f"[train] no edit histories at {self.cfg.edit_histories}: training without real_edit",
-                  file=sys.stderr)
+        try:
+            data_dir = edit_histories_dir(self.cfg.edit_histories or None)
+        except FileNotFoundError as exc:
+            print(f"[train] {exc}: training without real_edit", file=sys.stderr)
             return None
-        return real_edit_examples(self.split, self.rng, data_dir=self.cfg.edit_histories, opts=self.edit_options)
+        return real_edit_examples(self.split, self.rng, data_dir=data_dir, opts=self.edit_options)
 
     def reseed(self, seed: int) -> None:
         """A fresh random stream (one per worker process)."""
@@ -85,8 +96,12 @@ class ExampleStream:
                     del self.kinds[i], self.weights[i]
                     continue
             else:
-                path, lang, text = self.files[self.rng.randrange(len(self.files))]
+                path, lang, text, source = self.files[self.rng.randrange(len(self.files))]
                 ex = self.builders[kind](text, self.rng, path=Path(path).name, language=lang)
+                if ex is not None and ex.prompt.insert and self.project_snippets is not None \
+                        and self.rng.random() < self.snippet_share:
+                    found = self.project_snippets.snippets(source, path, ex.prompt.prefix)
+                    ex = replace(ex, prompt=replace(ex.prompt, snippets=found))
             if ex is not None:
                 return ex
 
@@ -95,7 +110,7 @@ def make_sequence(tok: Tokenizer, ex: ex_mod.Example, cfg, rng: random.Random):
     """(context ids, block target ids) or None when the target needs more blocks than allowed."""
     budget = LayoutBudget.for_window(cfg.context)
     ctx = encode_prompt(tok, ex.prompt, budget)
-    tgt = encode_target(tok, ex.target)
+    tgt = encode_target(tok, answer_text(ex.prompt, ex.target))
     n_blocks = math.ceil(len(tgt) / cfg.block)
     if n_blocks > cfg.max_blocks:
         return None

@@ -10,7 +10,11 @@ Completion and FIM regions are cut the way the server cuts them while the user
 types (dlm.coder_model.regions, the rules of dlm.lsp.context): whole lines,
 the cursor line plus the rest of its statement (tree-sitter where a grammar is
 installed), short enough for one masked block, and sometimes the wider
-few-line region the server sends after a pause. The region ends at the last
+few-line region the server sends after a pause. A typing region's prompt is an
+insertion prompt (Prompt.insert, as the server's): the block holds only the
+removed text, the layout's `answer_text`; a wide one's holds the whole region.
+Retrieved snippets from the project's other files are attached by the example
+stream (training.batches, training.project_snippets). The region ends at the last
 line's text; its line break starts the suffix. So the target is exactly the
 text the model must write before <eom>, as in serving: a model trained on
 regions that end in "\n" or in the middle of the next statement learns to
@@ -41,7 +45,7 @@ KINDS = ("completion", "fim", "synthetic_edit", "real_edit", "noop")
 class Example:
     kind: str  # one of KINDS
     prompt: Prompt
-    target: str  # the new text of prompt.region
+    target: str  # the new text of prompt.region (the layout's answer_text makes the block of it)
     source: str = ""  # file or record it was made from (for splits and debugging)
 
 
@@ -109,6 +113,7 @@ def _prompt(text: str, cut: Cut, current: str, cursor: int, path: str, language:
         suffix=window(text, cut.b, len(text), suffix_chars, "after"),
         language=language,
         path=path,
+        insert=cut.mode == "typing",  # typing: the block is the insertion at the cursor (lsp.context)
     )
 
 

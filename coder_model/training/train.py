@@ -107,7 +107,10 @@ class TrainConfig:
     eps: float = 1e-3
     t_min: float = 0.1
     ar_weight: float = 0.5  # auxiliary next-token loss on the causal context (0 = off)
-    edit_histories: str = "../shared/data/edit-histories"
+    edit_histories: str = ""  # the edit-histories folder ("": $DLM_EDIT_HISTORIES; training.commit_edits)
+    # share of typing examples given retrieved snippets of their project's other files
+    # (training.project_snippets); the rest have none, as the server has before its index is ready
+    snippet_share: float = 0.7
 
     def objective(self) -> Objective:
         return Objective(t_dist=self.t_dist, stratified_t=self.stratified_t, complementary=self.complementary,

@@ -70,7 +70,10 @@ def test_missing_shard_and_pickles_refused(tiny_model, tmp_path):
         load_model(tmp_path)
     pick = tmp_path / "pickled"
     pick.mkdir()
-    (pick / "config.json").write_text(json.dumps(model.config.to_dict()))
+    from dlm.coder_model.layout import LAYOUT_VERSION
+
+    # this code's layout, so that the weights' format is what is refused
+    (pick / "config.json").write_text(json.dumps({**model.config.to_dict(), "layout_version": LAYOUT_VERSION}))
     tok.save(pick / "tokenizer.json")
     (pick / "pytorch_model.bin").write_bytes(b"not loaded")
     with pytest.raises(CheckpointError, match="safetensors only"):
@@ -96,11 +99,12 @@ def test_a_saved_checkpoint_records_the_layout_it_was_trained_in(tiny_model, tmp
     load_model(tmp_path, impl="reference")  # and it loads
 
 
-def test_the_embedded_checkpoint_is_layout_1_and_loads():
+def test_the_embedded_checkpoint_speaks_this_code_s_layout_and_loads():
     from dlm.coder_model.checkpoint import embedded_checkpoint_dir, layout_version, read_config
+    from dlm.coder_model.layout import LAYOUT_VERSION
 
     raw = read_config(embedded_checkpoint_dir())
-    assert "layout_version" not in raw and layout_version(raw) == 1  # saved before versions: 1
+    assert layout_version(raw) == LAYOUT_VERSION == 2  # replaced together with every layout change
     model, tok = load_model(None, impl="reference")
     assert model.config.vocab_size >= tok.vocab_size
 
@@ -128,10 +132,9 @@ def test_a_newer_layout_is_refused_with_what_to_do(tiny_model, tmp_path):
     assert "upgrade dlm-lsp" in msg
 
 
-def test_an_older_layout_is_refused_but_a_warm_start_may_read_it(tiny_model, tmp_path, monkeypatch):
-    from dlm.coder_model import checkpoint
-
-    monkeypatch.setattr(checkpoint, "LAYOUT_VERSION", 2)  # the code moved on; the file has none (= 1)
+def test_an_older_layout_is_refused_but_a_warm_start_may_read_it(tiny_model, tmp_path):
+    # a layout-1 checkpoint (the embedded one before insertion while typing) under layout-2 code:
+    # the file records none (= 1)
     d = _with_layout(tiny_model, tmp_path, None)
     with pytest.raises(CheckpointError, match=r"token layout version 1, but .* layout 2.*--init"):
         load_model(d, impl="reference")

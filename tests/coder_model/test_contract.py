@@ -157,7 +157,8 @@ def test_zed_edit_events_are_rendered_as_training_renders_them():
 # ---- (d) the server's prompt fills the layout that training fills --------------------------------
 
 WINDOWS = context.windows_for(LayoutBudget(), ContextOptions())
-SECTIONS = ("<history>", "<prefix>", "<suffix>", "<region>", "<rewrite>")
+# typing: an insertion prompt, whose region ends in a second <cursor> (no <rewrite> section)
+SECTIONS = ("<history>", "<prefix>", "<suffix>", "<region>")
 
 
 def _section_tokens(tok, ids: list[int]) -> dict[str, int]:
@@ -207,8 +208,11 @@ def test_server_and_training_fill_the_same_layout(source):
         doc = Document("file:///proj/m.py", text, 1, "python")
         served = context.build(doc, row, col, "typing", ContextOptions(), windows, "m.py")
         assert served is not None and served.prompt.region == region
-        a = _section_tokens(tok, encode_prompt(tok, served.prompt, budget))
-        b = _section_tokens(tok, encode_prompt(tok, train, budget))
+        assert served.prompt.insert and train.insert  # both sides: the block is the insertion
+        served_ids, train_ids = encode_prompt(tok, served.prompt, budget), encode_prompt(tok, train, budget)
+        assert served_ids[-1] == train_ids[-1] == tok.special["<cursor>"]
+        a = _section_tokens(tok, served_ids)
+        b = _section_tokens(tok, train_ids)
         assert list(a) == list(b) == list(SECTIONS), (a, b)
         assert a["<region>"] == b["<region>"], (a, b)
         assert cuts.suffix - 4 <= a["<suffix>"] <= cuts.suffix and cuts.suffix - 4 <= b["<suffix>"] <= cuts.suffix
@@ -218,6 +222,42 @@ def test_server_and_training_fill_the_same_layout(source):
             assert room - PREFIX_CUT_QUANTUM < filled <= room, (a, b, room)
         checked += 1
     assert checked >= 20
+
+
+def test_server_and_training_retrieve_the_same_snippets(tmp_path):
+    """A project's files as the server's workspace index (RepoMemory, lsp.context.with_snippets)
+    and as training's project (training.project_snippets): the same typing prompt gets the same
+    snippet sections, none from the file itself, and typing on the line does not change them."""
+    from pathlib import Path
+
+    from dlm.coder_model.memory.index import RepoMemory
+    from dlm.coder_model.training.project_snippets import ProjectSnippets
+
+    root = Path(__file__).resolve().parents[2]
+    files = {rel: (root / rel).read_text() for rel in (
+        "lsp/server.py", "lsp/context.py", "lsp/workspace.py", "coder_model/engine.py", "coder_model/verify.py")}
+    memory = RepoMemory()
+    for rel, text in files.items():
+        memory.update_file(rel, text)
+    project = ProjectSnippets((f"proj==1/{rel}", text, "proj==1") for rel, text in files.items())
+    text = files["lsp/server.py"]
+    lines = text.splitlines(keepends=True)
+    rng = random.Random(3)
+    compared = 0
+    for row in rng.sample([r for r in range(40, len(lines) - 40) if lines[r].strip()], 30):
+        doc = Document("file:///proj/lsp/server.py", text, 1, "python")
+        col = len(lines[row]) - len(lines[row].lstrip())
+        built = context.build(doc, row, col, "typing", ContextOptions(), WINDOWS, "lsp/server.py")
+        served = context.with_snippets(built, memory, "lsp/server.py").prompt.snippets
+        trained = project.snippets("proj==1", "proj==1/lsp/server.py", built.prompt.prefix)
+        assert served == trained
+        assert all(sn.path != "lsp/server.py" for sn in served)
+        # a keystroke on the line: the same snippets
+        doc.apply((row, col), (row, col), "x", 2)
+        again = context.build(doc, row, col + 1, "typing", ContextOptions(), WINDOWS, "lsp/server.py")
+        assert context.with_snippets(again, memory, "lsp/server.py").prompt.snippets == served
+        compared += bool(served)
+    assert compared >= 5  # most lines of server.py find something in the files it uses
 
 
 # ---- (c) one language name per file --------------------------------------------------------------

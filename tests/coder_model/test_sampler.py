@@ -244,6 +244,33 @@ def test_an_unterminated_answer_shows_only_its_whole_lines(tiny_model, monkeypat
     assert text == "    return a + b\n"
 
 
+def test_an_insertion_answer_is_the_region_with_the_insertion_at_the_cursor(tiny_model, monkeypatch):
+    """Typing (Prompt.insert): the blocks hold only the insertion; the answer is still the new region
+    (nothing changes for callers), complete or cut like a late one."""
+    from dataclasses import replace
+
+    model, tok = tiny_model
+    prompt = replace(PROMPT, region="    return a(x)\n", cursor=12, insert=True)
+    seq = tok.encode(" + b") + [tok.eom_id]
+    L = 8
+
+    def scorer(self, hidden, pos):
+        toks = [seq[int(p)] if int(p) < len(seq) else tok.pad_id for p in pos]
+        return torch.tensor(toks), torch.ones(len(pos))
+
+    monkeypatch.setattr(BlockDecoder, "_score", scorer)
+    ids = encode_prompt(tok, prompt)
+    assert ids[-1] == tok.special["<cursor>"]
+    dec = generate(model, tok, ids, SamplerParams(block_len=L, steps=L, max_blocks=1, **PLAIN), prompt=prompt)
+    text, _ = dec.answer()
+    assert dec.ended and text == "    return a + b(x)\n"
+    # unterminated: the whole words of the insertion only, at the cursor
+    seq[:] = tok.encode(" + bbb cc dd ee ff gg hh ii")
+    dec = generate(model, tok, ids, SamplerParams(block_len=L, steps=L, max_blocks=1, **PLAIN), prompt=prompt)
+    text, _ = dec.answer()
+    assert dec.unterminated and text.startswith("    return a + bbb") and text.endswith("(x)\n")
+
+
 def test_the_embedded_model_writes_no_filler_on_typing_prompts():
     """Standard-library lines typed halfway (bench.answers' cases): with the defaults, the
     embedded model's answers are not degenerate (issue 23: 37 of 60 were, blank-line runs

@@ -87,3 +87,24 @@ def test_a_proposal_longer_than_one_block_but_within_max_blocks_is_scored(engine
     assert two.text == region + text and two.confidence is not None
     one = engine.predict(p, SamplerParams(block_len=block, max_blocks=1), CancelToken())
     assert one.text == region  # one block too small: not scored, so vetoed
+
+
+def test_typing_prompts_score_the_insertion_alone(engine):
+    """Prompt.insert (layout 2): the block is the proposal and <eom>, not the region again, so a
+    long typed line leaves the block's slots to the proposal."""
+    import torch
+    from dlm.coder_model.cache import PrefixCache
+    from dlm.coder_model.layout import encode_prompt
+    from dlm.coder_model.verify import score_proposals
+
+    typed = "    result = compute_the_value(first_argument, second_argument, "
+    proposals = (MemoryProposal("third_argument)", 0.4),)
+    p = Prompt(**{**PROMPT, "region": typed, "cursor": len(typed)}, proposals=proposals, insert=True)
+    cache = PrefixCache()
+    with torch.inference_mode():
+        engine.model.prefill(encode_prompt(engine.tok, p, engine.budget), cache)
+    as_insertion, _ = score_proposals(engine.model, engine.tok, cache, p.region, p.cursor, proposals, 8, 2,
+                                      insert=True)
+    as_region, ran = score_proposals(engine.model, engine.tok, cache, p.region, p.cursor, proposals, 8, 2)
+    assert as_region == [None] and ran == 0  # the whole region does not fit 8 slots
+    assert as_insertion[0] is not None and 0 < as_insertion[0] < 1

@@ -162,15 +162,18 @@ def test_printed_diff_applies_to_the_file_with_patch(tmp_path, tiny_checkpoint):
     src.parent.mkdir()
     src.write_text(text)
     # The tiny random model never writes <eom>, and an answer that never ends is not shown; an
-    # end planned at the first slot (length-aware decoding) makes its answer "delete the region
-    # line": a change to diff, whatever the random weights are.
-    plain = ("--end-threshold", "1e-9")
+    # end planned at the first slot (length-aware decoding) makes an edit-mode answer "delete the
+    # region": a change to diff, whatever the random weights are. (While typing the answer is an
+    # insertion at the cursor, which an end at once leaves empty: no change, nothing to diff.)
+    plain = ("--end-threshold", "1e-9", "--mode", "wide")
     r = _predict("pkg/calc.py", 17, 8, tiny_checkpoint, "--diff", "--min-confidence", "0", *plain, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     diff = r.stdout
     assert diff.startswith("--- a/pkg/calc.py\n+++ b/pkg/calc.py\n"), diff
-    # the hunk is in file line numbers: 0-based line 17 is file line 18, 3 lines of context
-    assert re.search(r"^@@ -15,7 ", diff, re.MULTILINE), diff
+    # the hunk is in file line numbers: 0-based line k (value_k) is file line k + 1, 3 lines of context
+    removed = [int(m) for m in re.findall(r"^-value_(\d+) ", diff, re.MULTILINE)]
+    assert removed and min(removed) <= 17 <= max(removed), diff
+    assert re.search(rf"^@@ -{min(removed) + 1 - 3},", diff, re.MULTILINE), diff
     for output in (diff, _predict("pkg/calc.py", 17, 8, tiny_checkpoint, *plain, cwd=tmp_path).stdout):
         src.write_text(text)
         p = subprocess.run(["patch", "-p1", "--batch", "--no-backup-if-mismatch"], input=output, text=True,
@@ -178,8 +181,8 @@ def test_printed_diff_applies_to_the_file_with_patch(tmp_path, tiny_checkpoint):
         assert p.returncode == 0, (output, p.stdout, p.stderr)
         patched = src.read_text().split("\n")
         original = text.split("\n")
-        assert patched[:17] == original[:17]  # only the region (line 17) changed
-        assert patched[-13:] == original[-13:]
+        assert patched[: min(removed)] == original[: min(removed)]  # only the region changed
+        assert patched[-(30 - max(removed)) :] == original[-(30 - max(removed)) :]
         assert src.read_text() != text
 
 
@@ -190,7 +193,9 @@ def test_predict_says_the_confidence_and_diff_holds_back_what_the_editor_would_h
     r = _predict(f, 1, 4, tiny_checkpoint)
     m = re.search(r"== confidence ([0-9.]+); the editor would (show|hide) it", r.stdout)
     assert r.returncode == 0 and m, r.stdout
-    plain = ("--end-threshold", "1e-9")  # the tiny random model never ends its answer (see below)
+    # the tiny random model never ends its answer; the edit mode's answer ended at once is a change
+    # (see above)
+    plain = ("--end-threshold", "1e-9", "--mode", "wide")
     hidden = _predict(f, 1, 4, tiny_checkpoint, "--diff", "--min-confidence", "1.0", *plain)
     assert hidden.returncode == 0 and hidden.stdout == ""
     assert "held back, as the editor would" in hidden.stderr and "--min-confidence 0" in hidden.stderr

@@ -49,6 +49,29 @@ def test_predict_roundtrip_preserves_prompt_and_params():
     assert params_from_wire(msg["params"], 42) == params
 
 
+def test_an_insertion_prompt_travels_with_its_snippets():
+    from dlm.coder_model.types import RetrievedSnippet
+
+    prompt = Prompt(prefix="import os\n", region="x = os.", cursor=7, suffix="\n", language="python", path="a.py",
+                    insert=True, snippets=(RetrievedSnippet("pkg/b.py", "y = os.path.join(a)\n"),))
+    msg = _read(encode_frame(predict_message(3, prompt, SamplerParams())))
+    assert msg["prompt"]["insert"] is True and msg["prompt"]["snippets"] == [["pkg/b.py", "y = os.path.join(a)\n"]]
+    assert prompt_from_wire(msg["prompt"], 3) == prompt
+    plain = Prompt(prefix="", region="x", cursor=1, suffix="")
+    assert set(_read(encode_frame(predict_message(4, plain, SamplerParams())))["prompt"]) >= {"region"}
+    assert "insert" not in predict_message(4, plain, SamplerParams())["prompt"]  # an older server still takes it
+
+
+@pytest.mark.parametrize("field,bad", [
+    ("insert", "yes"), ("snippets", "a.py"), ("snippets", [["a.py"]]), ("snippets", [["a.py", 3]]),
+    ("snippets", [["a.py", "x"]] * 3),
+])  # fmt: skip
+def test_a_malformed_insert_or_snippets_field_is_refused_by_name(field, bad):
+    base = {"prefix": "", "region": "x", "cursor": 0, "suffix": ""}
+    with pytest.raises(ProtocolError, match=f"prompt.{field}"):
+        prompt_from_wire({**base, field: bad}, 1)
+
+
 def test_result_roundtrip():
     pred = Prediction(text="y = 1", steps=3, tokens=4, queue_ms=1.5, prefill_ms=2.0, denoise_ms=3.0,
                       context_tokens=10, cached_tokens=8, blocks=1)

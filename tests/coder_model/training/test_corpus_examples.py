@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from dlm.coder_model import regions
 from dlm.coder_model.budget import CHARS_PER_TOKEN
-from dlm.coder_model.layout import encode_target, target_block
+from dlm.coder_model.layout import answer_text, encode_target, target_block
 from dlm.coder_model.regions import RegionBudget, region_rows, split_lines, statement_spans
 from dlm.coder_model.tokenizer import SPECIAL_TOKENS
 from dlm.coder_model.training.examples import completion_example, fim_example, server_region
@@ -87,12 +87,19 @@ def test_eom_follows_the_regions_tokens():
         ex = completion_example(PYTHON_FILE, random.Random(seed), language="python")
         if ex is None:
             continue
-        region_ids = tok.encode(ex.target)
-        block = target_block(tok, encode_target(tok, ex.target), 0, 64)
+        # the block's answer: the insertion at the cursor while typing (Prompt.insert, layout 2),
+        # never the typed text again; the whole new region in the wide (edit) mode
+        answer = answer_text(ex.prompt, ex.target)
+        if ex.prompt.insert:
+            assert ex.target == ex.prompt.region[: ex.prompt.cursor] + answer + ex.prompt.region[ex.prompt.cursor :]
+        else:
+            assert answer == ex.target
+        region_ids = tok.encode(answer)
+        block = target_block(tok, encode_target(tok, answer), 0, 64)
         if len(region_ids) >= 64:
             continue
         assert block.index(tok.eom_id) == len(region_ids)
-        assert tok.decode(block[: len(region_ids)]) == ex.target
+        assert tok.decode(block[: len(region_ids)]) == answer
         assert set(block[len(region_ids) + 1 :]) <= {tok.pad_id}
         # the line break after the region is not part of the answer: it is in the suffix
         assert ex.prompt.suffix == "" or ex.prompt.suffix.startswith("\n")
@@ -128,3 +135,52 @@ def test_the_server_cuts_with_the_same_sizes_and_statements():
                 assert doc.syntax.statement_span(row, col) == spans(row, col), (edit, row, col)
             row = rng.randrange(len(doc.lines))
             doc.apply((row, 0), (row + 1, 0), "total = 1\n", doc.version + 1)
+
+
+def test_typing_examples_get_snippets_of_their_own_project_only(tmp_path):
+    """The example stream sees each corpus project as a workspace: a typing example's snippets
+    come from the other files of its project, never from the file itself or another project,
+    and they reach the model's context in the snippet sections."""
+    import gzip
+    import json
+    from types import SimpleNamespace
+
+    from dlm.coder_model.layout import LayoutBudget, decode_context, encode_prompt
+    from dlm.coder_model.tokenizer import Tokenizer
+    from dlm.coder_model.training.batches import ExampleStream, make_sequence
+
+    files = []
+    for project in ("alpha==1", "beta==2"):
+        name = project[:4]
+        for k in range(4):
+            # each function of the project calls its own helpers (the identifiers that retrieval
+            # matches on); every file has functions of its own too
+            body = "".join(
+                f"def {name}_task_{j}_{k}(ctx):\n"
+                + "".join(f"    {name}_value_{j}_{i} = {name}_helper_{j}(ctx, {i})\n" for i in range(6))
+                + f"    return {name}_finish_{j}(ctx)\n\n\n" for j in range(8))
+            files.append({"path": f"{project}/{name}/{name}_mod{k}.py", "language": "python", "text": body,
+                          "source": project})
+    with gzip.open(tmp_path / "train.jsonl.gz", "wt") as fh:
+        for rec in files:
+            fh.write(json.dumps(rec) + "\n")
+    cfg = SimpleNamespace(corpus=str(tmp_path), mix="completion=1", context=384, block=32, max_blocks=2,
+                          snippet_share=1.0, edit_histories="")
+    stream = ExampleStream(cfg, "train", random.Random(0))
+    tok = Tokenizer.from_file(REPO / "coder_model" / "checkpoints" / "default" / "tokenizer.json")
+    with_snippets = 0
+    for _ in range(40):
+        ex = next(stream)
+        if not ex.prompt.insert:
+            assert not ex.prompt.snippets  # the edit mode has none, as in the server
+            continue
+        project = next(r["source"] for r in files if r["path"].endswith("/" + ex.prompt.path))
+        own = [r["path"] for r in files if r["source"] == project]
+        for sn in ex.prompt.snippets:
+            assert f"{project}/{sn.path}" in own and not f"{project}/{sn.path}".endswith("/" + ex.prompt.path)
+        if ex.prompt.snippets:
+            with_snippets += 1
+            seg = decode_context(tok, encode_prompt(tok, ex.prompt, LayoutBudget.for_window(384)))
+            assert seg["snippets"].startswith(ex.prompt.snippets[0].path + "\n")
+            assert make_sequence(tok, ex, cfg, random.Random(1)) is not None
+    assert with_snippets >= 10
