@@ -25,8 +25,7 @@ HOLE = "{{completion}}"
 
 
 def safim_dir(path: str | None = None) -> Path:
-    root = Path(__file__).resolve().parents[2]
-    cands = [path, os.environ.get("DLM_SAFIM"), root.parent / "shared/eval/safim", root / "shared/eval/safim"]
+    cands = [path, os.environ.get("DLM_SAFIM")]
     for c in cands:
         if c and (Path(c) / SAFIM_TASKS["block"]).is_file():
             return Path(c)

@@ -34,10 +34,8 @@ SPLITS = ("train", "valid", "test")
 
 def edit_histories_dir(data_dir: str | os.PathLike | None = None) -> Path:
     """Where the edit-histories `.jsonl.gz` files are: the argument (--edit-histories),
-    $DLM_EDIT_HISTORIES, or the data folder of this project's development machines."""
+    or $DLM_EDIT_HISTORIES."""
     cands = [data_dir, os.environ.get("DLM_EDIT_HISTORIES")]
-    root = Path(__file__).resolve().parents[2]
-    cands += [root.parent / "shared/data/edit-histories", root / "shared/data/edit-histories"]
     for c in cands:
         if c and Path(c).is_dir() and any(Path(c).glob("*.jsonl.gz")):
             return Path(c)

@@ -120,15 +120,12 @@ def split_of(digest: str) -> str:
 
 
 def default_algorithmic() -> Path | None:
-    """algorithmic-python: $DLM_ALGORITHMIC_PYTHON, else shared/data/ next to the repository."""
+    """algorithmic-python: $DLM_ALGORITHMIC_PYTHON, else data/algorithmic-python in the checkout."""
     env = os.environ.get(ALGORITHMIC_ENV)
     if env:
         return Path(env)
-    repo = Path(__file__).resolve().parents[2]
-    for cand in (repo.parent / "shared" / "data" / "algorithmic-python", repo / "data" / "algorithmic-python"):
-        if (cand / "files.jsonl.gz").is_file():
-            return cand
-    return None
+    cand = Path(__file__).resolve().parents[2] / "data" / "algorithmic-python"
+    return cand if (cand / "files.jsonl.gz").is_file() else None
 
 
 def default_tokenizer() -> Path:

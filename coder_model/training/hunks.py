@@ -1,7 +1,7 @@
 """Edit examples from line hunks: the shared machinery of synthetic and real edits.
 
 An edit is a list of line *hunks* on a `before` text (the edit-histories
-format: `at`/`del`/`add`, see ../shared/data/edit-histories/README.md) plus the
+format: `at`/`del`/`add`: 1-based line, lines deleted, text added) plus the
 order in which a user makes them. The first k hunks (in that order) are applied
 and rendered as history events with `dlm.coder_model.edit_history.render_event`
 (git `-U0` hunks, oldest first: byte-for-byte what the server sends); the
