@@ -63,8 +63,15 @@ def ghost_plan() -> dict:
     return {"type": [typed], "expected": ghost, "pauseMs": 6000}
 
 
-# Lines (0-based) of pkg/shapes.py where the cursor rests to ask for an edit prediction.
+# Lines (0-based) of pkg/shapes.py where the cursor rests to ask for an edit prediction when a
+# rename below showed none (the model's own rewrite: nextEdits.modelFallback, off by default).
 EDIT_PREDICTION_LINES = [9, 5, 13]
+# The user's edits the edit memory repeats (README "Next edits"): one rename per display, each
+# with another use in the file (the import on line 0).
+EDIT_PREDICTION_RENAMES = [
+    {"line": 9, "old": "circle_area", "new": "disc_area"},  # `return circle_area(self.radius)`
+    {"line": 12, "old": "distance", "new": "dist"},  # `return distance(self.center, point) <= ...`
+]
 
 WORKSPACE = {
     "pkg/__init__.py": "",
@@ -305,7 +312,7 @@ def test_vscode_extension_in_code_server_with_the_real_server(tmp_path):
             "settings": settings,
             "file": EDITED_FILE,
             "ghost": ghost_plan(),
-            "editPrediction": {"lines": EDIT_PREDICTION_LINES, "waitMs": 15000},
+            "editPrediction": {"lines": EDIT_PREDICTION_LINES, "renames": EDIT_PREDICTION_RENAMES, "waitMs": 15000},
             "wrongServerPath": str(tmp_path / "no-such-venv" / "bin" / "dlm-lsp"),
             # the ghost text passes the default gate; the model's edit predictions need it lowered
             "lowerGateForEdits": KNOWN_COMPLETION is not None,

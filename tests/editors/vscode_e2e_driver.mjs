@@ -220,11 +220,18 @@ async function typeUntilGhost(words, expected, pauseMs) {
  * `kind` shows, presses Tab, and checks that the document changed as shown and that the server
  * counted the accept (`acceptedBefore`: its count before).
  */
-async function showAndApplyEditPrediction(d, kind, acceptedBefore) {
+async function showAndApplyEditPrediction(d, kind, acceptedBefore, rename) {
   await openFile(cfg.file);
-  const before = await editorLines();
   let shown = null;
-  for (const line of cfg.editPrediction.lines) {
+  if (rename) {
+    // A user's edit the edit memory can repeat: rename one use, then rest the cursor there.
+    await renameAt(rename);
+    d.renamed = rename;
+    shown = await until(`an edit prediction (${kind}) after renaming ${rename.old}`, editPredictionOnScreen,
+      cfg.editPrediction.waitMs ?? 15000).catch(() => null);
+  }
+  const before = await editorLines();
+  for (const line of shown ? [] : cfg.editPrediction.lines) {
     await page.keyboard.press("Escape");
     await page.keyboard.press("Control+Home");
     for (let i = 0; i < line; i++) await page.keyboard.press("ArrowDown");
@@ -270,6 +277,23 @@ async function showAndApplyEditPrediction(d, kind, acceptedBefore) {
   check(!d.shownAfterTab || d.shownAfterTab.text !== shown.text, "the edit prediction is still shown after it was applied");
   d.stats = await serverStats();
   check(d.stats.accepted >= acceptedBefore + 1, `the server counted no accept of the edit prediction: ${d.stats.text}`);
+}
+
+/** Selects `rename.old` on line `rename.line` (0-based) with the keyboard and types `rename.new`. */
+async function renameAt(rename) {
+  const lines = await editorLines();
+  const text = lines[rename.line] ?? "";
+  const col = text.indexOf(rename.old);
+  check(col >= 0, `line ${rename.line} does not hold ${JSON.stringify(rename.old)}: ${JSON.stringify(text)}`);
+  await page.keyboard.press("Escape");
+  await page.keyboard.press("Control+Home");
+  for (let i = 0; i < rename.line; i++) await page.keyboard.press("ArrowDown");
+  await page.keyboard.press("End");
+  await page.keyboard.press("Home"); // the first non-blank character
+  const indent = text.length - text.trimStart().length;
+  for (let i = indent; i < col; i++) await page.keyboard.press("ArrowRight");
+  for (let i = 0; i < rename.old.length; i++) await page.keyboard.press("Shift+ArrowRight");
+  await typeText(rename.new);
 }
 
 /**
@@ -484,6 +508,14 @@ async function run() {
       await page.keyboard.press("End");
       await page.keyboard.press("Enter");
       await page.keyboard.press("Enter");
+      // VS Code indents the new line like the one above (a line the step before typed): the
+      // typed text brings its own indentation, so the line is the same as in the first step.
+      // (The status bar's "Ln, Col" follows the cursor with a delay: read it after each key.)
+      for (let i = 0; i < 8; i++) {
+        await page.waitForTimeout(200);
+        if (((await cursorPosition())?.col ?? 0) === 0) break;
+        await page.keyboard.press("Backspace");
+      }
       const r = await typeUntilGhost(cfg.ghost.type, null, cfg.ghost.pauseMs ?? 6000);
       d.typed = r.typed;
       d.ghost = r.ghost;
@@ -579,7 +611,7 @@ async function run() {
     // The setting restarts the server (its initializationOptions changed).
     await serverRestarted(d);
     // The restart reset the server's counters.
-    await showAndApplyEditPrediction(d, "inlineEdit", 0);
+    await showAndApplyEditPrediction(d, "inlineEdit", 0, cfg.editPrediction.renames?.[0]);
   });
 
   await step("edit-prediction-as-decorations", async (d) => {
@@ -587,7 +619,7 @@ async function run() {
     // without --enable-proposed-api), edit predictions are decorations: the same from the Settings.
     const before = await serverStats();
     await setSetting("dlm.editPredictionDisplay", "decorations");
-    await showAndApplyEditPrediction(d, "decoration", before.accepted);
+    await showAndApplyEditPrediction(d, "decoration", before.accepted, cfg.editPrediction.renames?.[1]);
   });
 
   await step("restart-server", async (d) => {
