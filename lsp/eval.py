@@ -386,8 +386,8 @@ def render_markdown(summary: dict, meta: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_plot(summary: dict, latencies: list[float], path: Path) -> None:
-    """precision against coverage per threshold, and the latency CDF (matplotlib, Agg)."""
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (files only), or exit saying how to get it."""
     try:
         import matplotlib
 
@@ -396,6 +396,12 @@ def write_plot(summary: dict, latencies: list[float], path: Path) -> None:
     except ImportError as exc:
         raise SystemExit(f"dlm-lsp eval: the plot needs matplotlib ({exc}); install it with "
                          "`pip install 'dlm-edit-lsp[eval]'`, or pass --no-plot") from None
+    return plt
+
+
+def write_plot(summary: dict, latencies: list[float], path: Path) -> None:
+    """precision against coverage per threshold, and the latency CDF (matplotlib, Agg)."""
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     rows = [r for r in summary["rows"] if r["precision_accepted"] is not None]
     ax1.plot([r["shown_share"] for r in rows], [r["precision_accepted"] for r in rows], "o-", label="accepted in full")

@@ -700,14 +700,9 @@ def render_markdown(s: dict, meta: dict) -> str:
 
 def write_plot(s: dict, latencies: list[float], path: Path) -> None:
     """location and exact precision against the shown share per threshold, and the latency CDF (eval's style)."""
-    try:
-        import matplotlib
+    from dlm.lsp.eval import pyplot  # here: lsp.eval imports this module
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:
-        raise SystemExit(f"dlm-lsp eval: the plot needs matplotlib ({exc}); install it with "
-                         "`pip install 'dlm-edit-lsp[eval]'`, or pass --no-plot") from None
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     rows = [r for r in s["rows"] if r["location"]["rate"] is not None]
     x = [r["shown"]["rate"] for r in rows]
