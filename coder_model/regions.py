@@ -49,6 +49,10 @@ BLOCKS = {
     "statement_list", "suite",
 }  # fmt: skip
 _BREAK = re.compile(r"\r\n|\r|\n")
+_WORD_BOUNDARY = re.compile(r"\b")
+# Of the lines a user types, the share where nothing is typed yet: the cursor stands after the
+# indentation, where an editor puts it after Enter.
+NOT_TYPED = 0.30
 
 
 @dataclass
@@ -81,6 +85,19 @@ def content(line: str) -> str:
     if line.endswith(("\n", "\r")):
         return line[:-1]
     return line
+
+
+def typed_cut(content: str, rng) -> int:
+    """Where a user typing `content` (a line's text) stands: at a word boundary after the
+    indentation (`\\b`, as a completion is asked for after a word or before one), or, for NOT_TYPED
+    of the lines, right after the indentation. The one rule of the evaluation's rest-of-line cases
+    (evaluation.repo_cases) and the trainer's typing examples (training.examples.typing_example), so
+    that the model is trained where it is measured and used. Consumes `rng` as repo_cases always has:
+    one random() only when a boundary exists, then one choice()."""
+    indent = len(content) - len(content.lstrip())
+    cuts = [m.start() for m in _WORD_BOUNDARY.finditer(content) if indent < m.start() < len(content)]
+    typed = bool(cuts) and rng.random() >= NOT_TYPED
+    return rng.choice(cuts) if typed else indent
 
 
 def _chars(lines: list[str], a: int, b: int) -> int:

@@ -26,14 +26,14 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from dlm.coder_model.regions import typed_cut
+
 HOLDOUT = 0.10
-NOT_TYPED = 0.30
 SOURCE_EXTENSIONS = (".py",)
 MAX_FILE_BYTES = 1_000_000
 SKIP_DIRS = {".git", ".hg", ".svn", "node_modules", "__pycache__", ".tox", ".venv", "venv", "build", "dist"}
 LENGTH_BINS = ((1, 2), (3, 10), (11, 30), (31, None))
 CUTS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-_WORD_BOUNDARY = re.compile(r"\b")
 
 
 @dataclass(frozen=True)
@@ -77,12 +77,10 @@ def _cases_of_line(path: str, text: str, starts: Sequence[int], i: int, rng: ran
     end = starts[i + 1] - 1 if i + 1 < len(starts) else len(text)  # the "\n" ending the line, or EOF
     line = text[start:end]
     content = line.rstrip()
-    indent = len(content) - len(content.lstrip())
     if not content.strip():
         return None
-    cuts = [m.start() for m in _WORD_BOUNDARY.finditer(content) if indent < m.start() < len(content)]
-    typed = bool(cuts) and rng.random() >= NOT_TYPED
-    cut = rng.choice(cuts) if typed else indent
+    cut = typed_cut(content, rng)
+    typed = cut > len(content) - len(content.lstrip())
     return Case(path, i, text[: start + cut], text[end:], content[cut:], typed)
 
 

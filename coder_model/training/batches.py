@@ -54,7 +54,8 @@ class ExampleStream:
         cuts = plan(LayoutBudget.for_window(cfg.context))
         win = {"prefix_chars": cuts.prefix_chars, "suffix_chars": cuts.suffix_chars}
         self.edit_options = EditOptions(**win, max_history_chars=cuts.history_chars)
-        self.builders = {"completion": partial(ex_mod.completion_example, **win),
+        self.builders = {"typing": partial(ex_mod.typing_example, **win),
+                         "completion": partial(ex_mod.completion_example, **win),
                          "fim": partial(ex_mod.fim_example, **win),
                          "synthetic_edit": partial(synthetic_edit_example, opts=self.edit_options),
                          "noop": partial(noop_example, opts=self.edit_options)}

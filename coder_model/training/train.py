@@ -94,7 +94,7 @@ class TrainConfig:
     save_every_minutes: float = 0.0  # also save state this often (0 = by steps only)
     save_dtype: str = "bf16"  # weights in saved checkpoints (the fp32 masters stay in OUT/last): fp32 or bf16
     valid_examples: int = 256
-    mix: str = "completion=0.45,fim=0.3,noop=0.05,synthetic_edit=0.1,real_edit=0.1"
+    mix: str = "typing=0.45,completion=0.15,fim=0.15,noop=0.05,synthetic_edit=0.1,real_edit=0.1"
     seed: int = 0
     threads: int = 0
     # objective (training.objective). Defaults: the combination that won the A/B in BENCHMARKS.md

@@ -12,7 +12,7 @@ from dlm.coder_model.budget import CHARS_PER_TOKEN
 from dlm.coder_model.layout import answer_text, encode_target, target_block
 from dlm.coder_model.regions import RegionBudget, region_rows, split_lines, statement_spans
 from dlm.coder_model.tokenizer import SPECIAL_TOKENS
-from dlm.coder_model.training.examples import completion_example, fim_example, server_region
+from dlm.coder_model.training.examples import completion_example, fim_example, server_region, typing_example
 
 REPO = Path(__file__).resolve().parents[3]
 # layout.py names the special tokens in its docstrings; the corpus drops such files (a literal
@@ -46,7 +46,7 @@ def _check_boundaries(text: str, ex) -> None:
     assert end == len(text) or text[end] == "\n"  # (a region may end in a blank line, as the server's may)
 
 
-@pytest.mark.parametrize("builder", [completion_example, fim_example])
+@pytest.mark.parametrize("builder", [typing_example, completion_example, fim_example])
 @pytest.mark.parametrize(("text", "language"), [(PYTHON_FILE, "python"), (JS, "javascript"), (PYTHON_FILE, "lua")])
 def test_regions_start_and_end_at_line_boundaries(builder, text, language):
     made = 0
@@ -60,6 +60,42 @@ def test_regions_start_and_end_at_line_boundaries(builder, text, language):
         assert ex.target[: p.cursor] == p.region[: p.cursor]  # text before the cursor is kept
         assert ex.target != p.region  # something to restore
     assert made > 100
+
+
+def test_typing_examples_stand_where_the_evaluation_types_and_miss_the_rest_of_the_line():
+    # the cursor of the rest-of-line evaluation (repo_cases, regions.typed_cut): after the
+    # indentation or at a word boundary; the missing text is the rest of the cursor line (or of the
+    # statement), never only the rest of a token
+    from dlm.coder_model.evaluation.repo_cases import _cases_of_line
+
+    at_indent = rest_of_line = 0
+    made = []
+    for seed in range(300):
+        ex = typing_example(PYTHON_FILE, random.Random(seed), language="python")
+        if ex is None:
+            continue
+        p = ex.prompt
+        assert p.insert
+        line = ex.target.split("\n")[0]
+        typed = p.region[: p.cursor]
+        indent = len(line) - len(line.lstrip())
+        assert p.cursor == indent or (p.cursor > indent and (typed[-1].isalnum() or typed[-1] == "_")
+                                      != (line[p.cursor].isalnum() or line[p.cursor] == "_"))
+        at_indent += p.cursor == indent
+        answer = answer_text(p, ex.target)
+        rest_of_line = rest_of_line + (answer == line[p.cursor :])
+        assert answer.startswith(line[p.cursor :])  # the whole rest of the line at least
+        made.append(ex)
+    n = len(made)
+    assert n > 200
+    assert 0.15 * n < at_indent < 0.45 * n  # NOT_TYPED = 0.3 of the lines
+    assert rest_of_line > 0.7 * n
+    # the evaluation's case of the same line and generator state stands at the same column
+    text = "def f(alpha, beta):\n    return alpha.total + beta\n"
+    for seed in range(20):
+        case = _cases_of_line("f.py", text, [0, 20], 1, random.Random(seed))
+        line = text.split("\n")[1]
+        assert case.before.endswith(line[: len(line) - len(case.answer)])
 
 
 def test_typing_regions_are_the_short_ones_the_server_sends():
