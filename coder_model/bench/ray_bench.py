@@ -103,19 +103,21 @@ def run(args: argparse.Namespace) -> int:
                 p_eng.close()
                 r_eng.close()
             print("  overhead done", file=sys.stderr, flush=True)
-            rows["plain `dlm-lsp serve`"] = _throughput(plain_port, args, params)
-            print("  plain throughput done", file=sys.stderr, flush=True)
-            rows["ray, 1 replica"] = _throughput(ray1_port, args, params)
-            print("  ray x1 throughput done", file=sys.stderr, flush=True)
+            if args.clients > 0:
+                rows["plain `dlm-lsp serve`"] = _throughput(plain_port, args, params)
+                print("  plain throughput done", file=sys.stderr, flush=True)
+                rows["ray, 1 replica"] = _throughput(ray1_port, args, params)
+                print("  ray x1 throughput done", file=sys.stderr, flush=True)
         finally:
             _stop(plain)
             _stop(ray1)
-        time.sleep(2)  # the first ingress deletes its application on exit
-        ray2, ray2_port = _start(ray_cmd + ["--replicas", "2"], "dlm-lsp serve --engine ray --replicas 2")
-        try:
-            rows["ray, 2 replicas"] = _throughput(ray2_port, args, params)
-        finally:
-            _stop(ray2)
+        if args.clients > 0:
+            time.sleep(2)  # the first ingress deletes its application on exit
+            ray2, ray2_port = _start(ray_cmd + ["--replicas", "2"], "dlm-lsp serve --engine ray --replicas 2")
+            try:
+                rows["ray, 2 replicas"] = _throughput(ray2_port, args, params)
+            finally:
+                _stop(ray2)
     finally:
         ray.shutdown()
 
@@ -129,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
           f"{statistics.fmean(ray_lat) - statistics.fmean(plain_lat):+.1f} |")
     print(f"| ratio ray / plain | | {rp50 / pp50:.2f} | {rp99 / pp99:.2f} | "
           f"{statistics.fmean(ray_lat) / statistics.fmean(plain_lat):.2f} |")
+    if not rows:
+        return 0
     print(f"\n## Throughput, {args.clients} clients sending back to back ({args.requests} requests each)\n")
     print("| server | requests | wall s | requests/s | p50 ms | p99 ms |")
     print("| --- | --- | --- | --- | --- | --- |")
@@ -141,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dlm.coder_model.bench.ray_bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, metavar="DIR", help="checkpoint (default: the embedded one)")
-    parser.add_argument("--clients", type=int, default=4, help="concurrent clients in the throughput runs")
+    parser.add_argument("--clients", type=int, default=4, help="concurrent clients in the throughput runs (0: measure the overhead only)")
     parser.add_argument("--requests", type=int, default=10, help="requests per client in the throughput runs")
     parser.add_argument("--keystrokes", type=int, default=40, help="keystrokes replayed for the overhead")
     parser.add_argument("--replica-threads", type=int, default=1, help="torch threads per replica (default 1)")
