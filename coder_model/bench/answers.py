@@ -157,7 +157,7 @@ def _inserted(prompt: Prompt, text: str) -> str:
     return ""
 
 
-def measure(model, tok, cases, params: SamplerParams, budget: LayoutBudget) -> dict:
+def measure(model, tok, cases, params: SamplerParams, budget: LayoutBudget, keep: int = 6) -> dict:
     c: Counter = Counter()
     reasons: Counter = Counter()
     ended_by: Counter = Counter()
@@ -184,7 +184,7 @@ def measure(model, tok, cases, params: SamplerParams, budget: LayoutBudget) -> d
             c["degenerate"] += 1
             reasons[why] += 1
         steps += dec.stats.steps
-        if len(examples) < 6:
+        if len(examples) < keep:
             examples.append({"region": prompt.region, "answer": text, "target": target})
     n = max(c["n"], 1)
     out = {k: round(c[k] / n, 3) for k in ("eom_first_block", "ended", "ends_clean", "changes", "nonblank_insertion",
@@ -230,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--params", nargs="*", default=[], help="SamplerParams overrides, e.g. repeat_penalty=0")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--examples", type=int, default=6, help="answers kept in the output per case kind")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     d = Path(args.model) if args.model else embedded_checkpoint_dir()
@@ -238,12 +239,13 @@ def main(argv: list[str] | None = None) -> int:
     params = _override(SamplerParams(), args.params)
     res: dict = {"model": str(d), "params": dataclasses.asdict(params)}
     if args.typing:
-        res["typing"] = measure(model, tok, typing_cases(args.typing, insert=args.mode == "insert"), params, budget)
+        res["typing"] = measure(model, tok, typing_cases(args.typing, insert=args.mode == "insert"), params, budget,
+                               args.examples)
     if args.safim:
         res["safim"] = measure(model, tok, safim_cases(args.safim), params, budget)
     if args.corpus and args.corpus_typing:
         cases = corpus_typing_cases(Path(args.corpus), args.corpus_typing, args.mode == "insert", args.snippets)
-        res["corpus_typing"] = measure(model, tok, cases, params, budget)
+        res["corpus_typing"] = measure(model, tok, cases, params, budget, args.examples)
         res["corpus_typing"].update(mode=args.mode, snippets=args.snippets,
                                     with_snippets=sum(bool(p.snippets) for p, _ in cases))
     if args.corpus and args.kinds:

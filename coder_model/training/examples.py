@@ -183,8 +183,8 @@ def typing_example(
     cut = Cut(a, b, sum(len(x) for x in lines[start:row]) + col, "typing")
     region = text[a:b]
     rest = region[cut.cursor :]
-    nl = rest.find("\n")
-    n_cut = len(rest) if nl < 0 or rng.random() < statement_share else nl
+    # the rest of the line's text (never its "\r" of a CRLF file: the terminator is not the answer)
+    n_cut = len(rest) if end == row or rng.random() < statement_share else len(line) - col
     if n_cut <= 0 or not rest[:n_cut].strip():
         return None
     current = region[: cut.cursor] + rest[n_cut:]

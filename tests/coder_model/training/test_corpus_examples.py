@@ -98,6 +98,22 @@ def test_typing_examples_stand_where_the_evaluation_types_and_miss_the_rest_of_t
         assert case.before.endswith(line[: len(line) - len(case.answer)])
 
 
+def test_typing_examples_of_a_crlf_file_never_answer_the_line_break():
+    text = PYTHON_FILE.replace("\n", "\r\n")
+    made = 0
+    for seed in range(200):
+        ex = typing_example(text, random.Random(seed), language="python")
+        if ex is None:
+            continue
+        made += 1
+        answer = answer_text(ex.prompt, ex.target)
+        # (a multi-line rest of a region may end in a blank line, as the server's regions may)
+        assert not answer.endswith("\r"), answer
+        assert "\n" in answer or not answer.endswith("\n")
+        assert ex.target.replace(ex.prompt.region[: ex.prompt.cursor], "", 1).startswith(answer)
+    assert made > 100
+
+
 def test_typing_regions_are_the_short_ones_the_server_sends():
     budget = RegionBudget()
     sizes = []
