@@ -21,6 +21,7 @@ how often a pattern recurs within its commit, and the pattern keys seen.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import re
 import subprocess
@@ -79,6 +80,14 @@ class Proposal:
     # every site of the pattern in the block of neighbouring lines around `site` (it included), in
     # document order: one next edit (a rename used twice on a line, on three lines in a row)
     group: tuple[Site, ...] = ()
+    applied: int = 1  # times the pattern was applied (this session, plus git sightings, at most 3 of them)
+    age: int = 0  # closed edits since the pattern was last applied (0: the newest edit, or the open one)
+    same_file: bool = True  # the pattern was learnt in this document
+    ambiguous: bool = False  # a rename to a name that existed (only like sites in its function body)
+    # where the site lies from the edit that made the pattern (from the cursor for a pattern of
+    # another document): lines below its last line (> 0), or above its first line (< 0)
+    offset: int = 1
+    between: int = 0  # lines with sites of the same pattern between the edit and this site
 
     @property
     def sites(self) -> tuple[Site, ...]:
@@ -226,6 +235,8 @@ class EditMemory:
             by_line: dict[int, list[Site]] = {}
             for s in sites:
                 by_line.setdefault(s.line, []).append(s)
+            rows = sorted(by_line)
+            lo, hi = (e.line, max(e.end, e.line + 1)) if e.path == path else (cursor_line, cursor_line)
             grouped: set[int] = set()
             for score, s in rank(sites, e.context, cursor_line, e.name, limit=limit * 4):
                 group = block_of(by_line, s.line)
@@ -233,7 +244,10 @@ class EditMemory:
                     continue  # the block is proposed already, from a better-ranked site of it
                 grouped.add(group[0].line)
                 support = self.support(e, score) * (1.0 if e.path == path else OTHER_FILE)
-                out.append(Proposal(path, s, e.pattern, support, score, e.event, group))
+                out.append(Proposal(path, s, e.pattern, support, score, e.event, group,
+                                    e.count + min(self.git.keys.get(e.pattern.key, 0), 3),
+                                    max(0, edits - e.seq) if e.seq else 0, e.path == path, e.ambiguous,
+                                    *_whereabouts(rows, s.line, lo, hi)))
         out.sort(key=lambda p: (-p.support, abs(p.site.line - cursor_line)))
         return out[:limit]
 
@@ -261,6 +275,14 @@ def block_of(by_line: dict[int, list[Site]], row: int) -> tuple[Site, ...]:
                                                    for x in picked):
                 picked.append(s)  # overlapping sites on a line (a name and a part of it): the first
     return tuple(sorted(picked, key=lambda s: (s.line, s.start)))
+
+
+def _whereabouts(rows: list[int], row: int, lo: int, hi: int) -> tuple[int, int]:
+    """(offset, between) of a site on `row` from an edit on lines [lo, hi) (Proposal's fields);
+    `rows`: the sorted lines holding sites of the pattern."""
+    if row >= hi:
+        return row - hi + 1, bisect.bisect_left(rows, row) - bisect.bisect_left(rows, hi)
+    return row - lo, bisect.bisect_left(rows, lo) - bisect.bisect_right(rows, row)
 
 
 def _site_similarity(s: Site, e: Entry) -> float:

@@ -232,3 +232,14 @@ def test_uses_the_pattern_renamed_itself_do_not_make_the_rename_ambiguous():
     (e,) = mem.observe("f.py", closed[0], doc.lines, skip=(2, 3))
     assert not e.ambiguous
     assert [p.site.line for p in mem.propose("f.py", doc.lines, 2, now=doc.t)] == [3]
+
+
+def test_a_deleted_span_takes_its_whitespace_with_it():
+    (x,) = extract(["    with Live(table, console=c) as live:\n"], ["    with Live(table, console=c):\n"])
+    lines = ["    with Live(t, console=c) as live:\n"]
+    (s,) = find_sites(x.pattern, lines, 0)
+    assert apply(lines[0].rstrip("\n"), s) == "    with Live(t, console=c):"  # not `...c) :`
+    (y,) = extract(["def put(url, *, data=None, **kwargs):\n"], ["def put(url, **kwargs):\n"])
+    lines = ["def patch(url, *, data=None, **kwargs):\n"]
+    (s,) = find_sites(y.pattern, lines, 0)
+    assert apply(lines[0].rstrip("\n"), s) == "def patch(url, **kwargs):"
