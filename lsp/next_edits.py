@@ -92,19 +92,20 @@ def record(ls: DlmServer, doc: Document, change) -> None:
         ls.next_edits.forget(doc.uri)
 
 
-def _pending(ls: DlmServer, doc: Document, path: str, lines: list[str]) -> list:
-    """The open edit's patterns; an open edit that undoes a remembered pattern forgets it."""
+def _pending(ls: DlmServer, doc: Document, path: str, lines: list[str]) -> tuple[list, bool]:
+    """The open edit's patterns, and whether an edit is open (the newest edit: the memory counts
+    the closed ones as one edit older); an open edit that undoes a remembered pattern forgets it."""
     tracker = ls.next_edits.trackers.get(doc.uri)
     edit = tracker.peek(lines) if tracker is not None else None
     if edit is None:
-        return []
+        return [], False
     memory = ls.next_edits.memory
     entries = memory.entries_of(path, edit, lines)
     if memory.undone_by(entries):
         memory.observe(path, edit, lines)  # forgets what it reverts, remembers nothing
         tracker.reset()
-        return []
-    return [e for e in entries if e.pattern.kind != "delete_line"]
+        return [], False
+    return [e for e in entries if e.pattern.kind != "delete_line"], True
 
 
 def region_of(doc_lines: list[str], p: Proposal) -> tuple[str, int, str]:
@@ -157,14 +158,14 @@ async def propose(ls: DlmServer, doc: Document, row: int, col: int) -> dict | No
     t0 = time.monotonic()
     uri, version, path = doc.uri, doc.version, ls.path_of(doc.uri)
     lines = list(doc.lines)  # a snapshot: the document changes on the event loop meanwhile
-    pending = _pending(ls, doc, path, lines)
+    pending, open_edit = _pending(ls, doc, path, lines)
     memory = ls.next_edits.memory
     if not pending and not memory.patterns():
         return None
     loop = asyncio.get_running_loop()
     found = await loop.run_in_executor(
         ls.pool, lambda: memory.propose(path, lines, row, pending=pending, max_scan=opts.max_scan_lines,
-                                        limit=opts.max_proposals))
+                                        limit=opts.max_proposals, open_edit=open_edit))
     ls.stats.stage("next_edit_sites_ms", (time.monotonic() - t0) * 1000)
     chosen: tuple[Proposal, float] | None = None
     deadline = t0 + opts.deadline_ms / 1000.0

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 
 from dlm.coder_model.edit_history import render_event
 from dlm.coder_model.edit_memory.bursts import Edit
+from dlm.coder_model.edit_memory.calibration import Calibration, load
 from dlm.coder_model.edit_memory.patterns import DEF_RE, Pattern, extract, tokens
 from dlm.coder_model.edit_memory.sites import Site, find_sites, rank
 
@@ -52,6 +53,16 @@ PRIOR_WEIGHT = 10.0  # pseudo-counts of the corpus rate against the project's ow
 RECENT_EDITS = 2
 OTHER_FILE = 0.5  # support factor of a pattern learnt in another file
 AMBIGUOUS_SIMILARITY = 0.5  # an ambiguous rename's site needs this much context similarity
+
+
+_SHIPPED: list[Calibration | None] = []
+
+
+def shipped_calibration() -> Calibration | None:
+    """The calibration table shipped beside the code, read once."""
+    if not _SHIPPED:
+        _SHIPPED.append(load())
+    return _SHIPPED[0]
 
 
 @dataclass
@@ -103,7 +114,10 @@ class GitStats:
 
 
 class EditMemory:
-    def __init__(self, max_patterns: int = 32, max_edit_lines: int = 20, max_age_s: float = 900.0) -> None:
+    def __init__(self, max_patterns: int = 32, max_edit_lines: int = 20, max_age_s: float = 900.0,
+                 calibration: Calibration | None | bool = True) -> None:
+        # True: the shipped table (calibration.py); None or False: the memory's own support
+        self.calibration = shipped_calibration() if calibration is True else (calibration or None)
         self.max_patterns = max_patterns
         self.max_edit_lines = max_edit_lines
         self.max_age_s = max_age_s
@@ -192,6 +206,22 @@ class EditMemory:
         project = (repeated + PRIOR_WEIGHT * corpus) / (seen + PRIOR_WEIGHT)
         return min(0.95, base * project / corpus)
 
+    def git_factor(self, kind: str) -> float:
+        """How much more (or less) often this project's git history repeats the kind within a
+        commit than the corpus does (1.0 before any history is read)."""
+        corpus = CORPUS_REPEAT.get(kind, 0.2)
+        seen, repeated = self.git.kinds.get(kind, (0, 0))
+        return (repeated + PRIOR_WEIGHT * corpus) / (seen + PRIOR_WEIGHT) / corpus
+
+    def calibrated(self, p: Proposal) -> float:
+        """The proposal's confidence: P(it is the next edit) from the calibration table (fitted on
+        the train split), scaled by the project's git history and for a pattern of another document;
+        the memory's own support when there is no table."""
+        if self.calibration is None:
+            return p.support
+        q = self.calibration(p) * self.git_factor(p.pattern.kind) * (1.0 if p.same_file else OTHER_FILE)
+        return min(0.95, q)
+
     def support(self, e: Entry, rank_score: float) -> float:
         """P(the proposal is right): 1 - (1 - prior)^n for a pattern applied n times (this
         session, plus up to 3 sightings in the git history), scaled a little by the site's rank
@@ -203,12 +233,14 @@ class EditMemory:
     # ---- proposing --------------------------------------------------------------------------
     def propose(self, path: str, lines: list[str], cursor_line: int, now: float | None = None,
                 pending: list[Entry] = (), max_patterns: int = 4, max_scan: int = 2000,
-                limit: int = 8, recent_edits: int = RECENT_EDITS) -> list[Proposal]:
+                limit: int = 8, recent_edits: int = RECENT_EDITS, open_edit: bool | None = None) -> list[Proposal]:
         """The best sites in `lines` (the document `path`) for the patterns of the open burst
-        (`pending`) and of the last `recent_edits` closed edits; at most `limit`, best first."""
+        (`pending`) and of the last `recent_edits` edits; at most `limit`, best first. `open_edit`:
+        an edit is still open (the server's tracker; default: when `pending` has patterns), and it
+        is the newest edit: the closed ones are one edit older."""
         now = time.monotonic() if now is None else now
         with self._lock:
-            edits = self.edits
+            edits = self.edits + (1 if (bool(pending) if open_edit is None else open_edit) else 0)
         with self._lock:
             # the open edit repeats a remembered pattern: it is one more application of it
             pending = [replace(e, count=old.count + 1, ambiguous=old.ambiguous, context=old.context | e.context)
@@ -224,10 +256,12 @@ class EditMemory:
             if len(seen) > max_patterns:
                 break
             sites = find_sites(e.pattern, lines, cursor_line, max_scan)
-            scope = enclosing_def(lines, e.line) if e.ambiguous and e.path == path else None
+            # a rename the user made twice is a systematic one, whatever names existed before it
+            ambiguous = e.ambiguous and e.count < 2
+            scope = enclosing_def(lines, e.line) if ambiguous and e.path == path else None
             if e.path == path:  # the edit's own lines are where it was made, not a site
                 sites = [s for s in sites if not e.line <= s.line < max(e.end, e.line + 1)]
-            if e.ambiguous:
+            if ambiguous:
                 # a rename to a name that existed: elsewhere the old name may be another variable;
                 # only its uses in the edit's own function body, in a like context
                 sites = [s for s in sites if scope is not None and scope[0] < s.line < scope[1]
@@ -246,8 +280,10 @@ class EditMemory:
                 support = self.support(e, score) * (1.0 if e.path == path else OTHER_FILE)
                 out.append(Proposal(path, s, e.pattern, support, score, e.event, group,
                                     e.count + min(self.git.keys.get(e.pattern.key, 0), 3),
-                                    max(0, edits - e.seq) if e.seq else 0, e.path == path, e.ambiguous,
+                                    max(0, edits - e.seq) if e.seq else 0, e.path == path, ambiguous,
                                     *_whereabouts(rows, s.line, lo, hi)))
+        if self.calibration is not None:
+            out = [replace(p, support=self.calibrated(p)) for p in out]
         out.sort(key=lambda p: (-p.support, abs(p.site.line - cursor_line)))
         return out[:limit]
 
