@@ -2,8 +2,8 @@
 kind and support, from a table fitted on the edit-histories *train* split (README "Next edits").
 
 A proposal's features (its pattern's kind; how often the pattern was applied; how many edits ago;
-whether the site lies below or above the edit, how many of the pattern's sites lie between, how
-far) key a table of counts at six levels, coarse to fine. The estimate starts at the base rate and
+how many of the pattern's sites lie between the edit and the site; how far) key a table of counts
+at five levels, coarse to fine. The estimate starts at the base rate and
 walks down the levels, each level's rate shrunk towards the one above it by `PSEUDO_COUNT`
 pseudo-counts (a fine cell with few proposals stays near its parent); a cell never seen ends the walk.
 
@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 TABLE_PATH = Path(__file__).with_name("calibration.json")
 PSEUDO_COUNT = 20.0  # how many proposals' worth of weight a level's parent estimate carries
 FORMAT = 1
+LEVELS = 5  # keys() per proposal
 
 
 def _applied(n: int) -> int:
@@ -39,24 +40,24 @@ def _between(n: int) -> int:
 
 
 def _distance(offset: int) -> str:
-    """Signed distance bucket of a site from the edit (+: below its last line, -: above its first)."""
+    """Distance bucket of a site from the edit, in lines, either side."""
     a = abs(offset)
-    side = "+" if offset > 0 else "-"
-    return side + ("1" if a <= 1 else "3" if a <= 3 else "10" if a <= 10 else "30" if a <= 30 else
-                   "100" if a <= 100 else "far")
+    return "1" if a <= 1 else "3" if a <= 3 else "10" if a <= 10 else "30" if a <= 30 else "100" if a <= 100 else "far"
 
 
 def keys(p) -> list[str]:
-    """The table keys of a proposal (memory.Proposal or anything with its fields), coarse to fine."""
+    """The table keys of a proposal (memory.Proposal or anything with its fields), coarse to fine.
+    Which side of the edit a site lies on is left out on purpose: the replayed histories apply a
+    commit's hunks top to bottom, so a site above the edit is never the next hunk there, and a
+    table that learnt that would hide sites above from a user who edits upwards (with the side,
+    the valid split gains about one point of shown share: BENCHMARKS.md "Calibrated next edits")."""
     kind, n, age = p.pattern.kind, _applied(p.applied), min(p.age, 2)
-    below = "below" if p.offset > 0 else "above"
     between = _between(p.between)
     parts = [
         (kind,),
         (kind, n),
         (kind, n, age),
-        (kind, n, age, below),
-        (kind, n, age, below, between),
+        (kind, n, age, between),
         (kind, n, age, between, _distance(p.offset)),
     ]
     return ["|".join(map(str, k)) for k in parts]
@@ -84,7 +85,7 @@ class Calibration:
     @classmethod
     def fit(cls, labelled, meta: dict | None = None) -> Calibration:
         """From (proposal, exact) pairs."""
-        levels: list[dict[str, list[int]]] = [{} for _ in range(6)]
+        levels: list[dict[str, list[int]]] = [{} for _ in range(LEVELS)]
         total = hits = 0
         for p, exact in labelled:
             total += 1
@@ -101,9 +102,9 @@ class Calibration:
 
     @classmethod
     def from_json(cls, data: dict) -> Calibration:
-        if data.get("format") != FORMAT or len(data.get("levels", ())) != 6:
+        if data.get("format") != FORMAT or len(data.get("levels", ())) != LEVELS:
             raise ValueError(f"edit-memory calibration table: format {data.get('format')!r} with "
-                             f"{len(data.get('levels', ()))} levels, expected format {FORMAT} with 6; "
+                             f"{len(data.get('levels', ()))} levels, expected format {FORMAT} with {LEVELS}; "
                              "re-fit it (python -m dlm.coder_model.evaluation.next_edits --split train --fit-calibration)")
         return cls([{k: [int(v[0]), int(v[1])] for k, v in level.items()} for level in data["levels"]],
                    float(data["base"]), data.get("meta"))
