@@ -257,10 +257,13 @@ def test_the_shipped_calibration_ranks_what_the_train_split_says_is_usually_righ
         return SimpleNamespace(pattern=SimpleNamespace(kind=kind), applied=applied, age=age, offset=offset,
                                between=between)
 
-    # a rename applied three times, its next use just below the edit, against a first-time one
-    # above it, and against an argument appended once two edits ago
-    assert cal(prop("rename", 3, 4)) > cal(prop("rename", 1, 4)) > cal(prop("rename", 1, -4))
+    # a rename applied three times against a lone one, near against far, the nearest site of the
+    # pattern against one with two of its sites in between, a lone rename against an argument
+    # appended once an edit ago
+    assert cal(prop("rename", 3, 4)) > cal(prop("rename", 1, 4)) > cal(prop("rename", 1, 200))
+    assert cal(prop("rename", 1, 4)) > cal(prop("rename", 1, 4, between=2))
     assert cal(prop("rename", 1, 4)) > cal(prop("append_arg", 1, 4, age=1))
+    assert cal(prop("rename", 1, -4)) == cal(prop("rename", 1, 4))  # no side of the edit (calibration.keys)
     assert all(0.0 <= cal(prop(k, n, o)) <= 1.0 for k in ("rename", "replace", "append_arg", "insert_line")
                for n in (1, 5) for o in (-200, 1, 200))
     # a cell never seen falls back to its coarser levels; fitting counts every level
