@@ -6,9 +6,11 @@ an edit in one buffer proposes in the others). `start` mines each workspace root
 history up to HEAD for support, in the background. `propose` answers dlm/editPrediction:
 
 1. the open edit's patterns (peeked, not remembered until it closes) and the newest
-   remembered ones find their sites in this document, ranked (on a pool thread, the
-   document's lines copied on the event loop first);
-2. the denoiser checks the best `checked` proposals, best first: the site's line is the
+   remembered ones find their sites in this document, ranked by their calibrated confidence
+   (coder_model.edit_memory.calibration; on a pool thread, the document's lines copied on
+   the event loop first); with `nextEdits.checkWithModel` off (the default) the best one at
+   `nextEdits.minConfidence` or above is the answer;
+2. with `checkWithModel` on, the denoiser checks the best `checked` proposals, best first: the site's line is the
    region with the span the pattern replaces taken out, the cursor where it was, the
    pattern's edit as the newest history event, and the pattern's text as the one proposal
    (coder_model.verify, like the repository memory's): the answer is the region with the
@@ -47,6 +49,10 @@ class NextEdits:
         self.memory = EditMemory()
         self.trackers: dict[str, BurstTracker] = {}
         self.miners: dict[str, GitMiner] = {}
+        # uri -> (the document, its path) of each tracker: an open edit is closed from its lines when
+        # the user edits another document or closes this one (else the last edit of a file, the one
+        # a user carries to the next file, was never remembered)
+        self.documents: dict[str, tuple[Document, str]] = {}
 
     def configure(self, opts) -> None:
         self.memory.max_patterns = opts.max_patterns
@@ -61,7 +67,28 @@ class NextEdits:
         return t
 
     def forget(self, uri: str) -> None:
+        """The document is closed (or re-opened): its open edit is closed and remembered."""
+        self.close_open_edit(uri)
         self.trackers.pop(uri, None)
+        self.documents.pop(uri, None)
+
+    def close_open_edit(self, uri: str) -> None:
+        tracker, (doc, path) = self.trackers.get(uri), self.documents.get(uri, (None, ""))
+        if tracker is None or tracker.open is None:
+            return
+        try:
+            edit = tracker.peek(doc.lines) if doc is not None else None
+            tracker.reset()
+            if edit is not None:
+                self.memory.observe(path, edit, doc.lines)
+        except Exception:  # the memory must never cost a keystroke
+            log.exception("edit memory: could not close the open edit of %s", uri)
+
+    def close_others(self, uri: str) -> None:
+        """A change in `uri`: the open edits of the other documents are finished."""
+        for other, tracker in list(self.trackers.items()):
+            if other != uri and tracker.open is not None:
+                self.close_open_edit(other)
 
 
 def start(ls: DlmServer, roots: list[str]) -> None:
@@ -82,14 +109,18 @@ def record(ls: DlmServer, doc: Document, change) -> None:
         return
     try:
         # a pause of history.idleS ends an edit, as it ends an edit event of the history (lsp.history)
-        tracker = ls.next_edits.tracker(doc.uri, opts.max_edit_lines, ls.options.history.idle_s)
+        ne = ls.next_edits
+        ne.close_others(doc.uri)
+        tracker = ne.tracker(doc.uri, opts.max_edit_lines, ls.options.history.idle_s)
+        ne.documents[doc.uri] = (doc, ls.path_of(doc.uri))
         for edit in tracker.after_change(change, doc.lines):
             # the change that closed the edit is in doc.lines already: its lines are not looked at
             skip = (change.start_line, change.new_end_line + 1)
             ls.next_edits.memory.observe(ls.path_of(doc.uri), edit, doc.lines, skip)
     except Exception:  # the memory must never cost a keystroke
         log.exception("edit memory: could not record a change of %s", doc.uri)
-        ls.next_edits.forget(doc.uri)
+        ls.next_edits.trackers.pop(doc.uri, None)
+        ls.next_edits.documents.pop(doc.uri, None)
 
 
 def _pending(ls: DlmServer, doc: Document, path: str, lines: list[str]) -> tuple[list, bool]:

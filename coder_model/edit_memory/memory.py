@@ -7,12 +7,15 @@ pattern (an undo) makes the memory forget that pattern, and is not a pattern its
 
 `EditMemory.propose` finds, for the newest patterns (and the open burst's, passed in by
 the caller), the sites of a document where each still applies, ranks them by context
-similarity and distance from the cursor, and gives each proposal the memory's support:
-how likely the pattern is repeated (per kind, from this project's git history when mined,
-else the defaults below), times how often this session applied it, times how alike the
-site is. A rename to a name that already existed elsewhere in the document is ambiguous
-(its other uses may be another variable): only sites whose context resembles the edit's
-are proposed.
+similarity and distance from the cursor, and gives each proposal its confidence: the
+calibrated P(it is the next edit) from a table fitted on the edit-histories train split
+(calibration.py: by the pattern's kind, how often and how recently it was applied, how many of
+its sites lie between the edit and this one, how far), scaled by how much more often this
+project's git history repeats the kind than the corpus does (without a table: the older
+support, per-kind priors raised with each application). A rename to a name that already
+existed elsewhere in the document is ambiguous (its other uses may be another variable): only
+sites in the edit's function body whose context resembles the edit's are proposed, until the
+user makes the same rename a second time (a systematic rename).
 
 `GitMiner` reads the repository's commits up to HEAD (`git log -p -U0`, capped in commits
 and bytes), in a background thread: the patterns of each commit's hunks give, per kind,
@@ -85,7 +88,7 @@ class Proposal:
     path: str
     site: Site
     pattern: Pattern
-    support: float  # the memory's P(this proposal is right), 0..1
+    support: float  # the proposal's confidence: P(it is the next edit), 0..1 (calibrated; module doc)
     rank_score: float
     event: str  # the pattern's edit as a history event (the denoiser's context)
     # every site of the pattern in the block of neighbouring lines around `site` (it included), in

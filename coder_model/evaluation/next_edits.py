@@ -1,6 +1,7 @@
-"""Tune the edit memory on the edit-histories `valid` split (README "Next edits").
+"""Tune the edit memory on the edit-histories `valid` split, fit its calibration on `train` (README "Next edits").
 
     python -m dlm.coder_model.evaluation.next_edits --split valid [--limit N] [--model-check]
+    python -m dlm.coder_model.evaluation.next_edits --split train --fit-calibration coder_model/edit_memory/calibration.json
 
 A library-level replay (the LSP-level one is `dlm-lsp eval`'s next-edit mode): each record's
 hunks are applied one by one to its `before` text, each hunk observed as one closed edit; after
@@ -11,7 +12,8 @@ For every threshold it prints: shown share (of opportunities: steps with a hunk 
 and location precision of the shown; proposals never delete a line (a span of one line or an
 inserted line), so "deletes kept lines" is 0 by construction and counted anyway.
 
-Confidence: `memory` (the memory's support alone), `checked` (the denoiser checks the literal
+Confidence: `memory` (the memory's confidence alone: the calibration table's P(exact next edit),
+edit_memory/calibration.py, or with --no-calibration its older support), `checked` (the denoiser checks the literal
 proposal, coder_model.verify's mix: it can veto), `written` (the denoiser writes the site's line
 with the pattern's edit in its history; kept only when it equals the literal proposal's span edit
 or is the answer the measure compares).

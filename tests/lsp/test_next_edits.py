@@ -152,3 +152,29 @@ async def test_with_the_defaults_a_lone_rename_proposes_its_nearest_use_without_
         assert 0.2 <= res["confidence"] < 1
     finally:
         await client.shutdown_session()
+
+
+@pytest.mark.asyncio
+async def test_the_last_edit_of_a_file_proposes_in_the_next_one_edited_or_after_it_is_closed(tmp_path):
+    init = {**INIT, "nextEdits": {**INIT["nextEdits"], "minConfidence": 0, "checkWithModel": False}}
+    client = await start({"HOME": str(tmp_path), **ECHO}, init, timeout_s=20)
+    try:
+        first, second = "file:///proj/stats.py", "file:///proj/report.py"
+        report = "import stats\n\nprint(stats.count([1, 2]))\nx = 1\n"
+        open_document(client, first, TEXT)
+        open_document(client, second, report)
+        rename_on_line_1(client, first)  # still the open edit of stats.py ...
+        change(client, second, 2, (3, 5), (3, 5), "0")  # ... when the user goes on in report.py
+        res = await edit_prediction(client, second, 3, 6)
+        assert res is not None and res["label"] == "rename count → tally"
+        assert res["edits"][0]["range"]["start"]["line"] == 2 and res["edits"][0]["newText"] == "tally"
+
+        # an open edit of a file that is closed is remembered too
+        third = "file:///proj/other.py"
+        open_document(client, third, "def f(rows):\n    return mean(rows)\n\nprint(mean([1]))\n")
+        change(client, third, 2, (1, 11), (1, 15), "average")
+        client.text_document_did_close(types.DidCloseTextDocumentParams(types.TextDocumentIdentifier(third)))
+        res = await edit_prediction(client, first, 6, 0)
+        assert res is not None and res["label"] == "rename mean → average"
+    finally:
+        await client.shutdown_session()
