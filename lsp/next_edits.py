@@ -6,9 +6,11 @@ an edit in one buffer proposes in the others). `start` mines each workspace root
 history up to HEAD for support, in the background. `propose` answers dlm/editPrediction:
 
 1. the open edit's patterns (peeked, not remembered until it closes) and the newest
-   remembered ones find their sites in this document, ranked (on a pool thread, the
-   document's lines copied on the event loop first);
-2. the denoiser checks the best `checked` proposals, best first: the site's line is the
+   remembered ones find their sites in this document, ranked by their calibrated confidence
+   (coder_model.edit_memory.calibration; on a pool thread, the document's lines copied on
+   the event loop first); with `nextEdits.checkWithModel` off (the default) the best one at
+   `nextEdits.minConfidence` or above is the answer;
+2. with `checkWithModel` on, the denoiser checks the best `checked` proposals, best first: the site's line is the
    region with the span the pattern replaces taken out, the cursor where it was, the
    pattern's edit as the newest history event, and the pattern's text as the one proposal
    (coder_model.verify, like the repository memory's): the answer is the region with the
@@ -47,6 +49,10 @@ class NextEdits:
         self.memory = EditMemory()
         self.trackers: dict[str, BurstTracker] = {}
         self.miners: dict[str, GitMiner] = {}
+        # uri -> (the document, its path) of each tracker: an open edit is closed from its lines when
+        # the user edits another document or closes this one (else the last edit of a file, the one
+        # a user carries to the next file, was never remembered)
+        self.documents: dict[str, tuple[Document, str]] = {}
 
     def configure(self, opts) -> None:
         self.memory.max_patterns = opts.max_patterns
@@ -61,7 +67,28 @@ class NextEdits:
         return t
 
     def forget(self, uri: str) -> None:
+        """The document is closed (or re-opened): its open edit is closed and remembered."""
+        self.close_open_edit(uri)
         self.trackers.pop(uri, None)
+        self.documents.pop(uri, None)
+
+    def close_open_edit(self, uri: str) -> None:
+        tracker, (doc, path) = self.trackers.get(uri), self.documents.get(uri, (None, ""))
+        if tracker is None or tracker.open is None:
+            return
+        try:
+            edit = tracker.peek(doc.lines) if doc is not None else None
+            tracker.reset()
+            if edit is not None:
+                self.memory.observe(path, edit, doc.lines)
+        except Exception:  # the memory must never cost a keystroke
+            log.exception("edit memory: could not close the open edit of %s", uri)
+
+    def close_others(self, uri: str) -> None:
+        """A change in `uri`: the open edits of the other documents are finished."""
+        for other, tracker in list(self.trackers.items()):
+            if other != uri and tracker.open is not None:
+                self.close_open_edit(other)
 
 
 def start(ls: DlmServer, roots: list[str]) -> None:
@@ -82,29 +109,34 @@ def record(ls: DlmServer, doc: Document, change) -> None:
         return
     try:
         # a pause of history.idleS ends an edit, as it ends an edit event of the history (lsp.history)
-        tracker = ls.next_edits.tracker(doc.uri, opts.max_edit_lines, ls.options.history.idle_s)
+        ne = ls.next_edits
+        ne.close_others(doc.uri)
+        tracker = ne.tracker(doc.uri, opts.max_edit_lines, ls.options.history.idle_s)
+        ne.documents[doc.uri] = (doc, ls.path_of(doc.uri))
         for edit in tracker.after_change(change, doc.lines):
             # the change that closed the edit is in doc.lines already: its lines are not looked at
             skip = (change.start_line, change.new_end_line + 1)
             ls.next_edits.memory.observe(ls.path_of(doc.uri), edit, doc.lines, skip)
     except Exception:  # the memory must never cost a keystroke
         log.exception("edit memory: could not record a change of %s", doc.uri)
-        ls.next_edits.forget(doc.uri)
+        ls.next_edits.trackers.pop(doc.uri, None)
+        ls.next_edits.documents.pop(doc.uri, None)
 
 
-def _pending(ls: DlmServer, doc: Document, path: str, lines: list[str]) -> list:
-    """The open edit's patterns; an open edit that undoes a remembered pattern forgets it."""
+def _pending(ls: DlmServer, doc: Document, path: str, lines: list[str]) -> tuple[list, bool]:
+    """The open edit's patterns, and whether an edit is open (the newest edit: the memory counts
+    the closed ones as one edit older); an open edit that undoes a remembered pattern forgets it."""
     tracker = ls.next_edits.trackers.get(doc.uri)
     edit = tracker.peek(lines) if tracker is not None else None
     if edit is None:
-        return []
+        return [], False
     memory = ls.next_edits.memory
     entries = memory.entries_of(path, edit, lines)
     if memory.undone_by(entries):
         memory.observe(path, edit, lines)  # forgets what it reverts, remembers nothing
         tracker.reset()
-        return []
-    return [e for e in entries if e.pattern.kind != "delete_line"]
+        return [], False
+    return [e for e in entries if e.pattern.kind != "delete_line"], True
 
 
 def region_of(doc_lines: list[str], p: Proposal) -> tuple[str, int, str]:
@@ -157,14 +189,14 @@ async def propose(ls: DlmServer, doc: Document, row: int, col: int) -> dict | No
     t0 = time.monotonic()
     uri, version, path = doc.uri, doc.version, ls.path_of(doc.uri)
     lines = list(doc.lines)  # a snapshot: the document changes on the event loop meanwhile
-    pending = _pending(ls, doc, path, lines)
+    pending, open_edit = _pending(ls, doc, path, lines)
     memory = ls.next_edits.memory
     if not pending and not memory.patterns():
         return None
     loop = asyncio.get_running_loop()
     found = await loop.run_in_executor(
         ls.pool, lambda: memory.propose(path, lines, row, pending=pending, max_scan=opts.max_scan_lines,
-                                        limit=opts.max_proposals))
+                                        limit=opts.max_proposals, open_edit=open_edit))
     ls.stats.stage("next_edit_sites_ms", (time.monotonic() - t0) * 1000)
     chosen: tuple[Proposal, float] | None = None
     deadline = t0 + opts.deadline_ms / 1000.0

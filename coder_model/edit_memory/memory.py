@@ -7,12 +7,15 @@ pattern (an undo) makes the memory forget that pattern, and is not a pattern its
 
 `EditMemory.propose` finds, for the newest patterns (and the open burst's, passed in by
 the caller), the sites of a document where each still applies, ranks them by context
-similarity and distance from the cursor, and gives each proposal the memory's support:
-how likely the pattern is repeated (per kind, from this project's git history when mined,
-else the defaults below), times how often this session applied it, times how alike the
-site is. A rename to a name that already existed elsewhere in the document is ambiguous
-(its other uses may be another variable): only sites whose context resembles the edit's
-are proposed.
+similarity and distance from the cursor, and gives each proposal its confidence: the
+calibrated P(it is the next edit) from a table fitted on the edit-histories train split
+(calibration.py: by the pattern's kind, how often and how recently it was applied, how many of
+its sites lie between the edit and this one, how far), scaled by how much more often this
+project's git history repeats the kind than the corpus does (without a table: the older
+support, per-kind priors raised with each application). A rename to a name that already
+existed elsewhere in the document is ambiguous (its other uses may be another variable): only
+sites in the edit's function body whose context resembles the edit's are proposed, until the
+user makes the same rename a second time (a systematic rename).
 
 `GitMiner` reads the repository's commits up to HEAD (`git log -p -U0`, capped in commits
 and bytes), in a background thread: the patterns of each commit's hunks give, per kind,
@@ -21,6 +24,7 @@ how often a pattern recurs within its commit, and the pattern keys seen.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import re
 import subprocess
@@ -31,6 +35,7 @@ from dataclasses import dataclass, field, replace
 
 from dlm.coder_model.edit_history import render_event
 from dlm.coder_model.edit_memory.bursts import Edit
+from dlm.coder_model.edit_memory.calibration import Calibration, load
 from dlm.coder_model.edit_memory.patterns import DEF_RE, Pattern, extract, tokens
 from dlm.coder_model.edit_memory.sites import Site, find_sites, rank
 
@@ -53,6 +58,16 @@ OTHER_FILE = 0.5  # support factor of a pattern learnt in another file
 AMBIGUOUS_SIMILARITY = 0.5  # an ambiguous rename's site needs this much context similarity
 
 
+_SHIPPED: list[Calibration | None] = []
+
+
+def shipped_calibration() -> Calibration | None:
+    """The calibration table shipped beside the code, read once."""
+    if not _SHIPPED:
+        _SHIPPED.append(load())
+    return _SHIPPED[0]
+
+
 @dataclass
 class Entry:
     pattern: Pattern
@@ -73,12 +88,20 @@ class Proposal:
     path: str
     site: Site
     pattern: Pattern
-    support: float  # the memory's P(this proposal is right), 0..1
+    support: float  # the proposal's confidence: P(it is the next edit), 0..1 (calibrated; module doc)
     rank_score: float
     event: str  # the pattern's edit as a history event (the denoiser's context)
     # every site of the pattern in the block of neighbouring lines around `site` (it included), in
     # document order: one next edit (a rename used twice on a line, on three lines in a row)
     group: tuple[Site, ...] = ()
+    applied: int = 1  # times the pattern was applied (this session, plus git sightings, at most 3 of them)
+    age: int = 0  # closed edits since the pattern was last applied (0: the newest edit, or the open one)
+    same_file: bool = True  # the pattern was learnt in this document
+    ambiguous: bool = False  # a rename to a name that existed (only like sites in its function body)
+    # where the site lies from the edit that made the pattern (from the cursor for a pattern of
+    # another document): lines below its last line (> 0), or above its first line (< 0)
+    offset: int = 1
+    between: int = 0  # lines with sites of the same pattern between the edit and this site
 
     @property
     def sites(self) -> tuple[Site, ...]:
@@ -94,7 +117,10 @@ class GitStats:
 
 
 class EditMemory:
-    def __init__(self, max_patterns: int = 32, max_edit_lines: int = 20, max_age_s: float = 900.0) -> None:
+    def __init__(self, max_patterns: int = 32, max_edit_lines: int = 20, max_age_s: float = 900.0,
+                 calibration: Calibration | None | bool = True) -> None:
+        # True: the shipped table (calibration.py); None or False: the memory's own support
+        self.calibration = shipped_calibration() if calibration is True else (calibration or None)
         self.max_patterns = max_patterns
         self.max_edit_lines = max_edit_lines
         self.max_age_s = max_age_s
@@ -183,6 +209,22 @@ class EditMemory:
         project = (repeated + PRIOR_WEIGHT * corpus) / (seen + PRIOR_WEIGHT)
         return min(0.95, base * project / corpus)
 
+    def git_factor(self, kind: str) -> float:
+        """How much more (or less) often this project's git history repeats the kind within a
+        commit than the corpus does (1.0 before any history is read)."""
+        corpus = CORPUS_REPEAT.get(kind, 0.2)
+        seen, repeated = self.git.kinds.get(kind, (0, 0))
+        return (repeated + PRIOR_WEIGHT * corpus) / (seen + PRIOR_WEIGHT) / corpus
+
+    def calibrated(self, p: Proposal) -> float:
+        """The proposal's confidence: P(it is the next edit) from the calibration table (fitted on
+        the train split), scaled by the project's git history and for a pattern of another document;
+        the memory's own support when there is no table."""
+        if self.calibration is None:
+            return p.support
+        q = self.calibration(p) * self.git_factor(p.pattern.kind) * (1.0 if p.same_file else OTHER_FILE)
+        return min(0.95, q)
+
     def support(self, e: Entry, rank_score: float) -> float:
         """P(the proposal is right): 1 - (1 - prior)^n for a pattern applied n times (this
         session, plus up to 3 sightings in the git history), scaled a little by the site's rank
@@ -194,12 +236,14 @@ class EditMemory:
     # ---- proposing --------------------------------------------------------------------------
     def propose(self, path: str, lines: list[str], cursor_line: int, now: float | None = None,
                 pending: list[Entry] = (), max_patterns: int = 4, max_scan: int = 2000,
-                limit: int = 8, recent_edits: int = RECENT_EDITS) -> list[Proposal]:
+                limit: int = 8, recent_edits: int = RECENT_EDITS, open_edit: bool | None = None) -> list[Proposal]:
         """The best sites in `lines` (the document `path`) for the patterns of the open burst
-        (`pending`) and of the last `recent_edits` closed edits; at most `limit`, best first."""
+        (`pending`) and of the last `recent_edits` edits; at most `limit`, best first. `open_edit`:
+        an edit is still open (the server's tracker; default: when `pending` has patterns), and it
+        is the newest edit: the closed ones are one edit older."""
         now = time.monotonic() if now is None else now
         with self._lock:
-            edits = self.edits
+            edits = self.edits + (1 if (bool(pending) if open_edit is None else open_edit) else 0)
         with self._lock:
             # the open edit repeats a remembered pattern: it is one more application of it
             pending = [replace(e, count=old.count + 1, ambiguous=old.ambiguous, context=old.context | e.context)
@@ -215,10 +259,12 @@ class EditMemory:
             if len(seen) > max_patterns:
                 break
             sites = find_sites(e.pattern, lines, cursor_line, max_scan)
-            scope = enclosing_def(lines, e.line) if e.ambiguous and e.path == path else None
+            # a rename the user made twice is a systematic one, whatever names existed before it
+            ambiguous = e.ambiguous and e.count < 2
+            scope = enclosing_def(lines, e.line) if ambiguous and e.path == path else None
             if e.path == path:  # the edit's own lines are where it was made, not a site
                 sites = [s for s in sites if not e.line <= s.line < max(e.end, e.line + 1)]
-            if e.ambiguous:
+            if ambiguous:
                 # a rename to a name that existed: elsewhere the old name may be another variable;
                 # only its uses in the edit's own function body, in a like context
                 sites = [s for s in sites if scope is not None and scope[0] < s.line < scope[1]
@@ -226,6 +272,8 @@ class EditMemory:
             by_line: dict[int, list[Site]] = {}
             for s in sites:
                 by_line.setdefault(s.line, []).append(s)
+            rows = sorted(by_line)
+            lo, hi = (e.line, max(e.end, e.line + 1)) if e.path == path else (cursor_line, cursor_line)
             grouped: set[int] = set()
             for score, s in rank(sites, e.context, cursor_line, e.name, limit=limit * 4):
                 group = block_of(by_line, s.line)
@@ -233,7 +281,12 @@ class EditMemory:
                     continue  # the block is proposed already, from a better-ranked site of it
                 grouped.add(group[0].line)
                 support = self.support(e, score) * (1.0 if e.path == path else OTHER_FILE)
-                out.append(Proposal(path, s, e.pattern, support, score, e.event, group))
+                out.append(Proposal(path, s, e.pattern, support, score, e.event, group,
+                                    e.count + min(self.git.keys.get(e.pattern.key, 0), 3),
+                                    max(0, edits - e.seq) if e.seq else 0, e.path == path, ambiguous,
+                                    *_whereabouts(rows, s.line, lo, hi)))
+        if self.calibration is not None:
+            out = [replace(p, support=self.calibrated(p)) for p in out]
         out.sort(key=lambda p: (-p.support, abs(p.site.line - cursor_line)))
         return out[:limit]
 
@@ -261,6 +314,14 @@ def block_of(by_line: dict[int, list[Site]], row: int) -> tuple[Site, ...]:
                                                    for x in picked):
                 picked.append(s)  # overlapping sites on a line (a name and a part of it): the first
     return tuple(sorted(picked, key=lambda s: (s.line, s.start)))
+
+
+def _whereabouts(rows: list[int], row: int, lo: int, hi: int) -> tuple[int, int]:
+    """(offset, between) of a site on `row` from an edit on lines [lo, hi) (Proposal's fields);
+    `rows`: the sorted lines holding sites of the pattern."""
+    if row >= hi:
+        return row - hi + 1, bisect.bisect_left(rows, row) - bisect.bisect_left(rows, hi)
+    return row - lo, bisect.bisect_left(rows, lo) - bisect.bisect_right(rows, row)
 
 
 def _site_similarity(s: Site, e: Entry) -> float:

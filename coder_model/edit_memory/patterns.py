@@ -213,7 +213,18 @@ def line_pattern(old: str, new: str) -> Pattern | None:
     before = tuple(at[i1 - left : i2 + right])
     if i1 == i2:  # an insertion: the exact text between the two context tokens in the new line
         new_text = new[b[j1 - 1].end if j1 > 0 else b[j1].start : b[j2].start if j2 < len(b) else b[j2 - 1].end]
-    return Pattern("replace", before, left, left + (i2 - i1), new_text, old_text, new_text)
+        return Pattern("replace", before, left, left, new_text, old_text, new_text)
+    # The span reaches over the whitespace to the context tokens on each side that has one, and the
+    # new text is the new line's text between them: deleting `as live` from `f() as live:` leaves
+    # `f():`, not `f() :` (on the valid split, deletions were never exact without it).
+    if j1 == j2:  # a deletion: the span reaches from the token before to the token after, whatever
+        # they are (sites.py), and the text is the gap the new line has there (or "" at an end of the line)
+        text = new[b[j1 - 1].end : b[j1].start] if 0 < i1 and i2 < len(at) and 0 < j1 < len(b) else ""
+        return Pattern("replace", before, left, left + (i2 - i1), text, old_text, "")
+    text_from = b[j1 - 1].end if left else b[j1].start
+    text_to = b[j2].start if right else b[j2 - 1].end
+    text = new[text_from:text_to]
+    return Pattern("replace", before, left, left + (i2 - i1), text, old_text, new_text)
 
 
 def _call_name(at: list[str], close: int) -> str | None:

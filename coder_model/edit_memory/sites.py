@@ -123,8 +123,15 @@ def _line_matches(p: Pattern, line: str, row: int) -> list[Site]:
         if a == b:  # an insertion: between two tokens, or before the first, or after the last
             start = toks[a - 1].end if a > 0 else toks[a].start
             end = toks[a].start if a < len(toks) else start
-        else:
-            start, end = toks[a].start, toks[b - 1].end
+        elif not p.new:  # a deletion: from the token before to the token after (patterns.line_pattern)
+            start = toks[a - 1].end if a > 0 else toks[a].start
+            end = toks[b].start if b < len(toks) else toks[b - 1].end
+            text = p.text if a > 0 and b < len(toks) else ""
+            out.append(Site(row, start, end, text, line[start:end], ctx))
+            continue
+        else:  # over the whitespace to the context tokens the pattern has (patterns.line_pattern)
+            start = toks[a - 1].end if p.core_from > 0 else toks[a].start
+            end = toks[b].start if p.core_to < n else toks[b - 1].end
         out.append(Site(row, start, end, p.text, line[start:end], ctx))
     return out
 

@@ -1,6 +1,7 @@
-"""Tune the edit memory on the edit-histories `valid` split (README "Next edits").
+"""Tune the edit memory on the edit-histories `valid` split, fit its calibration on `train` (README "Next edits").
 
     python -m dlm.coder_model.evaluation.next_edits --split valid [--limit N] [--model-check]
+    python -m dlm.coder_model.evaluation.next_edits --split train --fit-calibration coder_model/edit_memory/calibration.json
 
 A library-level replay (the LSP-level one is `dlm-lsp eval`'s next-edit mode): each record's
 hunks are applied one by one to its `before` text, each hunk observed as one closed edit; after
@@ -11,7 +12,8 @@ For every threshold it prints: shown share (of opportunities: steps with a hunk 
 and location precision of the shown; proposals never delete a line (a span of one line or an
 inserted line), so "deletes kept lines" is 0 by construction and counted anyway.
 
-Confidence: `memory` (the memory's support alone), `checked` (the denoiser checks the literal
+Confidence: `memory` (the memory's confidence alone: the calibration table's P(exact next edit),
+edit_memory/calibration.py, or with --no-calibration its older support), `checked` (the denoiser checks the literal
 proposal, coder_model.verify's mix: it can veto), `written` (the denoiser writes the site's line
 with the pattern's edit in its history; kept only when it equals the literal proposal's span edit
 or is the answer the measure compares).
@@ -148,6 +150,37 @@ def corpus_repeat(root: Path, split: str, every: int) -> dict[str, tuple[int, fl
     return {kind: (seen, round(rep / seen, 3)) for kind, (seen, rep) in kinds.items()}
 
 
+FIT_PROPOSALS = 64  # proposals per opportunity the calibration is fitted on (all, in practice)
+
+
+def fit_calibration(root: Path, limit: int | None, out: Path) -> None:
+    """Replay the train split into one memory (as `main` does) and fit the calibration table on
+    every proposal it makes, labelled by whether it is the next hunk byte for byte (exact_next)."""
+    from dlm.coder_model.edit_memory.calibration import Calibration
+
+    mem = EditMemory(calibration=None)
+    labelled = []
+    clock = 0.0
+    opportunities = 0
+    for rec in records(root, "train", limit):
+        for lines, edit, rest in cases(rec):
+            clock += 1.2
+            edit = Edit(edit.start, edit.old, edit.new, clock)
+            mem.observe(rec["path"], edit, lines)
+            if not rest:
+                continue
+            opportunities += 1
+            for p in mem.propose(rec["path"], lines, edit.start, now=clock, limit=FIT_PROPOSALS):
+                labelled.append((p, exact_next(lines, p, rest)))
+    cal = Calibration.fit(labelled, {
+        "command": "python -m dlm.coder_model.evaluation.next_edits --split train --fit-calibration "
+                   "coder_model/edit_memory/calibration.json",
+        "split": "train", "opportunities": opportunities, "proposals": len(labelled),
+        "exact": sum(e for _, e in labelled), "date": time.strftime("%Y-%m-%d", time.gmtime())})
+    out.write_text(json.dumps(cal.to_json(), indent=1, sort_keys=False) + "\n", encoding="utf-8")
+    print(f"calibration: {opportunities} opportunities, {len(labelled)} proposals, base rate {cal.base:.3f} -> {out}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default=os.environ.get("DLM_EDIT_HISTORIES", ""),
@@ -161,9 +194,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--corpus-repeat", type=int, metavar="K", default=0,
                     help="instead: per kind, how often a pattern recurs within its commit, over every K-th record "
                          "of --split (edit_memory.memory.CORPUS_REPEAT: --split train --corpus-repeat 7)")
+    ap.add_argument("--fit-calibration", metavar="OUT", default="",
+                    help="instead: fit the edit memory's calibration table on --split train and write it to OUT "
+                         "(coder_model/edit_memory/calibration.json)")
+    ap.add_argument("--no-calibration", action="store_true",
+                    help="the memory's own support as the confidence, not the calibration table (an ablation)")
     args = ap.parse_args(argv)
     if not args.data:
         ap.error("give --data DIR or set DLM_EDIT_HISTORIES to the edit-histories folder")
+    if args.fit_calibration:
+        if args.split != "train":
+            ap.error(f"--fit-calibration fits on the train split only (not {args.split}: valid is for choosing, "
+                     "test is held out); pass --split train")
+        fit_calibration(Path(args.data), args.limit, Path(args.fit_calibration))
+        return
     if args.corpus_repeat:
         print(corpus_repeat(Path(args.data), args.split, args.corpus_repeat))
         return
@@ -177,11 +221,12 @@ def main(argv: list[str] | None = None) -> None:
     kinds: dict[str, list[int]] = {}
     lat: list[float] = []
     t_start = time.perf_counter()
-    mem = EditMemory()
+    calibration = None if args.no_calibration else True
+    mem = EditMemory(calibration=calibration)
     clock = 0.0
     for rec in records(Path(args.data), args.split, args.limit):
         if args.fresh_memory:
-            mem = EditMemory()
+            mem = EditMemory(calibration=calibration)
         for lines, edit, rest in cases(rec):
             clock += 1.2  # the LSP replay's edit gap
             edit = Edit(edit.start, edit.old, edit.new, clock)

@@ -232,3 +232,62 @@ def test_uses_the_pattern_renamed_itself_do_not_make_the_rename_ambiguous():
     (e,) = mem.observe("f.py", closed[0], doc.lines, skip=(2, 3))
     assert not e.ambiguous
     assert [p.site.line for p in mem.propose("f.py", doc.lines, 2, now=doc.t)] == [3]
+
+
+def test_a_deleted_span_takes_its_whitespace_with_it():
+    (x,) = extract(["    with Live(table, console=c) as live:\n"], ["    with Live(table, console=c):\n"])
+    lines = ["    with Live(t, console=c) as live:\n"]
+    (s,) = find_sites(x.pattern, lines, 0)
+    assert apply(lines[0].rstrip("\n"), s) == "    with Live(t, console=c):"  # not `...c) :`
+    (y,) = extract(["def put(url, *, data=None, **kwargs):\n"], ["def put(url, **kwargs):\n"])
+    lines = ["def patch(url, *, data=None, **kwargs):\n"]
+    (s,) = find_sites(y.pattern, lines, 0)
+    assert apply(lines[0].rstrip("\n"), s) == "def patch(url, **kwargs):"
+
+
+def test_the_shipped_calibration_ranks_what_the_train_split_says_is_usually_right():
+    from types import SimpleNamespace
+
+    from dlm.coder_model.edit_memory.calibration import Calibration, load
+
+    cal = load()
+    assert cal is not None and cal.meta["split"] == "train"
+
+    def prop(kind, applied, offset, between=0, age=0):
+        return SimpleNamespace(pattern=SimpleNamespace(kind=kind), applied=applied, age=age, offset=offset,
+                               between=between)
+
+    # a rename applied three times against a lone one, near against far, the nearest site of the
+    # pattern against one with two of its sites in between, a lone rename against an argument
+    # appended once an edit ago
+    assert cal(prop("rename", 3, 4)) > cal(prop("rename", 1, 4)) > cal(prop("rename", 1, 200))
+    assert cal(prop("rename", 1, 4)) > cal(prop("rename", 1, 4, between=2))
+    assert cal(prop("rename", 1, 4)) > cal(prop("append_arg", 1, 4, age=1))
+    assert cal(prop("rename", 1, -4)) == cal(prop("rename", 1, 4))  # no side of the edit (calibration.keys)
+    assert all(0.0 <= cal(prop(k, n, o)) <= 1.0 for k in ("rename", "replace", "append_arg", "insert_line")
+               for n in (1, 5) for o in (-200, 1, 200))
+    # a cell never seen falls back to its coarser levels; fitting counts every level
+    fitted = Calibration.fit([(prop("rename", 1, 2), True), (prop("rename", 1, 2), False)])
+    assert fitted.base == 0.5 and fitted.levels[0]["rename"] == [2, 1]
+    assert fitted(prop("replace", 1, 2)) == 0.5
+    assert Calibration.from_json(fitted.to_json()).levels == fitted.levels
+
+
+def test_calibration_is_never_fitted_on_valid_or_test(tmp_path):
+    from dlm.coder_model.evaluation.next_edits import main
+
+    with pytest.raises(SystemExit):
+        main(["--data", str(tmp_path), "--split", "valid", "--fit-calibration", str(tmp_path / "t.json")])
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_a_rename_to_a_name_that_exists_made_twice_is_a_systematic_one():
+    text = ("def area(width, height):\n    size = width * height\n    return size\n\n"
+            "def volume(width, depth):\n    size = width * depth\n    q = width\n    return size\n")
+    doc, mem = Doc(text), EditMemory()
+    doc.edit(1, 11, 16, "height")  # `height` exists: ambiguous, only like uses in area()
+    (closed,) = doc.edit(5, 11, 16, "height", dt=3.0)  # ...and the user makes it again in volume()
+    mem.observe("f.py", closed, doc.lines, skip=(5, 6))
+    pending = mem.entries_of("f.py", doc.tracker.peek(doc.lines), doc.lines)
+    props = mem.propose("f.py", doc.lines, 5, now=doc.t, pending=pending)
+    assert 6 in {s.line for p in props for s in p.sites}  # now proposed outside area() too

@@ -47,7 +47,7 @@ def rename_on_line_1(client, uri: str) -> None:
 async def test_a_rename_in_one_place_yields_a_proposal_at_another_use_checked_by_the_model(tmp_path):
     client = await start({"HOME": str(tmp_path)}, {
         "editPredictions": True, "index": {"enabled": False},
-        "nextEdits": {"minConfidence": 0, "modelFallback": False, "deadlineMs": 5000}})
+        "nextEdits": {"minConfidence": 0, "modelFallback": False, "deadlineMs": 5000, "checkWithModel": True}})
     try:
         uri = "file:///proj/stats.py"
         open_document(client, uri, TEXT)
@@ -83,7 +83,8 @@ async def test_a_rename_in_one_place_yields_a_proposal_at_another_use_checked_by
 
 ECHO = {"DLM_ENGINE_FACTORY": "fake_engine:echo_proposals", "FAKE_STEP_S": "0.5", "FAKE_STEPS": "1"}
 INIT = {"editPredictions": True, "index": {"enabled": False},
-        "nextEdits": {"minConfidence": 0.5, "modelFallback": False, "deadlineMs": 5000, "gitCommits": 0}}
+        "nextEdits": {"minConfidence": 0.5, "modelFallback": False, "deadlineMs": 5000, "gitCommits": 0,
+                      "checkWithModel": True}}
 
 
 @pytest.mark.asyncio
@@ -131,5 +132,49 @@ async def test_a_ten_thousand_line_paste_proposes_nothing_and_deletes_nothing(tm
         assert await edit_prediction(client, uri, 10_001, 0) is None
         stats = await request(client, "dlm/stats", {})
         assert stats["documents"] == 1  # the server is alive and still tracks it
+    finally:
+        await client.shutdown_session()
+
+
+@pytest.mark.asyncio
+async def test_with_the_defaults_a_lone_rename_proposes_its_nearest_use_without_a_model_run(tmp_path):
+    # nextEdits defaults: the calibrated confidence alone (no check), the default gate; the fake model
+    # takes 5 s per run (a check would miss its deadline and drop the proposal), so an answer shows none ran
+    client = await start({"HOME": str(tmp_path), **ECHO, "FAKE_STEP_S": "5"},
+                         {"editPredictions": True, "index": {"enabled": False}}, timeout_s=20)
+    try:
+        uri = "file:///proj/stats.py"
+        open_document(client, uri, TEXT)
+        rename_on_line_1(client, uri)
+        res = await asyncio.wait_for(edit_prediction(client, uri, 1, 13), 3.0)
+        assert res is not None and res["label"] == "rename count → tally"
+        assert res["edits"][0]["range"]["start"]["line"] == 6 and res["edits"][0]["newText"] == "tally"
+        assert 0.2 <= res["confidence"] < 1
+    finally:
+        await client.shutdown_session()
+
+
+@pytest.mark.asyncio
+async def test_the_last_edit_of_a_file_proposes_in_the_next_one_edited_or_after_it_is_closed(tmp_path):
+    init = {**INIT, "nextEdits": {**INIT["nextEdits"], "minConfidence": 0, "checkWithModel": False}}
+    client = await start({"HOME": str(tmp_path), **ECHO}, init, timeout_s=20)
+    try:
+        first, second = "file:///proj/stats.py", "file:///proj/report.py"
+        report = "import stats\n\nprint(stats.count([1, 2]))\nx = 1\n"
+        open_document(client, first, TEXT)
+        open_document(client, second, report)
+        rename_on_line_1(client, first)  # still the open edit of stats.py ...
+        change(client, second, 2, (3, 5), (3, 5), "0")  # ... when the user goes on in report.py
+        res = await edit_prediction(client, second, 3, 6)
+        assert res is not None and res["label"] == "rename count → tally"
+        assert res["edits"][0]["range"]["start"]["line"] == 2 and res["edits"][0]["newText"] == "tally"
+
+        # an open edit of a file that is closed is remembered too
+        third = "file:///proj/other.py"
+        open_document(client, third, "def f(rows):\n    return mean(rows)\n\nprint(mean([1]))\n")
+        change(client, third, 2, (1, 11), (1, 15), "average")
+        client.text_document_did_close(types.DidCloseTextDocumentParams(types.TextDocumentIdentifier(third)))
+        res = await edit_prediction(client, first, 6, 0)
+        assert res is not None and res["label"] == "rename mean → average"
     finally:
         await client.shutdown_session()
