@@ -314,8 +314,10 @@ def test_vscode_extension_in_code_server_with_the_real_server(tmp_path):
             "ghost": ghost_plan(),
             "editPrediction": {"lines": EDIT_PREDICTION_LINES, "renames": EDIT_PREDICTION_RENAMES, "waitMs": 15000},
             "wrongServerPath": str(tmp_path / "no-such-venv" / "bin" / "dlm-lsp"),
-            # the ghost text passes the default gate; the model's edit predictions need it lowered
-            "lowerGateForEdits": KNOWN_COMPLETION is not None,
+            # Edit predictions come from the edit memory, whose calibrated confidence passes the
+            # default nextEdits gate after a rename (README "Next edits"): no gate is lowered. The
+            # driver can still lower dlm.minConfidence first (the model's own rewrites need it).
+            "lowerGateForEdits": False,
             # DLM_VSCODE_E2E_STEPS=a,b: run only these steps (after opening the workbench), to debug one
             "onlySteps": [x for x in os.environ.get("DLM_VSCODE_E2E_STEPS", "").split(",") if x] or None,
         }
