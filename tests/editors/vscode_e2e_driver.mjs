@@ -300,6 +300,15 @@ async function renameAt(rename) {
  * The edit prediction on screen, or null: VS Code's inline edit (its gutter indicator shows the
  * Tab key) or our decorations (struck-out text, "→ new text" after the line). `text`: what it shows.
  */
+// A step that leaves a half-typed line deletes it (VS Code's Delete Line), so the next step's
+// file holds only whole lines: the repository memory counts the current file, and a partial
+// "    return math.pi * radius" beside the whole line would split its proposals (a real user's
+// file with both is ambiguous too, and the gate then rightly holds the suggestion back).
+async function deleteTypedLine() {
+  await page.keyboard.press("Control+Shift+K");
+  await page.waitForTimeout(300);
+}
+
 async function editPredictionOnScreen() {
   return page.evaluate((sel) => {
     const ed = document.querySelector(sel);
@@ -547,6 +556,7 @@ async function run() {
       check(stats.partially_accepted >= 1 + (statsBefore?.partially_accepted ?? 0) || (kind === "line" && stats.partially_accepted >= 1), `the server counted no partial accept: ${stats.text}`);
       statsBefore = stats;
       await page.keyboard.press("Escape");
+      await deleteTypedLine();
     });
   await step("typing-through-ghost-text-and-esc", async (d) => {
     await page.keyboard.press("Escape");
@@ -581,6 +591,7 @@ async function run() {
     await page.waitForTimeout(300);
     d.afterEsc = await ghostText();
     check(d.afterEsc === "", `Esc left ghost text on screen: ${JSON.stringify(d.afterEsc)}`);
+    await deleteTypedLine();
   });
   await partial("word-accept", "Control+ArrowRight", "word");
   await partial("line-accept", "Control+Alt+ArrowRight", "line");
