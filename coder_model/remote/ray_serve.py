@@ -75,7 +75,6 @@ from dlm.coder_model.remote.scheduler import Request, SchedulerStats
 from dlm.coder_model.types import CancelToken, Prediction, Prompt, SamplerParams
 from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError, TaskCancelledError
-from ray.serve.handle import DeploymentHandle
 from ray.serve.exceptions import DeploymentUnavailableError, ReplicaUnavailableError, RequestCancelledError
 
 log = logging.getLogger("dlm.remote.ray")
@@ -131,6 +130,8 @@ class ModelReplica:
             model_dir, device, max_batch=max_batch, max_caches=max_caches, max_batch_tokens=max_batch_tokens,
             max_owner_slots=max_owner_slots)
         self.scheduler.start()
+        # Tokenizing off the event loop, as the plain server does on its worker pool.
+        self._prepare_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="dlm-replica-prepare")
         # How the last requests the ingress cancelled ended here (cancelled=True: the cancel reached
         # the scheduler before the request finished), for `stats` and the tests.
         self._cancelled_ends: collections.deque[dict[str, Any]] = collections.deque(maxlen=64)
@@ -170,10 +171,7 @@ class ModelReplica:
 
         req = Request(owner, request_id, prompt, params, on_done, deadline_ms=deadline_ms)
         try:
-            # On this loop, not a pool: the replica runs its methods on a loop and thread of their
-            # own (Ray Serve's user-code loop), so a tokenization blocks no other part of Serve,
-            # and a pool hop cost more than the tokenizer (BENCHMARKS.md, session 6).
-            req.prepared = self.scheduler.prepare(prompt, params)
+            req.prepared = await loop.run_in_executor(self._prepare_pool, self.scheduler.prepare, prompt, params)
         except ValueError as exc:  # a prompt this model cannot take
             return {"replica": self.replica_id, "code": "bad_request", "message": str(exc)}
         self.scheduler.submit(req)
@@ -335,12 +333,8 @@ class RayForwarder:
     """The model side of the ingress's RemoteServer (server.Scheduler): each request goes to a
     replica of the deployment, the connection's id as its multiplexed model id (affinity)."""
 
-    prepares_off_loop = False  # `prepare` is a no-op here: no worker-pool hop per request
-
-    def __init__(self, handle, description: dict[str, Any], app_name: str = APP_NAME):
+    def __init__(self, handle, description: dict[str, Any]):
         self.handle = handle
-        self._control = handle  # Serve's default handle: its router on a loop of its own (blocking calls)
-        self.app_name = app_name
         self.stats = SchedulerStats()
         b = description["budget"]
         self._budget = LayoutBudget(max_context=b["max_context"], max_history=b["max_history"],
@@ -351,7 +345,6 @@ class RayForwarder:
         self.routes: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
         self._handles: dict[str, Any] = {}
         self._tasks: set[asyncio.Task] = set()
-        self.routes_on_server_loop = False  # start(): the handle routes on the server's loop
 
     @property
     def budget(self) -> LayoutBudget:
@@ -364,41 +357,11 @@ class RayForwarder:
         return None  # the replica checks it by its own measured step times
 
     def start(self) -> None:
-        """Called on the server's event loop before the first request: route from this loop.
-
-        A handle's router runs by default on a thread and loop of its own, so each request and
-        each answer crosses two threads more on the ingress (BENCHMARKS.md "Remote serving on Ray
-        Serve", session 6). A handle made here (not Serve's cached one, which `serve.shutdown`
-        would try to close on a loop that is gone) and initialised on the server's loop routes
-        on that loop instead. Ray calls the option private (`_init`); should it go, the default
-        handle is kept, which answers the same, a few hops slower. Blocking calls (`describe`,
-        `replica_stats`) keep using the default handle."""
-        try:
-            handle = DeploymentHandle(DEPLOYMENT_NAME, self.app_name)
-            handle._init(_run_router_in_separate_loop=False)
-        except Exception as exc:  # noqa: BLE001 - an older or newer Ray: keep the default router
-            log.info("routing on Ray Serve's own router loop (%s: %s)", type(exc).__name__, exc)
-            return
-        self.handle = handle
-        self._handles.clear()
-        self.routes_on_server_loop = True
+        pass
 
     def stop(self, timeout: float = 5.0) -> None:
         for task in list(self._tasks):
             task.cancel()
-
-    async def aclose(self) -> None:
-        """On the server's loop, as it closes: shut the loop's router down while the loop runs."""
-        if self.routes_on_server_loop:
-            try:
-                await asyncio.wait_for(self.handle.shutdown_async(), 5.0)
-            except Exception as exc:  # noqa: BLE001 - closing anyway; the cluster drops the handle's state
-                log.info("the request router did not shut down cleanly: %s: %s", type(exc).__name__, exc)
-
-    def replica_stats(self, owner: str, timeout_s: float = 30.0) -> dict[str, Any]:
-        """The stats of the replica holding `owner`'s caches (blocking; not from the server's loop)."""
-        h = self._control.options(multiplexed_model_id=f"{self.session}-{owner}")
-        return h.stats.remote().result(timeout_s=timeout_s)
 
     def _owner_handle(self, owner: str):
         h = self._handles.get(owner)
@@ -437,11 +400,8 @@ class RayForwarder:
                 if left_ms <= 0:
                     return self._answer_cancelled(req, late=True)
             response = handle.predict.remote(req.request_id, req.prompt, req.params, left_ms)
-            # server.py cancels on this loop. With the router on this loop, DeploymentResponse.cancel
-            # only cancels futures of this loop (it must run here); with Ray's own router loop it
-            # may wait for the request's assignment: off the event loop.
-            token.on_cancel = response.cancel if self.routes_on_server_loop else \
-                (lambda r=response: loop.run_in_executor(None, r.cancel))
+            # DeploymentResponse.cancel may wait for the request's assignment: off the event loop.
+            token.on_cancel = lambda r=response: loop.run_in_executor(None, r.cancel)
             try:
                 reply = await response
             except _CANCELLED:
@@ -502,7 +462,7 @@ def start_forwarder(config: ReplicaConfig, *, app_name: str = APP_NAME) -> tuple
     """Deploy the replicas (ray must be connected) and the ingress's forwarder to them."""
     deployment = RayDeployment(config, app_name)
     handle = deployment.deploy()
-    return RayForwarder(handle, deployment.describe(), app_name), deployment
+    return RayForwarder(handle, deployment.describe()), deployment
 
 
 # ------------------------------------------------------------------------------- CLI

@@ -68,10 +68,6 @@ class Scheduler(Protocol):
 
     def prepare(self, prompt: Prompt, params: SamplerParams) -> Any: ...
 
-    # False: `prepare` does no work here (the Ray ingress: its replicas tokenize), so the server
-    # calls it on its loop instead of paying a worker-pool hop per request. Absent means True.
-    prepares_off_loop: bool
-
     def check_request(self, params: SamplerParams, deadline_ms: float | None) -> str | None: ...
 
     def start(self) -> None: ...
@@ -329,8 +325,6 @@ class RemoteServer:
 
     async def run_prepare(self, prompt: Prompt, params: SamplerParams) -> Any:
         assert self._prepare_pool is not None, "call start() first"
-        if not getattr(self.scheduler, "prepares_off_loop", True):
-            return self.scheduler.prepare(prompt, params)
         return await asyncio.get_running_loop().run_in_executor(self._prepare_pool, self.scheduler.prepare,
                                                                 prompt, params)
 
@@ -384,9 +378,6 @@ class RemoteServer:
             conn.send(error_message("shutting_down", "the server is shutting down; the client will reconnect"))
             conn.writer.close()
         self.scheduler.stop()
-        closer = getattr(self.scheduler, "aclose", None)  # a model side with work to end on this loop
-        if closer is not None:
-            await closer()
         if self._prepare_pool is not None:
             self._prepare_pool.shutdown(wait=False, cancel_futures=True)
 
