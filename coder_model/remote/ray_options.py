@@ -31,6 +31,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--target-ongoing-requests", type=float, default=4.0, metavar="N",
                        help="with --autoscale: requests queued or running per replica that Ray Serve sizes for "
                        "(default 4: about four editors typing at once per replica)")
+    group.add_argument("--attach", action="store_true",
+                       help="another ingress for the replicas a first `serve --engine ray` started on this "
+                       "cluster: it deploys nothing and leaves the replicas running when it stops. Run one on "
+                       "each box behind a TCP load balancer (or DNS), so editors reach the model while an "
+                       "ingress or its box is down")
     group.add_argument("--replica-cpus", type=float, default=1.0,
                        help="CPUs Ray reserves per replica (default 1)")
     group.add_argument("--replica-gpus", type=float, default=None,
@@ -62,6 +67,9 @@ def check_arguments(args: argparse.Namespace) -> None:
     """ValueError (with what to do) for --engine ray options that cannot work."""
     if args.engine != "ray":
         return
+    if getattr(args, "attach", False) and (args.replicas is not None or getattr(args, "autoscale", None)):
+        raise ValueError("--attach serves the replicas the first ingress started (their number is its "
+                         "--replicas or --autoscale): leave those out of --attach")
     if args.replicas is not None and args.replicas < 1:
         raise ValueError(f"--replicas {args.replicas}: use at least 1")
     if getattr(args, "autoscale", None) is not None and args.replicas is not None:

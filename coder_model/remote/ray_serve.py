@@ -28,6 +28,8 @@ Across the hop:
 - Cancellation: a `cancel` frame (or a closed connection) cancels the DeploymentResponse;
   Ray cancels the replica's asyncio task, which sets the request's CancelToken, so the
   replica's scheduler drops it before its next denoising step and its slot is free.
+- More ingresses: `--attach` makes this process an ingress for replicas another one deployed
+  (`attach_forwarder`); it deploys nothing and never removes them (README "A team").
 - A replica that dies: its requests in flight are sent again to another replica (at most
   `REPLICA_LOST_RETRIES` times, while their deadline lasts); a request that still finds no
   replica is answered with a request error, which RemoteEngine turns into an empty
@@ -335,6 +337,7 @@ class RayForwarder:
 
     def __init__(self, handle, description: dict[str, Any]):
         self.handle = handle
+        self.description = description
         self.stats = SchedulerStats()
         b = description["budget"]
         self._budget = LayoutBudget(max_context=b["max_context"], max_history=b["max_history"],
@@ -465,6 +468,17 @@ def start_forwarder(config: ReplicaConfig, *, app_name: str = APP_NAME) -> tuple
     return RayForwarder(handle, deployment.describe()), deployment
 
 
+def attach_forwarder(*, app_name: str = APP_NAME) -> RayForwarder:
+    """A forwarder to replicas another ingress deployed (`--attach`; ray must be connected).
+    LookupError, saying what to start, when the cluster runs no such application."""
+    app = serve.status().applications.get(app_name)
+    if app is None or DEPLOYMENT_NAME not in app.deployments:
+        raise LookupError(f"the Ray cluster runs no {app_name!r} replicas of dlm-lsp to attach to: start the "
+                          "first ingress without --attach (it deploys them), then --attach the others")
+    handle = serve.get_deployment_handle(DEPLOYMENT_NAME, app_name)
+    return RayForwarder(handle, handle.describe.remote().result(timeout_s=60))
+
+
 # ------------------------------------------------------------------------------- CLI
 
 
@@ -489,24 +503,33 @@ def run(args: argparse.Namespace) -> int:
                            gpus=args.replica_gpus, threads=args.replica_threads, max_batch=args.max_batch,
                            max_batch_tokens=args.max_batch_tokens, max_caches=args.max_caches,
                            max_owner_slots=args.max_connection_slots)
+    attach = bool(getattr(args, "attach", False))
+    deployment: RayDeployment | None = None
     try:
         connect(args.ray_address)
-        forwarder, deployment = start_forwarder(config)
+        if attach:  # replicas another ingress deployed: this one neither starts nor removes them
+            forwarder = attach_forwarder()
+        else:
+            forwarder, deployment = start_forwarder(config)
+    except LookupError as exc:
+        print(f"dlm-lsp serve: {exc}", file=sys.stderr)
+        return 1
     except Exception as exc:  # noqa: BLE001 - Ray raises many kinds; each is a start-up failure to report
         print(f"dlm-lsp serve: cannot start the Ray Serve replicas: {type(exc).__name__}: {exc}; check "
               "--ray-address (`ray status` on the head node) and that the model loads with plain `dlm-lsp serve`",
               file=sys.stderr)
         return 1
-    info = deployment.describe()
+    info = forwarder.description
+    size = "the running replicas (attached)" if attach else config.describe_size()
     options = ServerOptions(host=host, port=port, token=token, ssl_context=ssl_context, limits=limits,
-                            model_name=info["model"], device=f"ray:{info['device']} {config.describe_size()}",
+                            model_name=info["model"], device=f"ray:{info['device']} {size}",
                             max_connections=args.max_connections)
     server = RemoteServer(forwarder, options)
 
     async def main() -> None:
         bound = await server.start()
         print(f"dlm-lsp serve: {LISTENING}{host}:{bound} (model {info['model']} on Ray Serve, "
-              f"{config.describe_size()}, {info['device']}; auth {'token' if token else 'none (loopback only)'}, "
+              f"{size}, {info['device']}; auth {'token' if token else 'none (loopback only)'}, "
               f"tls {'on' if ssl_context else 'off'})", file=sys.stderr, flush=True)
         # SIGTERM (a service manager's stop) ends serving like Ctrl-C, so the replicas are removed too.
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
@@ -526,7 +549,8 @@ def run(args: argparse.Namespace) -> int:
               "stop the process using it", file=sys.stderr)
         return 1
     finally:
-        deployment.shutdown()
+        if deployment is not None:  # the ingress that deployed the replicas removes them; --attach never does
+            deployment.shutdown()
     return 0
 
 

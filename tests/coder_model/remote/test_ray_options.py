@@ -28,6 +28,8 @@ def test_builtin_is_the_default_engine():
     (("--replica-threads", "0"), "--replica-threads 0"),
     (("--replicas", "2", "--autoscale", "1-3"), "keep one of them"),
     (("--autoscale", "1-2", "--target-ongoing-requests", "0"), "above 0"),
+    (("--attach", "--replicas", "2"), "leave those out of --attach"),
+    (("--attach", "--autoscale", "1-2"), "leave those out of --attach"),
 ])
 def test_bad_ray_options_refused_before_start(argv, message, capsys):
     assert serve_cli.run(parse("--engine", "ray", *argv)) == 2

@@ -254,3 +254,43 @@ def test_bad_token_refused_at_the_ingress(cluster):
     finally:
         wrong.close()
         none.close()
+
+
+def test_a_second_ingress_attaches_to_the_replicas_and_leaves_them_running(cluster):
+    # Two ingresses (two boxes behind a load balancer): `serve --engine ray --attach` deploys
+    # nothing, answers from the same replicas, and stopping it (SIGTERM, as a service manager does)
+    # leaves them running for the first.
+    import subprocess
+    import sys
+
+    from dlm.coder_model.remote.client import parse_host_port
+    from dlm.coder_model.remote.serve_cli import read_listening_address
+
+    srv, _, deployment = cluster
+    with pytest.raises(LookupError, match="without --attach"):
+        ray_serve.attach_forwarder(app_name="no-such-app")
+    assert ray_serve.attach_forwarder().description["model"] == deployment.describe()["model"]
+    cmd = [sys.executable, "-m", "dlm.coder_model.remote.serve_cli", "--engine", "ray", "--attach",
+           "--ray-address", ray.get_runtime_context().gcs_address, "--listen", "127.0.0.1:0", "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    try:
+        address = read_listening_address(proc.stderr, 120)
+        assert address is not None, "the attached ingress did not start"
+        threading.Thread(target=proc.stderr.read, daemon=True).start()
+        eng = RemoteEngine("127.0.0.1", parse_host_port(address)[1], request_timeout=60)
+        try:
+            assert eng.wait_connected(30), eng.status().message
+            pred = eng.predict(keystrokes(1, "second.py")[0], PARAMS, CancelToken())
+            assert not pred.cancelled and pred.steps > 0
+        finally:
+            eng.close()
+    finally:
+        proc.terminate()
+        assert proc.wait(60) == 0
+    assert serve.status().applications[ray_serve.APP_NAME].deployments[ray_serve.DEPLOYMENT_NAME]
+    eng = engine(srv)
+    try:
+        pred = eng.predict(keystrokes(1, "first.py")[0], PARAMS, CancelToken())
+        assert not pred.cancelled and pred.steps > 0
+    finally:
+        eng.close()
