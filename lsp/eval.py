@@ -399,30 +399,45 @@ def pyplot():
     return plt
 
 
-def write_plot(summary: dict, latencies: list[float], path: Path) -> None:
-    """precision against coverage per threshold, and the latency CDF (matplotlib, Agg)."""
+def coverage_latency_plot(path: Path, thresholds: list[float], shown: list[float],
+                          series: list[tuple[str, str, list[float]]], latencies: list[float], *,
+                          x_label: str, y_label: str, title: str, latency_label: str, latency_share: str) -> None:
+    """The figure both evaluations draw (matplotlib, Agg): left, each series (label, line style,
+    values) against the shown share, the points of the first labelled by their threshold; right,
+    the latency CDF."""
     plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    rows = [r for r in summary["rows"] if r["precision_accepted"] is not None]
-    ax1.plot([r["shown_share"] for r in rows], [r["precision_accepted"] for r in rows], "o-", label="accepted in full")
-    ax1.plot([r["shown_share"] for r in rows], [r["precision_exact"] for r in rows], "s--", label="exact")
-    for r in rows:
-        ax1.annotate(f"{r['threshold']:g}", (r["shown_share"], r["precision_accepted"]), fontsize=8)
-    ax1.set_xlabel("share of keystrokes that show a suggestion")
-    ax1.set_ylabel("precision of what is shown")
+    for label, style, values in series:
+        ax1.plot(shown, values, style, label=label)
+    for t, x, y in zip(thresholds, shown, series[0][2]):
+        ax1.annotate(f"{t:g}", (x, y), fontsize=8)
+    ax1.set_xlabel(x_label)
+    ax1.set_ylabel(y_label)
     ax1.set_xlim(-0.02, 1.02)
     ax1.set_ylim(-0.02, 1.02)
-    ax1.set_title("precision vs coverage (labels: min confidence)")
+    ax1.set_title(title)
     ax1.legend()
     lat = sorted(latencies)
     if lat:
         ax2.plot(lat, [(i + 1) / len(lat) for i in range(len(lat))])
-    ax2.set_xlabel("keystroke -> answer (ms)")
-    ax2.set_ylabel("share of answered requests")
+    ax2.set_xlabel(latency_label)
+    ax2.set_ylabel(latency_share)
     ax2.set_title("latency CDF")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def write_plot(summary: dict, latencies: list[float], path: Path) -> None:
+    """precision against coverage per threshold, and the latency CDF."""
+    rows = [r for r in summary["rows"] if r["precision_accepted"] is not None]
+    coverage_latency_plot(
+        path, [r["threshold"] for r in rows], [r["shown_share"] for r in rows],
+        [("accepted in full", "o-", [r["precision_accepted"] for r in rows]),
+         ("exact", "s--", [r["precision_exact"] for r in rows])], latencies,
+        x_label="share of keystrokes that show a suggestion", y_label="precision of what is shown",
+        title="precision vs coverage (labels: min confidence)", latency_label="keystroke -> answer (ms)",
+        latency_share="share of answered requests")
 
 
 # ---- the replay ---------------------------------------------------------------------------------------

@@ -699,33 +699,18 @@ def render_markdown(s: dict, meta: dict) -> str:
 
 
 def write_plot(s: dict, latencies: list[float], path: Path) -> None:
-    """location and exact precision against the shown share per threshold, and the latency CDF (eval's style)."""
-    from dlm.lsp.eval import pyplot  # here: lsp.eval imports this module
+    """location and exact precision against the shown share per threshold, and the latency CDF (eval's figure)."""
+    from dlm.lsp.eval import coverage_latency_plot  # here: lsp.eval imports this module
 
-    plt = pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     rows = [r for r in s["rows"] if r["location"]["rate"] is not None]
-    x = [r["shown"]["rate"] for r in rows]
-    ax1.plot(x, [r["location"]["rate"] for r in rows], "o-", label="location")
-    ax1.plot(x, [r["exact"]["rate"] for r in rows], "s--", label="exact (next hunk)")
-    ax1.plot(x, [r["deletes_kept"]["rate"] for r in rows], "x:", label="deletes kept lines")
-    for r in rows:
-        ax1.annotate(f"{r['threshold']:g}", (r["shown"]["rate"], r["location"]["rate"]), fontsize=8)
-    ax1.set_xlabel("share of next-edit opportunities shown")
-    ax1.set_ylabel("share of what is shown")
-    ax1.set_xlim(-0.02, 1.02)
-    ax1.set_ylim(-0.02, 1.02)
-    ax1.set_title("next edits: precision vs coverage (labels: min confidence)")
-    ax1.legend()
-    lat = sorted(latencies)
-    if lat:
-        ax2.plot(lat, [(i + 1) / len(lat) for i in range(len(lat))])
-    ax2.set_xlabel("dlm/editPrediction request -> answer (ms)")
-    ax2.set_ylabel("share of requests")
-    ax2.set_title("latency CDF")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    coverage_latency_plot(
+        path, [r["threshold"] for r in rows], [r["shown"]["rate"] for r in rows],
+        [("location", "o-", [r["location"]["rate"] for r in rows]),
+         ("exact (next hunk)", "s--", [r["exact"]["rate"] for r in rows]),
+         ("deletes kept lines", "x:", [r["deletes_kept"]["rate"] for r in rows])], latencies,
+        x_label="share of next-edit opportunities shown", y_label="share of what is shown",
+        title="next edits: precision vs coverage (labels: min confidence)",
+        latency_label="dlm/editPrediction request -> answer (ms)", latency_share="share of requests")
 
 
 # ---- the command -----------------------------------------------------------------------------------------

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import time
-from dataclasses import dataclass
 
 import pytest
 from dlm.coder_model.edit_memory import BurstTracker, Edit, EditMemory, extract, find_sites, line_pattern, mine, rank
 from dlm.coder_model.regions import split_lines
+from dlm.lsp.documents import Change  # what the server reports (lsp imports no torch)
 
 
 def apply(line: str, site) -> str:
@@ -83,18 +83,6 @@ def test_sites_rank_by_context_then_distance():
     ranked = rank(find_sites(x.pattern, lines, 0), x.context, 0)
     assert ranked[0][1].line == 3  # same context wins over nearer lines
     assert [s.line for _, s in ranked[1:4]] == [0, 1, 2]  # then the nearest
-
-
-@dataclass
-class Change:
-    start_line: int
-    start_col: int
-    old_end_line: int
-    new_end_line: int
-    old_text: str
-    new_text: str
-    old_lines: tuple
-    at: float
 
 
 class Doc:
