@@ -6,7 +6,16 @@ import subprocess
 import time
 
 import pytest
-from dlm.coder_model.edit_memory import BurstTracker, Edit, EditMemory, extract, find_sites, line_pattern, mine, rank
+from dlm.coder_model.edit_memory import (
+    BurstTracker,
+    Edit,
+    EditMemory,
+    extract,
+    find_sites,
+    line_pattern,
+    mine,
+    rank,
+)
 from dlm.coder_model.regions import split_lines
 from dlm.lsp.documents import Change  # what the server reports (lsp imports no torch)
 
