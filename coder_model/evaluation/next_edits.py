@@ -22,6 +22,7 @@ or is the answer the measure compares).
 from __future__ import annotations
 
 import argparse
+import difflib
 import gzip
 import json
 import os
@@ -75,7 +76,7 @@ def cases(rec: dict):
 
 
 def applied(lines: list[str], p) -> dict[int, str]:
-    """The lines a proposal changes (all its sites), with their new text (insert_line: the
+    """The lines a one-line proposal changes (all its sites), with their new text (insert_line: the
     inserted line keyed by the def's line)."""
     out: dict[int, str] = {}
     for s in sorted(p.sites, key=lambda s: (s.line, -s.start)):  # right to left on a line
@@ -84,16 +85,37 @@ def applied(lines: list[str], p) -> dict[int, str]:
     return out
 
 
+def after(lines: list[str], p) -> list[str]:
+    """The document's lines after the proposal (every site applied)."""
+    out = list(lines)
+    for s in sorted(p.sites, key=lambda s: (s.line, s.start), reverse=True):
+        if s.end_line >= 0 or p.pattern.kind == "insert_line":
+            out[s.line : s.last_line] = git_lines(s.new_text)
+        else:
+            out[s.line] = out[s.line][: s.start] + s.new_text + out[s.line][s.end :]
+    return out
+
+
+def _span(p) -> tuple[int, int]:
+    """The lines [a, b) a proposal replaces (a == b: it inserts before line a)."""
+    if p.pattern.kind == "insert_line":
+        return p.site.line, p.site.line
+    if p.site.end_line >= 0:
+        return p.site.line, p.site.end_line
+    return p.site.line, p.site.line + 1
+
+
 def judge(lines: list[str], p, rest) -> tuple[bool, bool]:
     """(right location, exact) of a proposal against the hunks to come: exact when its new line is
-    that line's text after the hunk holding it (one line of a longer hunk counts)."""
+    that line's text after the hunk holding it (one line of a longer hunk counts); a block or an
+    inserted line is exact when it is the hunk's."""
     s = p.site
-    if p.pattern.kind == "insert_line":
+    a, b = _span(p)
+    if a == b or s.end_line >= 0:
+        new_lines = git_lines(s.new_text)
         for st, d, add in rest:
-            if d == 0 and st == s.line and add and add[0] == s.new_text:
-                return True, True
-            if st <= s.line <= st + d:
-                return True, False
+            if (a == b and st <= a <= st + d) or (a < b and st < b and a < st + max(d, 1)):
+                return True, (a, b) == (st, st + d) and new_lines == add
         return False, False
     new_line = applied(lines, p)[s.line]
     for st, d, add in rest:
@@ -105,17 +127,32 @@ def judge(lines: list[str], p, rest) -> tuple[bool, bool]:
     return False, False
 
 
+def deletes_kept(lines: list[str], p, rest) -> bool:
+    """The proposal removes a non-blank line that no hunk to come touches, with nothing like it
+    (difflib ratio >= 0.5, as `dlm-lsp eval --next-edits`) among the lines it writes there."""
+    if p.site.end_line < 0:
+        return False  # a span inside one line, or an inserted line: nothing is removed
+    a, b = _span(p)
+    written = [x.strip() for x in git_lines(p.site.new_text)]
+    for i in range(a, b):
+        old = lines[i].strip()
+        if not old or any(st <= i < st + d for st, d, _ in rest):
+            continue
+        if not any(difflib.SequenceMatcher(None, old, w).ratio() >= 0.5 for w in written):
+            return True
+    return False
+
+
 def exact_next(lines: list[str], p, rest) -> bool:
     """The strict rule of `dlm-lsp eval --next-edits`: the document after the proposal is the
-    document after the next hunk (one line replaced by one, or one line inserted)."""
+    document after the next hunk, byte for byte."""
     if not rest:
         return False
     st, d, add = rest[0]
-    s = p.site
-    if p.pattern.kind == "insert_line":
-        return d == 0 and st == s.line and add == [s.new_text]
-    changed = applied(lines, p)
-    return d == len(add) and sorted(changed) == list(range(st, st + d)) and [changed[i] for i in range(st, st + d)] == add
+    a, b = _span(p)
+    if b < st or a > st + d:
+        return False  # the proposal and the hunk are apart: the documents differ
+    return after(lines, p) == lines[:st] + add + lines[st + d :]
 
 
 def check_prompt(lines: list[str], p, path: str) -> tuple[Prompt, str]:
@@ -246,13 +283,14 @@ def main(argv: list[str] | None = None) -> None:
             k[0] += 1
             k[1] += loc
             k[2] += exact
-            rows["memory"].append((p.support, loc, exact, strict))
+            rows["memory"].append((p.support, loc, exact, strict, deletes_kept(lines, p, rest)))
             if engine is not None and args.model_check:
                 prompt, expected = check_prompt(lines, p, rec["path"])
                 pred = engine.predict(prompt, SamplerParams(), CancelToken())
                 conf = pred.confidence if pred.text == prompt.region[: prompt.cursor] + p.site.new_text + \
                     prompt.region[prompt.cursor :] else -1.0
-                rows["checked"].append((conf if conf is not None else p.support, loc, exact, strict))
+                rows["checked"].append((conf if conf is not None else p.support, loc, exact, strict,
+                                        deletes_kept(lines, p, rest)))
             if engine is not None and args.write:
                 prompt, expected = check_prompt(lines, p, rec["path"])
                 free = Prompt(prefix=prompt.prefix, region=lines[p.site.line], cursor=p.site.start,
@@ -260,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
                 pred = engine.predict(free, SamplerParams(), CancelToken())
                 wrote_it = pred.text == expected
                 rows["written"].append((pred.confidence or 0.0 if wrote_it else -1.0, loc, exact and wrote_it,
-                                        strict and wrote_it))
+                                        strict and wrote_it, False))
     secs = time.perf_counter() - t_start
     print(f"split {args.split}: {opportunities} opportunities (steps with a hunk to come), {secs:.0f} s")
     print("proposals by kind (made, right location, exact):", kinds)
@@ -276,8 +314,9 @@ def main(argv: list[str] | None = None) -> None:
             if not shown:
                 print(f"  {t:.2f} | 0.0 | - | - | - | -")
                 continue
-            pct = [100 * sum(r[i] for r in shown) / len(shown) for i in (2, 3, 1)]
-            print(f"  {t:.2f} | {100 * len(shown) / opportunities:.1f} | {pct[0]:.1f} | {pct[1]:.1f} | {pct[2]:.1f} | 0.0")
+            pct = [100 * sum(r[i] for r in shown) / len(shown) for i in (2, 3, 1, 4)]
+            print(f"  {t:.2f} | {100 * len(shown) / opportunities:.1f} | {pct[0]:.1f} | {pct[1]:.1f} | {pct[2]:.1f}"
+                  f" | {pct[3]:.1f}")
 
 
 if __name__ == "__main__":
