@@ -264,6 +264,12 @@ def test_the_shipped_calibration_ranks_what_the_train_split_says_is_usually_righ
     assert cal(prop("rename", 1, -4)) == cal(prop("rename", 1, 4))  # no side of the edit (calibration.keys)
     assert all(0.0 <= cal(prop(k, n, o)) <= 1.0 for k in ("rename", "replace", "append_arg", "insert_line")
                for n in (1, 5) for o in (-200, 1, 200))
+    # every block kind has its own cells (a kind the table lacks falls to the base rate: re-fit it)
+    from dlm.coder_model.edit_memory.patterns import BLOCK_KINDS
+
+    assert BLOCK_KINDS <= set(cal.levels[0])
+    # a block the user made three times, at the next site, is more likely than one made once
+    assert cal(prop("lines", 3, 2)) > cal(prop("lines", 1, 2))
     # a cell never seen falls back to its coarser levels; fitting counts every level
     fitted = Calibration.fit([(prop("rename", 1, 2), True), (prop("rename", 1, 2), False)])
     assert fitted.base == 0.5 and fitted.levels[0]["rename"] == [2, 1]
