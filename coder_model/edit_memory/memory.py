@@ -161,8 +161,9 @@ class EditMemory:
             # that the token-level patterns name too keeps its block pattern as `same_lines`, its
             # confidence fitted apart: on the valid split, as one kind with the blocks they cannot
             # name, its wrong sites outranked their right ones.
+            # (delete_line, a one-line deletion's undo marker, names nothing: that deletion is delete_lines)
             if block is not None and not any(e.pattern.kind == "rename" for e in out):
-                if out:
+                if any(e.pattern.kind != "delete_line" for e in out):
                     block.pattern = replace(block.pattern, kind="same_lines")
                 out.append(block)
         return out
