@@ -380,6 +380,9 @@ def test_a_rename_has_no_block_and_an_edit_the_token_patterns_name_keeps_its_blo
     kinds = [e.pattern.kind for e in mem.observe("a.py", Edit(0, ("x = load(path)\n",),
                                                               ("x = load(path, strict=True)\n",), 5.0), doc)]
     assert kinds == ["append_arg", "same_lines"]
+    # a one-line deletion: its undo marker (delete_line) names nothing, the block is a deletion
+    kinds = [e.pattern.kind for e in mem.observe("a.py", Edit(1, ("y = load(path)\n",), (), 9.0), doc[:1])]
+    assert kinds == ["delete_lines"]
 
 
 def test_an_undone_block_is_forgotten():
