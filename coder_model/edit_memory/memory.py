@@ -1,8 +1,9 @@
 """The edit memory: this session's edit patterns, the project's git history as support, and
 the proposals they make (DESIGN §10: edits -> patterns -> sites -> the denoiser writes).
 
-`EditMemory.observe` takes a closed edit (bursts.Edit) of a document; its patterns are
-remembered, newest first, at most `max_patterns`. An edit that reverts a remembered
+`EditMemory.observe` takes a closed edit (bursts.Edit) of a document; its patterns (the
+token-level ones of patterns.extract and the edit's whole-line block, patterns.block_pattern, read
+with the lines around it from the document) are remembered, newest first, at most `max_patterns`. An edit that reverts a remembered
 pattern (an undo) makes the memory forget that pattern, and is not a pattern itself.
 
 `EditMemory.propose` finds, for the newest patterns (and the open burst's, passed in by

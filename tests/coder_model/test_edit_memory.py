@@ -394,3 +394,16 @@ def test_an_undone_block_is_forgotten():
     assert (p.site.line, p.site.new_text) == (7, "    audit()\n")  # between g's check() and run()
     mem.observe("a.py", Edit(2, ("    audit()\n",), (), 2.0), doc)  # the user deletes it again
     assert mem.propose("a.py", doc, 1, now=3.0) == [] and mem.forgotten == 1
+
+
+def test_a_block_with_5000_sites_is_capped_and_ranked_nearest_first():
+    lines = ["    log.debug(state)\n", "    step()\n"] * 2500
+    mem = EditMemory()
+    marker, e = mem.entries_of("f.py", Edit(0, ("    log.debug(state)\n", "    step()\n"), ("    step()\n",), 0.0),
+                               lines[2:])
+    assert (marker.pattern.kind, e.pattern.kind) == ("delete_line", "delete_lines")  # an undo marker, the block
+    sites = find_sites(e.pattern, lines, 2500, max_scan=300)
+    assert len(sites) == 300 and all(s.end_line == s.line + 1 and s.new_text == "" for s in sites)
+    assert max(abs(s.line - 2500) for s in sites) <= 600  # the cap keeps the nearest
+    props = mem.propose("f.py", lines, 2500, now=0.0, pending=[e], max_scan=300, limit=8)
+    assert len(props) == 8 and all(abs(pr.site.line - 2500) <= 20 for pr in props)
