@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from dlm.coder_model import limits
-from dlm.coder_model.edit_memory import BurstTracker, EditMemory, GitMiner, Proposal
+from dlm.coder_model.edit_memory import BurstTracker, EditMemory, GitMiner, Proposal, span_text
 from dlm.coder_model.types import CancelToken, MemoryProposal, Prompt
 
 if TYPE_CHECKING:
@@ -140,11 +140,13 @@ def _pending(ls: DlmServer, doc: Document, path: str, lines: list[str]) -> tuple
 
 
 def region_of(doc_lines: list[str], p: Proposal) -> tuple[str, int, str]:
-    """The site's line with the replaced span taken out, the cursor there, and the line's
-    text after the edit."""
-    line = doc_lines[p.site.line]
+    """The site's lines (one, or a block pattern's) with the replaced span taken out, the cursor
+    there, and the lines' text after the edit."""
     s = p.site
-    return line[: s.start] + line[s.end :], s.start, line[: s.start] + s.new_text + line[s.end :]
+    first, last = s.line, max(s.line + 1, s.last_line if s.end_line >= 0 else s.line + 1)
+    text = "".join(doc_lines[first:last]) if s.end_line >= 0 else doc_lines[s.line]
+    end = s.end if s.end_line < 0 else len("".join(doc_lines[first : s.end_line])) + s.end
+    return text[: s.start] + text[end:], s.start, text[: s.start] + s.new_text + text[end:]
 
 
 def check_prompt(ls: DlmServer, doc: Document, lines: list[str], p: Proposal, path: str, windows) -> Prompt:
@@ -220,13 +222,13 @@ async def propose(ls: DlmServer, doc: Document, row: int, col: int) -> dict | No
         ls.stats.add("outdated")  # the file changed while the proposal was computed: dropped
         return None
     p, conf = chosen
-    if any(doc.line(s.line)[s.start : s.end] != s.old_text for s in p.sites):
+    if any(span_text(doc.lines, s) != s.old_text for s in p.sites):
         return None  # never replace text the pattern does not cover
     return result(ls, doc, p, conf, row)
 
 
 def site_range(doc: Document, s) -> dict:
-    start, end = doc.to_position(s.line, s.start), doc.to_position(s.line, s.end)
+    start, end = doc.to_position(s.line, s.start), doc.to_position(s.last_line, s.end)
     return {"start": {"line": start[0], "character": start[1]}, "end": {"line": end[0], "character": end[1]}}
 
 

@@ -1,8 +1,9 @@
 """The edit memory: this session's edit patterns, the project's git history as support, and
 the proposals they make (DESIGN §10: edits -> patterns -> sites -> the denoiser writes).
 
-`EditMemory.observe` takes a closed edit (bursts.Edit) of a document; its patterns are
-remembered, newest first, at most `max_patterns`. An edit that reverts a remembered
+`EditMemory.observe` takes a closed edit (bursts.Edit) of a document; its patterns (the
+token-level ones of patterns.extract and the edit's whole-line block, patterns.block_pattern, read
+with the lines around it from the document) are remembered, newest first, at most `max_patterns`. An edit that reverts a remembered
 pattern (an undo) makes the memory forget that pattern, and is not a pattern itself.
 
 `EditMemory.propose` finds, for the newest patterns (and the open burst's, passed in by
@@ -36,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from dlm.coder_model.edit_history import render_event
 from dlm.coder_model.edit_memory.bursts import Edit
 from dlm.coder_model.edit_memory.calibration import Calibration, load
-from dlm.coder_model.edit_memory.patterns import DEF_RE, Pattern, extract, tokens
+from dlm.coder_model.edit_memory.patterns import DEF_RE, Pattern, block_pattern, extract, is_name, tokens
 from dlm.coder_model.edit_memory.sites import Site, find_sites, rank
 
 log = logging.getLogger(__name__)
@@ -155,7 +156,36 @@ class EditMemory:
             event = render_event(path, edit.start, list(edit.old), list(edit.new))
             out.append(Entry(p, path, line, x.context, x.name, event, edit.at, 1, ambiguous,
                              edit.start + len(edit.new)))
+        if len(edit.old) <= self.max_edit_lines and len(edit.new) <= self.max_edit_lines:
+            block = self._block_entry(path, edit, lines, skip)
+            # A rename is carried use by use (its sites hold every identical line): no block. An edit
+            # that the token-level patterns name too keeps its block pattern as `same_lines`, its
+            # confidence fitted apart: on the valid split, as one kind with the blocks they cannot
+            # name, its wrong sites outranked their right ones.
+            # (delete_line, a one-line deletion's undo marker, names nothing: that deletion is delete_lines)
+            if block is not None and not any(e.pattern.kind == "rename" for e in out):
+                if any(e.pattern.kind != "delete_line" for e in out):
+                    block.pattern = replace(block.pattern, kind="same_lines")
+                out.append(block)
         return out
+
+    def _block_entry(self, path: str, edit: Edit, lines: list[str], skip: tuple[int, int] | None) -> Entry | None:
+        """The edit's whole-line block pattern (patterns.block_pattern), the lines right outside
+        the edit read from the document (unless changed after the edit: `skip`)."""
+        a, b = skip or (0, 0)
+
+        def around(i: int) -> str | None:
+            return lines[i] if 0 <= i < len(lines) and not a <= i < b else None
+
+        found = block_pattern(list(edit.old), list(edit.new), around(edit.start - 1),
+                              around(edit.start + len(edit.new)))
+        if found is None:
+            return None
+        p, head, n_new = found
+        start = edit.start + head
+        ctx = frozenset(t.text for x in (*edit.old, *edit.new) for t in tokens(x) if is_name(t.text))
+        event = render_event(path, edit.start, list(edit.old), list(edit.new))
+        return Entry(p, path, start, ctx, "", event, edit.at, 1, False, start + n_new)
 
     def observe(self, path: str, edit: Edit, lines: list[str], skip: tuple[int, int] | None = None) -> list[Entry]:
         """Remember a closed edit's patterns (an undo forgets the pattern it reverts)."""
@@ -276,7 +306,8 @@ class EditMemory:
             lo, hi = (e.line, max(e.end, e.line + 1)) if e.path == path else (cursor_line, cursor_line)
             grouped: set[int] = set()
             for score, s in rank(sites, e.context, cursor_line, e.name, limit=limit * 4):
-                group = block_of(by_line, s.line)
+                # a block site is one edit of whole lines: never grouped with the next one
+                group = (s,) if e.pattern.block else block_of(by_line, s.line)
                 if group[0].line in grouped:
                     continue  # the block is proposed already, from a better-ranked site of it
                 grouped.add(group[0].line)

@@ -1,7 +1,9 @@
 """Where a pattern still applies: sites in a text, each with the span it changes.
 
 A site is one line of a document and the code-point span [start, end) of that line the
-pattern replaces with `new_text`; nothing outside the span changes. Sites are found by a
+pattern replaces with `new_text`; nothing outside the span changes. A block pattern's site
+spans whole lines: from column 0 of `line` to column 0 of `end_line` (its lines with their
+terminators; `end_line == line`: an insertion before `line`). Sites are found by a
 cheap substring scan for the pattern's rarest word first (a pattern with 5,000 matching
 lines costs one `str.find` per line), lexed only where the word occurs, capped at
 `max_scan` candidate lines nearest the cursor, and ranked by `rank`.
@@ -12,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from dlm.coder_model.edit_memory.patterns import DEF_RE, MAX_LINE_CHARS, Pattern, is_name, tokens
+from dlm.coder_model.edit_memory.patterns import DEF_RE, MAX_LINE_CHARS, Pattern, indent_of, is_name, tokens
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,22 @@ class Site:
     old_text: str  # the span's current text (checked again before a proposal is sent)
     context: frozenset[str]  # names on the site's line (similarity with the edit's context)
     name: str = ""  # the def's name for insert_line sites
+    end_line: int = -1  # block sites: the line the span ends on (at column `end`); -1: `line`
+
+    @property
+    def last_line(self) -> int:
+        """The line the span ends on."""
+        return self.line if self.end_line < 0 else self.end_line
+
+
+def span_text(lines, s: Site) -> str:
+    """The text a site's span covers in `lines` (with terminators); '' where it is out of range."""
+    if s.end_line < 0:
+        line = lines[s.line].rstrip("\r\n") if 0 <= s.line < len(lines) else ""
+        return line[s.start : s.end]
+    if not 0 <= s.line <= s.end_line <= len(lines):
+        return ""
+    return "".join(lines[s.line : s.end_line])
 
 
 def _key_word(p: Pattern) -> str:
@@ -39,6 +57,8 @@ def find_sites(p: Pattern, lines: list[str], cursor_line: int, max_scan: int = 2
         return _line_sites(p, lines, cursor_line, max_scan)
     if p.kind == "delete_line":
         return []
+    if p.block:
+        return _block_sites(p, lines, cursor_line, max_scan)
     word = _key_word(p)
     if not word:
         return []
@@ -172,6 +192,55 @@ def _line_sites(p: Pattern, lines: list[str], cursor_line: int, max_scan: int) -
             continue
         indent = m.group(1)
         out.append(Site(i, 0, 0, indent + p.text + "\n", "", frozenset({m.group(2)}), name=m.group(2)))
+    return out
+
+
+def _block_sites(p: Pattern, lines: list[str], cursor_line: int, max_scan: int) -> list[Site]:
+    """Where a block pattern's lines are (lines / delete_lines: the old lines, stripped, in a row;
+    insert_lines: the line above and the line below next to each other, and the block not there),
+    nearest the cursor first; a substring scan for the block's longest line first."""
+    old = list(p.before) if p.kind != "insert_lines" else []
+    probe = list(p.before)
+    key = max(range(len(probe)), key=lambda k: len(probe[k]))  # the rarest line, by its length
+    word = probe[key]
+    if not word:
+        return []
+    new_lines = p.text.split("\n")
+    order = _nearest(len(lines), cursor_line, 4 * max_scan)
+    out: list[Site] = []
+    scanned = 0
+    for i in order:
+        if word not in lines[i]:
+            continue
+        scanned += 1
+        if scanned > max_scan:
+            break
+        if p.kind == "insert_lines":
+            row = i + 1 - key  # the insertion goes before `row`: lines row-1 and row are the anchors
+            if not 0 < row < len(lines) or lines[row - 1].strip() != probe[0] or lines[row].strip() != probe[1]:
+                continue
+            ref_line = lines[row - 1] if probe[0] else lines[row]
+            end_row = row
+        else:
+            row = i - key
+            end_row = row + len(old)
+            if row < 0 or end_row > len(lines) or any(lines[row + k].strip() != old[k] for k in range(len(old))):
+                continue
+            if not lines[end_row - 1].endswith("\n"):
+                continue  # the file's last line without a terminator: the span would end nowhere
+            ref_line = next((lines[k] for k in range(row, end_row) if lines[k].strip()), lines[row])
+        if "\t" in ref_line[: indent_of(ref_line)] or any(len(lines[k]) > MAX_LINE_CHARS for k in range(row, end_row)):
+            continue
+        ref = indent_of(ref_line)
+        if any(ref + d < 0 for d in p.indents):
+            continue
+        eol = "\r\n" if ref_line.endswith("\r\n") else "\n"
+        text = "".join((" " * (ref + d) + x if x else "") + eol for x, d in zip(new_lines, p.indents)) \
+            if p.kind != "delete_lines" else ""
+        old_text = "".join(lines[row:end_row])
+        ctx = frozenset(t.text for k in range(max(0, row - 1), min(len(lines), end_row + 1))
+                        for t in tokens(lines[k]) if is_name(t.text))
+        out.append(Site(row, 0, 0, text, old_text, ctx, end_line=end_row))
     return out
 
 

@@ -6,11 +6,14 @@
 A library-level replay (the LSP-level one is `dlm-lsp eval`'s next-edit mode): each record's
 hunks are applied one by one to its `before` text, each hunk observed as one closed edit; after
 each hunk but the last, the memory proposes the best site in the file (cursor at the hunk).
-A proposal is at the right location when its line lies in one of the hunks still to come (in
-the current text's lines), and exact when its new line is that hunk's line after the commit.
+A proposal is at the right location when its lines touch one of the hunks still to come (in
+the current text's lines), and exact when its new line is that hunk's line after the commit (a
+block pattern's lines: that hunk's lines); exact (next hunk) is the strict rule of `dlm-lsp eval
+--next-edits`: the document after the proposal is the document after the next hunk.
 For every threshold it prints: shown share (of opportunities: steps with a hunk to come), exact
-and location precision of the shown; proposals never delete a line (a span of one line or an
-inserted line), so "deletes kept lines" is 0 by construction and counted anyway.
+and location precision of the shown, and "deletes kept lines" (a block pattern that removes a
+non-blank line no hunk to come touches, with nothing like it written there; a one-line span
+never removes a line).
 
 Confidence: `memory` (the memory's confidence alone: the calibration table's P(exact next edit),
 edit_memory/calibration.py, or with --no-calibration its older support), `checked` (the denoiser checks the literal
@@ -22,6 +25,7 @@ or is the answer the measure compares).
 from __future__ import annotations
 
 import argparse
+import difflib
 import gzip
 import json
 import os
@@ -75,7 +79,7 @@ def cases(rec: dict):
 
 
 def applied(lines: list[str], p) -> dict[int, str]:
-    """The lines a proposal changes (all its sites), with their new text (insert_line: the
+    """The lines a one-line proposal changes (all its sites), with their new text (insert_line: the
     inserted line keyed by the def's line)."""
     out: dict[int, str] = {}
     for s in sorted(p.sites, key=lambda s: (s.line, -s.start)):  # right to left on a line
@@ -84,16 +88,37 @@ def applied(lines: list[str], p) -> dict[int, str]:
     return out
 
 
+def after(lines: list[str], p) -> list[str]:
+    """The document's lines after the proposal (every site applied)."""
+    out = list(lines)
+    for s in sorted(p.sites, key=lambda s: (s.line, s.start), reverse=True):
+        if s.end_line >= 0 or p.pattern.kind == "insert_line":
+            out[s.line : s.last_line] = git_lines(s.new_text)
+        else:
+            out[s.line] = out[s.line][: s.start] + s.new_text + out[s.line][s.end :]
+    return out
+
+
+def _span(p) -> tuple[int, int]:
+    """The lines [a, b) a proposal replaces (a == b: it inserts before line a)."""
+    if p.pattern.kind == "insert_line":
+        return p.site.line, p.site.line
+    if p.site.end_line >= 0:
+        return p.site.line, p.site.end_line
+    return p.site.line, p.site.line + 1
+
+
 def judge(lines: list[str], p, rest) -> tuple[bool, bool]:
     """(right location, exact) of a proposal against the hunks to come: exact when its new line is
-    that line's text after the hunk holding it (one line of a longer hunk counts)."""
+    that line's text after the hunk holding it (one line of a longer hunk counts); a block or an
+    inserted line is exact when it is the hunk's."""
     s = p.site
-    if p.pattern.kind == "insert_line":
+    a, b = _span(p)
+    if a == b or s.end_line >= 0:
+        new_lines = git_lines(s.new_text)
         for st, d, add in rest:
-            if d == 0 and st == s.line and add and add[0] == s.new_text:
-                return True, True
-            if st <= s.line <= st + d:
-                return True, False
+            if (a == b and st <= a <= st + d) or (a < b and st < b and a < st + max(d, 1)):
+                return True, (a, b) == (st, st + d) and new_lines == add
         return False, False
     new_line = applied(lines, p)[s.line]
     for st, d, add in rest:
@@ -105,17 +130,32 @@ def judge(lines: list[str], p, rest) -> tuple[bool, bool]:
     return False, False
 
 
+def deletes_kept(lines: list[str], p, rest) -> bool:
+    """The proposal removes a non-blank line that no hunk to come touches, with nothing like it
+    (difflib ratio >= 0.5, as `dlm-lsp eval --next-edits`) among the lines it writes there."""
+    if p.site.end_line < 0:
+        return False  # a span inside one line, or an inserted line: nothing is removed
+    a, b = _span(p)
+    written = [x.strip() for x in git_lines(p.site.new_text)]
+    for i in range(a, b):
+        old = lines[i].strip()
+        if not old or any(st <= i < st + d for st, d, _ in rest):
+            continue
+        if not any(difflib.SequenceMatcher(None, old, w).ratio() >= 0.5 for w in written):
+            return True
+    return False
+
+
 def exact_next(lines: list[str], p, rest) -> bool:
     """The strict rule of `dlm-lsp eval --next-edits`: the document after the proposal is the
-    document after the next hunk (one line replaced by one, or one line inserted)."""
+    document after the next hunk, byte for byte."""
     if not rest:
         return False
     st, d, add = rest[0]
-    s = p.site
-    if p.pattern.kind == "insert_line":
-        return d == 0 and st == s.line and add == [s.new_text]
-    changed = applied(lines, p)
-    return d == len(add) and sorted(changed) == list(range(st, st + d)) and [changed[i] for i in range(st, st + d)] == add
+    a, b = _span(p)
+    if b < st or a > st + d:
+        return False  # the proposal and the hunk are apart: the documents differ
+    return after(lines, p) == lines[:st] + add + lines[st + d :]
 
 
 def check_prompt(lines: list[str], p, path: str) -> tuple[Prompt, str]:
@@ -148,6 +188,79 @@ def corpus_repeat(root: Path, split: str, every: int) -> dict[str, tuple[int, fl
             k[0] += 1
             k[1] += m > 1
     return {kind: (seen, round(rep / seen, 3)) for kind, (seen, rep) in kinds.items()}
+
+
+def _norm(lines) -> tuple[str, ...]:
+    return tuple(x.strip() for x in lines)
+
+
+def hunk_shape(d: int, add: list[str]) -> str:
+    if d == 0:
+        return "insert 1 line" if len(add) == 1 else "insert lines"
+    if not add:
+        return "delete"
+    if d == len(add):
+        return "1 line -> 1" if d == 1 else "n lines -> n"
+    return "n lines -> m"
+
+
+def miss_reason(old: list[str], add: list[str], seen_hunks: set, seen_keys: set, seen_added: set) -> str:
+    """Why a next hunk got no exact proposal, by what it repeats of the record's earlier hunks."""
+    if (_norm(old), _norm(add)) in seen_hunks:
+        return "an earlier hunk's lines again (whitespace aside)"
+    keys = [x.pattern.key for x in extract(old, add)]
+    if keys and all(k in seen_keys for k in keys):
+        return "an earlier hunk's token pattern again"
+    added = [x for x in set(_norm(add)) - set(_norm(old)) if x]
+    if added and any(x in seen_added for x in added):
+        return "some added lines were added before"
+    if keys:
+        return "a token pattern not seen before"
+    return "no token pattern (new code, a reformat, several lines)"
+
+
+def misses(root: Path, split: str, limit: int | None, gate: float) -> None:
+    """The replay of `main`, counting the next hunks without an exact proposal at `gate`, by shape
+    and by what they repeat of the same record's earlier hunks (`miss_reason`)."""
+    mem = EditMemory()
+    clock = 0.0
+    total = hits = 0
+    counts: Counter = Counter()
+    shapes: Counter = Counter()
+    for rec in records(root, split, limit):
+        seen_hunks: set = set()
+        seen_keys: set = set()
+        seen_added: set = set()
+        for lines, edit, rest in cases(rec):
+            clock += 1.2
+            edit = Edit(edit.start, edit.old, edit.new, clock)
+            mem.observe(rec["path"], edit, lines)
+            seen_hunks.add((_norm(edit.old), _norm(edit.new)))
+            seen_keys.update(x.pattern.key for x in extract(list(edit.old), list(edit.new)))
+            seen_added.update(x for x in set(_norm(edit.new)) - set(_norm(edit.old)) if x)
+            if not rest:
+                continue
+            total += 1
+            st, d, add = rest[0]
+            shape = hunk_shape(d, add)
+            shapes[shape] += 1
+            props = mem.propose(rec["path"], lines, edit.start, now=clock, limit=1)
+            if props and props[0].support >= gate and exact_next(lines, props[0], rest):
+                hits += 1
+                counts[("exact proposal shown", shape)] += 1
+                continue
+            counts[(miss_reason(lines[st : st + d], add, seen_hunks, seen_keys, seen_added), shape)] += 1
+    print(f"split {split}: {total} opportunities; an exact proposal at {gate}: {hits} ({100 * hits / total:.1f}%)")
+    by_reason = Counter()
+    for (reason, _), n in counts.items():
+        by_reason[reason] += n
+    order = [shape for shape, _ in shapes.most_common()]
+    print("| next hunk | " + " | ".join(order) + " | all |")
+    print("| --- |" + " --- |" * (len(order) + 1))
+    print("| (opportunities) | " + " | ".join(str(shapes[x]) for x in order) + f" | {total} |")
+    for reason, n in by_reason.most_common():
+        print(f"| {reason} | " + " | ".join(str(counts[(reason, x)]) for x in order)
+              + f" | {n} ({100 * n / total:.1f}%) |")
 
 
 FIT_PROPOSALS = 64  # proposals per opportunity the calibration is fitted on (all, in practice)
@@ -197,6 +310,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fit-calibration", metavar="OUT", default="",
                     help="instead: fit the edit memory's calibration table on --split train and write it to OUT "
                          "(coder_model/edit_memory/calibration.json)")
+    ap.add_argument("--misses", type=float, metavar="GATE", default=None,
+                    help="instead: count the next hunks without an exact proposal at confidence GATE, by shape "
+                         "and by what they repeat of the record's earlier hunks (use --split train)")
     ap.add_argument("--no-calibration", action="store_true",
                     help="the memory's own support as the confidence, not the calibration table (an ablation)")
     args = ap.parse_args(argv)
@@ -207,6 +323,9 @@ def main(argv: list[str] | None = None) -> None:
             ap.error(f"--fit-calibration fits on the train split only (not {args.split}: valid is for choosing, "
                      "test is held out); pass --split train")
         fit_calibration(Path(args.data), args.limit, Path(args.fit_calibration))
+        return
+    if args.misses is not None:
+        misses(Path(args.data), args.split, args.limit, args.misses)
         return
     if args.corpus_repeat:
         print(corpus_repeat(Path(args.data), args.split, args.corpus_repeat))
@@ -246,13 +365,14 @@ def main(argv: list[str] | None = None) -> None:
             k[0] += 1
             k[1] += loc
             k[2] += exact
-            rows["memory"].append((p.support, loc, exact, strict))
+            rows["memory"].append((p.support, loc, exact, strict, deletes_kept(lines, p, rest)))
             if engine is not None and args.model_check:
                 prompt, expected = check_prompt(lines, p, rec["path"])
                 pred = engine.predict(prompt, SamplerParams(), CancelToken())
                 conf = pred.confidence if pred.text == prompt.region[: prompt.cursor] + p.site.new_text + \
                     prompt.region[prompt.cursor :] else -1.0
-                rows["checked"].append((conf if conf is not None else p.support, loc, exact, strict))
+                rows["checked"].append((conf if conf is not None else p.support, loc, exact, strict,
+                                        deletes_kept(lines, p, rest)))
             if engine is not None and args.write:
                 prompt, expected = check_prompt(lines, p, rec["path"])
                 free = Prompt(prefix=prompt.prefix, region=lines[p.site.line], cursor=p.site.start,
@@ -260,7 +380,7 @@ def main(argv: list[str] | None = None) -> None:
                 pred = engine.predict(free, SamplerParams(), CancelToken())
                 wrote_it = pred.text == expected
                 rows["written"].append((pred.confidence or 0.0 if wrote_it else -1.0, loc, exact and wrote_it,
-                                        strict and wrote_it))
+                                        strict and wrote_it, False))
     secs = time.perf_counter() - t_start
     print(f"split {args.split}: {opportunities} opportunities (steps with a hunk to come), {secs:.0f} s")
     print("proposals by kind (made, right location, exact):", kinds)
@@ -276,8 +396,9 @@ def main(argv: list[str] | None = None) -> None:
             if not shown:
                 print(f"  {t:.2f} | 0.0 | - | - | - | -")
                 continue
-            pct = [100 * sum(r[i] for r in shown) / len(shown) for i in (2, 3, 1)]
-            print(f"  {t:.2f} | {100 * len(shown) / opportunities:.1f} | {pct[0]:.1f} | {pct[1]:.1f} | {pct[2]:.1f} | 0.0")
+            pct = [100 * sum(r[i] for r in shown) / len(shown) for i in (2, 3, 1, 4)]
+            print(f"  {t:.2f} | {100 * len(shown) / opportunities:.1f} | {pct[0]:.1f} | {pct[1]:.1f} | {pct[2]:.1f}"
+                  f" | {pct[3]:.1f}")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from dlm.coder_model.edit_memory import (
     BurstTracker,
     Edit,
     EditMemory,
+    block_pattern,
     extract,
     find_sites,
     line_pattern,
@@ -263,6 +264,12 @@ def test_the_shipped_calibration_ranks_what_the_train_split_says_is_usually_righ
     assert cal(prop("rename", 1, -4)) == cal(prop("rename", 1, 4))  # no side of the edit (calibration.keys)
     assert all(0.0 <= cal(prop(k, n, o)) <= 1.0 for k in ("rename", "replace", "append_arg", "insert_line")
                for n in (1, 5) for o in (-200, 1, 200))
+    # every block kind has its own cells (a kind the table lacks falls to the base rate: re-fit it)
+    from dlm.coder_model.edit_memory.patterns import BLOCK_KINDS
+
+    assert BLOCK_KINDS <= set(cal.levels[0])
+    # a block the user made three times, at the next site, is more likely than one made once
+    assert cal(prop("lines", 3, 2)) > cal(prop("lines", 1, 2))
     # a cell never seen falls back to its coarser levels; fitting counts every level
     fitted = Calibration.fit([(prop("rename", 1, 2), True), (prop("rename", 1, 2), False)])
     assert fitted.base == 0.5 and fitted.levels[0]["rename"] == [2, 1]
@@ -288,3 +295,115 @@ def test_a_rename_to_a_name_that_exists_made_twice_is_a_systematic_one():
     pending = mem.entries_of("f.py", doc.tracker.peek(doc.lines), doc.lines)
     props = mem.propose("f.py", doc.lines, 5, now=doc.t, pending=pending)
     assert 6 in {s.line for p in props for s in p.sites}  # now proposed outside area() too
+
+
+# ---- whole-line blocks (patterns.block_pattern): edit shapes taken from the edit-histories train split ----
+
+
+def apply_block(lines: list[str], site) -> list[str]:
+    """The document's lines after a block site's edit (its span: lines site.line .. site.end_line)."""
+    assert site.end_line >= site.line and site.start == site.end == 0
+    return lines[: site.line] + split_lines(site.new_text)[:-1] + lines[site.end_line :]
+
+
+def test_a_signature_split_over_lines_is_replayed_at_the_same_signature_at_its_own_indentation():
+    # rich 65fc2f9d: `def __console__(...)` became `def __rich_console__(` over three lines, class after class
+    old = ["    def __console__(self, console: Console, options: ConsoleOptions) -> RenderResult:\n"]
+    new = ["    def __rich_console__(\n", "        self, console: Console, options: ConsoleOptions\n",
+           "    ) -> RenderResult:\n"]
+    doc = split_lines("class Panel:\n" + "".join(new) + "        yield self.text\n\n\n"
+                      "class Padding:\n    class Inner:\n        def __console__(self, console: Console, "
+                      "options: ConsoleOptions) -> RenderResult:\n            yield self.inner\n\n"
+                      "    def __console__(self, console: Console, options: ConsoleOptions):\n        pass\n")
+    mem = EditMemory()
+    (e,) = mem.observe("rich/panel.py", Edit(1, tuple(old), tuple(new), 0.0), doc)
+    assert e.pattern.kind == "lines" and e.pattern.label() == "change to def __rich_console__( (+2 lines)"
+    (p,) = mem.propose("rich/panel.py", doc, 3, now=1.0)
+    s = p.site
+    assert (s.line, s.end_line) == (9, 10) and p.sites == (s,)  # the other signature (no return type) is no site
+    assert apply_block(doc, s)[9:12] == ["        def __rich_console__(\n",
+                                         "            self, console: Console, options: ConsoleOptions\n",
+                                         "        ) -> RenderResult:\n"]  # one level deeper, as the site is
+    assert "".join(doc[9:10]) == s.old_text
+
+
+def test_a_deleted_guard_is_proposed_where_the_same_guard_is_and_nowhere_else():
+    # aiohttp b7a9f4b2: the same two-line guard deleted from one method after another
+    guard = ["        if self._closed:\n", "            raise RuntimeError('websocket connection is closed')\n"]
+    doc = split_lines("class WS:\n    def send_str(self, data):\n        self._writer.send(data)\n\n"
+                      "    def send_bytes(self, data):\n" + "".join(guard) + "        self._writer.send(data)\n\n"
+                      "    def ping(self):\n        if self._closed:\n            raise RuntimeError('closed')\n"
+                      "        self._writer.ping()\n")
+    mem = EditMemory()
+    (e,) = mem.observe("aiohttp/ws.py", Edit(2, tuple(guard), (), 0.0), doc)
+    assert e.pattern.kind == "delete_lines"
+    props = mem.propose("aiohttp/ws.py", doc, 2, now=1.0)
+    assert [(p.site.line, p.site.end_line) for p in props] == [(5, 7)]  # ping's guard raises another message
+    after = apply_block(doc, props[0].site)
+    assert after[4:6] == ["    def send_bytes(self, data):\n", "        self._writer.send(data)\n"]
+    assert props[0].site.new_text == "" and props[0].site.old_text == "".join(guard)
+
+
+def test_an_inserted_keyword_argument_line_goes_between_the_same_two_lines_where_it_is_missing():
+    # rich 2f752afa: `_environ={},` added to one Console(...) call of a test after another
+    call = ["    console = Console(\n", "        file=io.StringIO(),\n", "        color_system=\"truecolor\",\n"]
+    doc = split_lines("def test_a():\n" + "".join(call) + "        _environ={},\n    )\n\n"
+                      "def test_b():\n" + "".join(call) + "    )\n\n"
+                      "def test_c():\n" + "".join(call) + "        _environ={},\n    )\n\n"
+                      "def test_d():\n    console = Console(\n        file=io.StringIO(),\n    )\n")
+    mem = EditMemory()
+    (e,) = mem.observe("tests/test_console.py", Edit(4, (), ("        _environ={},\n",), 0.0), doc)
+    p = e.pattern
+    assert p.kind == "insert_lines" and p.before == ('color_system="truecolor",', ")") and p.indents == (0,)
+    props = mem.propose("tests/test_console.py", doc, 4, now=1.0)
+    # test_b lacks it; test_c has it already, test_d's call has other lines
+    assert [(x.site.line, x.site.end_line) for x in props] == [(11, 11)]
+    assert apply_block(doc, props[0].site)[10:13] == ["        color_system=\"truecolor\",\n",
+                                                      "        _environ={},\n", "    )\n"]
+
+
+@pytest.mark.parametrize("old,new,above,below", [
+    ([], ["    log.debug('x')\n"], "\n", "    return x\n"),  # below a blank line: it would go everywhere
+    (["        pass\n"], [], "    def f(self):\n", "\n"),  # a block without a name
+    (["    if x:\n", "        y()\n"], ["    if x: y()\n"], "def f(x):\n", "\n"),  # line breaks only: a reformat
+    (["    a = 1\n"] * 13, ["    a = 2\n"] * 13, "def f():\n", "\n"),  # over MAX_BLOCK_LINES
+])
+def test_blocks_that_say_nothing_or_are_reformats_are_not_patterns(old, new, above, below):
+    assert block_pattern(old, new, above, below) is None
+
+
+def test_a_rename_has_no_block_and_an_edit_the_token_patterns_name_keeps_its_block_apart():
+    doc = split_lines("x = load(path)\ny = load(path)\n")
+    mem = EditMemory()
+    assert [e.pattern.kind for e in mem.observe("a.py", Edit(0, ("x = fetch(path)\n",), ("x = load(path)\n",), 0.0),
+                                                doc)] == ["rename"]
+    kinds = [e.pattern.kind for e in mem.observe("a.py", Edit(0, ("x = load(path)\n",),
+                                                              ("x = load(path, strict=True)\n",), 5.0), doc)]
+    assert kinds == ["append_arg", "same_lines"]
+    # a one-line deletion: its undo marker (delete_line) names nothing, the block is a deletion
+    kinds = [e.pattern.kind for e in mem.observe("a.py", Edit(1, ("y = load(path)\n",), (), 9.0), doc[:1])]
+    assert kinds == ["delete_lines"]
+
+
+def test_an_undone_block_is_forgotten():
+    doc = split_lines("def f():\n    check()\n    run()\n\ndef g():\n    check()\n    run()\n")
+    edited = split_lines("def f():\n    check()\n    audit()\n    run()\n\ndef g():\n    check()\n    run()\n")
+    mem = EditMemory()
+    mem.observe("a.py", Edit(1, ("    check()\n",), ("    check()\n", "    audit()\n"), 0.0), edited)
+    (p,) = mem.propose("a.py", edited, 2, now=1.0)
+    assert (p.site.line, p.site.new_text) == (7, "    audit()\n")  # between g's check() and run()
+    mem.observe("a.py", Edit(2, ("    audit()\n",), (), 2.0), doc)  # the user deletes it again
+    assert mem.propose("a.py", doc, 1, now=3.0) == [] and mem.forgotten == 1
+
+
+def test_a_block_with_5000_sites_is_capped_and_ranked_nearest_first():
+    lines = ["    log.debug(state)\n", "    step()\n"] * 2500
+    mem = EditMemory()
+    marker, e = mem.entries_of("f.py", Edit(0, ("    log.debug(state)\n", "    step()\n"), ("    step()\n",), 0.0),
+                               lines[2:])
+    assert (marker.pattern.kind, e.pattern.kind) == ("delete_line", "delete_lines")  # an undo marker, the block
+    sites = find_sites(e.pattern, lines, 2500, max_scan=300)
+    assert len(sites) == 300 and all(s.end_line == s.line + 1 and s.new_text == "" for s in sites)
+    assert max(abs(s.line - 2500) for s in sites) <= 600  # the cap keeps the nearest
+    props = mem.propose("f.py", lines, 2500, now=0.0, pending=[e], max_scan=300, limit=8)
+    assert len(props) == 8 and all(abs(pr.site.line - 2500) <= 20 for pr in props)

@@ -178,3 +178,33 @@ async def test_the_last_edit_of_a_file_proposes_in_the_next_one_edited_or_after_
         assert res is not None and res["label"] == "rename mean → average"
     finally:
         await client.shutdown_session()
+
+
+GUARDED = ("class WS:\n    def send_str(self, data):\n        if self._closed:\n            raise RuntimeError('closed')\n"
+           "        self._writer.send(data)\n\n    def send_bytes(self, data):\n        if self._closed:\n"
+           "            raise RuntimeError('closed')\n        self._writer.send(data)\n")
+
+
+@pytest.mark.parametrize("check_with_model", [False, True])
+@pytest.mark.asyncio
+async def test_a_deleted_two_line_guard_is_proposed_by_range_where_the_same_guard_is(tmp_path, check_with_model):
+    # a block pattern's site spans whole lines; with the model's check on, the echo double is shown the
+    # lines with the span taken out and answers the proposal (what the server sends must be the same)
+    init = {**INIT, "nextEdits": {**INIT["nextEdits"], "minConfidence": 0, "checkWithModel": check_with_model}}
+    client = await start({"HOME": str(tmp_path), **ECHO, "FAKE_STEP_S": "0.01"}, init, timeout_s=20)
+    try:
+        uri = "file:///proj/ws.py"
+        open_document(client, uri, GUARDED)
+        change(client, uri, 2, (2, 0), (4, 0), "")  # send_str's guard deleted
+        text = GUARDED.replace("        if self._closed:\n            raise RuntimeError('closed')\n", "", 1)
+        res = await edit_prediction(client, uri, 2, 0)
+        assert res is not None and res["label"] == "delete if self._closed: (+1 line)"
+        (edit,) = res["edits"]
+        assert edit["range"] == {"start": {"line": 5, "character": 0}, "end": {"line": 7, "character": 0}}
+        assert edit["newText"] == "" and apply_edit(text, edit) == text.replace(
+            "        if self._closed:\n            raise RuntimeError('closed')\n", "")
+        # the user changes the guard's message before asking again: that guard is no longer a site
+        change(client, uri, 3, (6, 32), (6, 38), "gone")
+        assert await edit_prediction(client, uri, 6, 0) is None
+    finally:
+        await client.shutdown_session()
