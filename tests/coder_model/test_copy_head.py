@@ -19,8 +19,6 @@ from dlm.coder_model.training.train import add_copy_head
 from dlm.coder_model.types import MemoryProposal, Prompt, SamplerParams
 from dlm.coder_model.verify import score_proposals
 
-from conftest import make_tiny_checkpoint
-
 
 def _model(seed=0, copy_head=True, **kw):
     torch.manual_seed(seed)
@@ -134,8 +132,8 @@ def test_a_tiny_model_with_the_head_learns_to_copy_and_one_without_does_not():
     assert without < 0.2, without
 
 
-def test_an_old_config_without_the_field_loads(tmp_path):
-    make_tiny_checkpoint(tmp_path)
+def test_an_old_config_without_the_field_loads(tmp_path, make_checkpoint):
+    make_checkpoint(tmp_path)
     cfg_path = tmp_path / "config.json"
     raw = json.loads(cfg_path.read_text())
     for k in ("copy_head", "copy_dim"):
@@ -145,10 +143,10 @@ def test_an_old_config_without_the_field_loads(tmp_path):
     assert model.copy_head is None
 
 
-def test_the_loader_refuses_weights_and_config_that_disagree_on_the_head(tmp_path):
+def test_the_loader_refuses_weights_and_config_that_disagree_on_the_head(tmp_path, make_checkpoint):
     plain, headed = tmp_path / "plain", tmp_path / "headed"
-    make_tiny_checkpoint(plain)
-    make_tiny_checkpoint(headed, copy_head=True)
+    make_checkpoint(plain)
+    make_checkpoint(headed, copy_head=True)
     model, _ = load_model(headed)
     assert model.copy_head is not None
     for d, says in ((plain, True), (headed, False)):
@@ -159,8 +157,8 @@ def test_the_loader_refuses_weights_and_config_that_disagree_on_the_head(tmp_pat
             load_model(d)
 
 
-def test_a_head_added_to_a_trained_model_keeps_its_weights_and_saves_and_loads(tmp_path):
-    make_tiny_checkpoint(tmp_path / "old")
+def test_a_head_added_to_a_trained_model_keeps_its_weights_and_saves_and_loads(tmp_path, make_checkpoint):
+    make_checkpoint(tmp_path / "old")
     old, tok = load_model(tmp_path / "old")
     new = add_copy_head(old)
     assert new.copy_head is not None and new.copy_head.gate.bias.item() == pytest.approx(-2.0)
@@ -176,8 +174,8 @@ PROMPT = Prompt(prefix="class P:\n    def __init__(self, x, y):\n", region="    
                 suffix="\n", path="m.py", language="python", insert=True)
 
 
-def test_the_sampler_and_the_verifier_run_with_a_head_model(tmp_path):
-    make_tiny_checkpoint(tmp_path, copy_head=True)
+def test_the_sampler_and_the_verifier_run_with_a_head_model(tmp_path, make_checkpoint):
+    make_checkpoint(tmp_path, copy_head=True)
     model, tok = load_model(tmp_path)
     ids = encode_prompt(tok, PROMPT)
     for params in (SamplerParams(block_len=8, steps=4, max_blocks=2),
