@@ -193,3 +193,57 @@ def test_the_sampler_and_the_verifier_run_with_a_head_model(tmp_path, make_check
     scores, ran = score_proposals(model, tok, cache, PROMPT.region, PROMPT.cursor,
                                   (MemoryProposal("x = x", 0.5), MemoryProposal("y = y", 0.4)), 8, insert=True)
     assert ran == 2 and all(s is not None and 0.0 < s <= 1.0 for s in scores)
+
+
+@pytest.mark.timeout(240)
+def test_remote_batched_steps_of_a_head_model_answer_as_local_does(tmp_path, make_checkpoint):
+    """The remote server's batched passes (forward_blocks) score each request's mixture against its
+    own cache's copy keys: the answers equal LocalEngine's."""
+    import threading
+
+    from dlm.coder_model.engine import load_engine
+    from dlm.coder_model.remote.backend import load_scheduler
+    from dlm.coder_model.remote.client import RemoteEngine
+    from dlm.coder_model.remote.server import ServerOptions, ServerThread
+    from dlm.coder_model.types import CancelToken
+
+    make_checkpoint(tmp_path / "raw", copy_head=True)
+    model, tok = load_model(tmp_path / "raw")
+    with torch.no_grad():  # sharpened (as the remote tests' sharp_checkpoint), the gate half open
+        for name, p in model.named_parameters():
+            if not name.endswith("norm.weight"):
+                p.mul_(10.0)
+        model.copy_head.gate.weight.zero_()
+        model.copy_head.gate.bias.zero_()
+    save_checkpoint(model, tok, tmp_path / "sharp")
+    ckpt = str(tmp_path / "sharp")
+    params = SamplerParams(steps=6, block_len=6, max_blocks=2, threshold=0.5)
+    source = "class Point:\n    def __init__(self, x, y):\n"
+    prompts = [Prompt(prefix=source, region="        self." + "xy"[i % 2] * (1 + i), cursor=14 + i, suffix="\n",
+                      language="python", path=f"f{i}.py") for i in range(3)]
+    local = load_engine(ckpt, "cpu")
+    want = [local.predict(p, params, CancelToken()).text for p in prompts]
+    local.close()
+    scheduler, name, device = load_scheduler(ckpt, "cpu", max_batch=8, max_batch_tokens=4096)
+    srv = ServerThread(scheduler, ServerOptions(port=0, model_name=name, device=device)).start()
+    engines = [RemoteEngine("127.0.0.1", srv.port) for _ in prompts]
+    got: dict[int, str] = {}
+    barrier = threading.Barrier(len(prompts))
+
+    def go(i):
+        barrier.wait()
+        got[i] = engines[i].predict(prompts[i], params, CancelToken()).text
+
+    try:
+        assert all(e.wait_connected(20) for e in engines)
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert len(set(want)) > 1  # the comparison can tell prompts apart
+        assert [got[i] for i in range(len(prompts))] == want
+    finally:
+        for e in engines:
+            e.close()
+        srv.stop()
