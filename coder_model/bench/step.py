@@ -93,7 +93,6 @@ def random_native_model(cfg_kwargs: dict, device: str, dtype):
 def native_step_fn(model, cache, block, pos, rule: str, impl: str) -> Callable[[], object]:
     """One native denoising step: forward over the block (1, L) against the cache, then scores."""
     from dlm import kernels
-
     from dlm.kernels import reference as reference_ops
 
     def step():
