@@ -13,13 +13,16 @@ import torch
 class PrefixCache:
     """K/V of a token prefix, batch size 1, one entry per layer.
 
-    k[i], v[i]: (1, n_kv_heads, length, head_dim).
+    k[i], v[i]: (1, n_kv_heads, length, head_dim). copy_k: (1, length, 2, copy_dim), the
+    copy head's keys of the same positions (model.CopyHead; None for a model without one):
+    like K/V they depend on the causal prefix only, so they are exact under the same reuse.
     """
 
     def __init__(self) -> None:
         self.tokens: list[int] = []
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
+        self.copy_k: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -40,6 +43,8 @@ class PrefixCache:
         self.tokens = self.tokens[:n]
         self.k = [k[:, :, :n] for k in self.k]
         self.v = [v[:, :, :n] for v in self.v]
+        if self.copy_k is not None:
+            self.copy_k = self.copy_k[:, :n]
 
     def kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         if not self.tokens or layer >= len(self.k):
@@ -55,8 +60,13 @@ class PrefixCache:
             self.k.append(k)
             self.v.append(v)
 
+    def append_copy_keys(self, keys: torch.Tensor) -> None:
+        """Append the copy head's keys (1, T, 2, d) of new positions."""
+        self.copy_k = keys if self.copy_k is None else torch.cat([self.copy_k, keys], dim=1)
+
     def clear(self) -> None:
-        self.tokens, self.k, self.v = [], [], []
+        self.tokens, self.k, self.v, self.copy_k = [], [], [], None
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        extra = [] if self.copy_k is None else [self.copy_k]
+        return sum(t.numel() * t.element_size() for t in self.k + self.v + extra)

@@ -208,10 +208,21 @@ def load_model(
     expected = {k: v for k, v in model.state_dict().items()}
     files = weight_files(d)
     missing = sorted(set(expected) - set(files))
+    unexpected = sorted(set(files) - set(expected))
+    head_missing = [k for k in missing if k.startswith("copy_head.")]
+    head_unexpected = [k for k in unexpected if k.startswith("copy_head.")]
+    if head_missing and len(head_missing) == len(missing):
+        raise CheckpointError(
+            f"{d / 'config.json'} says copy_head: true, but the weights have no copy head "
+            f"({', '.join(head_missing[:3])} missing); set copy_head to false in config.json, or fine-tune "
+            "a copy head onto these weights with python -m dlm.coder_model.training.train --init DIR --copy-head")
+    if head_unexpected and len(head_unexpected) == len(unexpected) and not cfg.copy_head:
+        raise CheckpointError(
+            f"the weights in {d} have a copy head ({', '.join(head_unexpected[:3])}), but config.json does not "
+            "say copy_head: true; add \"copy_head\": true (and its copy_dim) to config.json")
     if missing:
         raise CheckpointError(f"checkpoint {d} is missing tensor(s) {', '.join(missing[:5])}; it does not "
                               "match its config.json (re-save it, or fix config.json)")
-    unexpected = sorted(set(files) - set(expected))
     if unexpected:
         raise CheckpointError(f"checkpoint {d} has unexpected tensor(s) {', '.join(unexpected[:5])} for "
                               "this config.json; was it saved by a different model shape?")

@@ -31,6 +31,10 @@ class ModelConfig:
     # context tokens the model was trained with; inference windows default to it
     # (rotary positions far beyond training extrapolate badly)
     context_window: int = 2048
+    # a pointer-generator copy head (model.CopyHead, issue 23): block slots may copy a context
+    # token (or the token after it) instead of generating one; off in older checkpoints
+    copy_head: bool = False
+    copy_dim: int = 64  # query/key width of the copy head
 
     def __post_init__(self) -> None:
         if self.dim % self.n_heads:
@@ -39,6 +43,8 @@ class ModelConfig:
             raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+        if self.copy_dim < 1:
+            raise ValueError(f"copy_dim={self.copy_dim} must be >= 1")
 
     @property
     def head_dim(self) -> int:

@@ -70,6 +70,62 @@ class Block(nn.Module):
         self.ffn = FeedForward(cfg)
 
 
+class CopyHead(nn.Module):
+    """Pointer-generator copy head (issue 23): a block slot may copy a context token.
+
+    A model of 6M parameters trained on ~40M tokens does not learn induction-style copying
+    (`def __init__(self, x):` ... `self.x = ` gets no `x`), so copying is given to it: each
+    block slot's final hidden state makes a query, each context position two keys, one for
+    copying the token at that position and one for copying the token after it (the induction
+    shift: "what followed the token like me"). One softmax runs over both key sets of all
+    context positions; its weights are scattered onto the copied token ids. A gate
+    g = sigmoid(w.h + b) mixes: p = (1 - g) * softmax(lm logits) + g * p_copy.
+    The keys of a context position depend only on the causal context (like its K/V), so the
+    server computes them at prefill and keeps them in the PrefixCache.
+    """
+
+    N_KEY_SETS = 2  # copy the token at j; copy the token at j + 1
+    GATE_BIAS_INIT = -2.0  # g ~ 0.12 at a warm start: the LM's distribution is mostly kept
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.dim = cfg.copy_dim
+        self.wq = nn.Linear(cfg.dim, cfg.copy_dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, self.N_KEY_SETS * cfg.copy_dim, bias=False)
+        self.gate = nn.Linear(cfg.dim, 1)
+
+    def keys(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(B, n, dim) context hidden states -> keys (B, n, N_KEY_SETS, copy_dim)."""
+        B, n, _ = hidden.shape
+        return self.wk(hidden).view(B, n, self.N_KEY_SETS, self.dim)
+
+    def mixture(self, logits: torch.Tensor, hidden: torch.Tensor, keys: torch.Tensor,
+                ctx_ids: torch.Tensor, ctx_valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Probabilities (B, L, V) of the mixture, fp32.
+
+        logits (B, L, V) of the LM head; hidden (B, L, dim) of the block slots; keys
+        (B, n, 2, d) and ids (B, n) of the context; ctx_valid (B, n) bool (left padding) or None.
+        """
+        B, n = ctx_ids.shape
+        p_lm = torch.softmax(logits.float(), dim=-1)
+        if n == 0:
+            return p_lm
+        ok = torch.ones(B, n, dtype=torch.bool, device=ctx_ids.device) if ctx_valid is None else ctx_valid
+        # the token after position j (none after the last one): the induction set's values
+        nxt = torch.cat([ctx_ids[:, 1:], ctx_ids[:, :1]], dim=1)
+        ok_nxt = torch.cat([ok[:, 1:] & ok[:, :-1], torch.zeros_like(ok[:, :1])], dim=1)
+        values = torch.cat([ctx_ids, nxt], dim=1)  # (B, 2n)
+        ok2 = torch.cat([ok, ok_nxt], dim=1)  # (B, 2n)
+        k = keys.float().transpose(1, 2).reshape(B, self.N_KEY_SETS * n, self.dim)  # (B, 2n, d)
+        q = self.wq(hidden).float()  # (B, L, d)
+        scores = (q @ k.transpose(1, 2)) / self.dim**0.5  # (B, L, 2n)
+        scores = scores.masked_fill(~ok2[:, None, :], -1e9)  # finite: a row with no source stays a number
+        attn = torch.softmax(scores, dim=-1) * ok2[:, None, :]
+        p_copy = torch.zeros_like(p_lm).scatter_add_(-1, values[:, None, :].expand(-1, q.shape[1], -1), attn)
+        g = torch.sigmoid(self.gate(hidden).float()) * ok2.any(1)[:, None, None]  # no source: no copy
+        return (1 - g) * p_lm + g * p_copy
+
+
 class DLM(nn.Module):
     def __init__(self, cfg: ModelConfig, impl: str = "auto") -> None:
         super().__init__()
@@ -81,6 +137,7 @@ class DLM(nn.Module):
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.copy_head = CopyHead(cfg) if cfg.copy_head else None
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # -- helpers -------------------------------------------------------------
@@ -103,6 +160,8 @@ class DLM(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("norm.weight"):
                 nn.init.ones_(p)
+            elif name == "copy_head.gate.bias":
+                nn.init.constant_(p, CopyHead.GATE_BIAS_INIT)
             else:
                 std = 0.02 / (2 * self.config.n_layers) ** 0.5 if name.endswith(("wo.weight", "w2.weight")) else 0.02
                 with torch.no_grad():
@@ -110,6 +169,18 @@ class DLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden @ self.lm_head_weight.t()  # (..., V)
+
+    def log_probs(self, hidden: torch.Tensor, cache: PrefixCache | None = None) -> torch.Tensor:
+        """Log-probabilities (M, V), fp32, of block slots with final hidden states (M, dim);
+        with a copy head, of the mixture over the context in `cache` (its tokens and copy keys)."""
+        logits = self.logits(hidden).float()
+        if self.copy_head is None:
+            return torch.log_softmax(logits, dim=-1)
+        if cache is None or cache.copy_k is None:
+            raise ValueError("a copy-head model scores block slots against its context: pass the PrefixCache")
+        ids = torch.tensor([cache.tokens], dtype=torch.long, device=hidden.device)
+        p = self.copy_head.mixture(logits[None], hidden[None], cache.copy_k, ids)[0]
+        return p.clamp_min(1e-30).log()
 
     def _norm(self, x, norm: RMSNorm, residual=None):
         if self.training:
@@ -177,6 +248,8 @@ class DLM(nn.Module):
         out, _ = self._norm(x, self.norm, residual)
         if write_cache:
             cache.tokens.extend(ids[0].tolist())
+            if self.copy_head is not None:
+                cache.append_copy_keys(self.copy_head.keys(out))
         return out
 
     def prefill(self, ids: list[int], cache: PrefixCache) -> int:

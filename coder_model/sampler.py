@@ -327,6 +327,15 @@ class BlockDecoder:
         return self.done
 
     # -- one step ----------------------------------------------------------------
+    def _row_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Scores (M, V') over the output head's rows for block slots with final hidden states
+        (M, dim): the LM head's logits, or, for a model with a copy head, the log of its
+        mixture over the context (plain torch: the fused kernel knows no copy head)."""
+        w, token_of_row = output_head(self.model, self.tok)
+        if self.model.copy_head is None:
+            return hidden.float() @ w.float().t()
+        return self.model.log_probs(hidden, self.cache)[:, token_of_row]
+
     def advance(self, hidden: torch.Tensor) -> None:
         """Commit slots given the block's final hidden states (L, dim)."""
         p = self.params
@@ -406,8 +415,7 @@ class BlockDecoder:
         """Length-aware decoding at a block's first step: commit <eom> at the first slot where
         p(<eom>) + p(<pad>) reaches `end_threshold` (slots after it become <pad>). Returns the
         slots committed (1 or 0)."""
-        w, _token_of_row = output_head(self.model, self.tok)
-        logits = hidden.float() @ w.float().t()  # (L, V'); rows 0 and 1 are <pad> and <eom>
+        logits = self._row_logits(hidden)  # (L, V'); rows 0 and 1 are <pad> and <eom>
         if self.params.temperature > 0:
             logits = logits / self.params.temperature
         probs = torch.softmax(logits, dim=-1)
@@ -479,13 +487,13 @@ class BlockDecoder:
         if not todo:
             return
         p = self.params
-        w, token_of_row = output_head(self.model, self.tok)
+        _w, token_of_row = output_head(self.model, self.tok)
         row_of_token = getattr(self.model, "_row_of_token", None)
         if row_of_token is None or len(row_of_token) != len(token_of_row):
             row_of_token = {int(t): r for r, t in enumerate(token_of_row.tolist())}
             self.model._row_of_token = row_of_token
         idx = torch.tensor([j for j, _r, _b in todo], dtype=torch.long, device=hidden.device)
-        logits = hidden[pos[idx]].float() @ w.float().t()  # (T, V')
+        logits = self._row_logits(hidden[pos[idx]])  # (T, V')
         for r, (_j, reps, blank) in enumerate(todo):
             rows = [row_of_token[t] for t in reps if t in row_of_token]
             if rows:
@@ -515,9 +523,9 @@ class BlockDecoder:
         Only the chosen slots: one extra (len(chosen), V') product per step. Index j of the
         result matches index j of `pos`; slots not chosen get 0.
         """
-        w, token_of_row = output_head(self.model, self.tok)
+        _w, token_of_row = output_head(self.model, self.tok)
         idx = torch.tensor(chosen, dtype=torch.long, device=hidden.device)
-        logits = hidden[pos[idx]].float() @ w.float().t()  # (C, V')
+        logits = self._row_logits(hidden[pos[idx]])  # (C, V')
         if self.params.temperature > 0:
             logits = logits / self.params.temperature
         probs = torch.softmax(logits, dim=-1)  # (C, V')
@@ -532,10 +540,13 @@ class BlockDecoder:
     def _score(self, hidden: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         p = self.params
         w, token_of_row = output_head(self.model, self.tok)
-        if p.temperature == 0:
+        if p.temperature == 0 and self.model.copy_head is None:
             rows, conf = kernels.unmask_scores(hidden, w, pos, p.rule, impl=self.model.impl)
             return token_of_row[rows], conf
-        logits = (hidden[pos].float() @ w.float().t()) / p.temperature  # (M, V')
+        if p.temperature == 0:
+            rows, conf = reference_ops.confidence_from_logits(self._row_logits(hidden[pos]), p.rule)
+            return token_of_row[rows], conf
+        logits = self._row_logits(hidden[pos]) / p.temperature  # (M, V')
         probs = torch.softmax(logits, dim=-1)
         rows = torch.multinomial(probs.cpu(), 1, generator=self._gen).squeeze(1).to(hidden.device)
         _, conf = reference_ops.confidence_from_logits(logits, p.rule)

@@ -126,7 +126,7 @@ def score_proposals(model, tok, cache, region: str, cursor: int, proposals: tupl
                 if not slots:
                     continue
                 pos = torch.tensor(slots, dtype=torch.long, device=dev)
-                logp = torch.log_softmax(model.logits(h[pos]).float(), dim=-1)
+                logp = model.log_probs(h[pos], cache)  # with a copy head: the mixture
                 target = torch.tensor([rows[k][i] for i in slots], dtype=torch.long, device=dev)
                 logp_sum[k] += float(logp.gather(1, target[:, None]).sum())
                 count[k] += len(slots)

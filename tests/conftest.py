@@ -33,6 +33,13 @@ def make_tiny_checkpoint(directory, seed: int = 0, preset: str = "test-tiny", **
 
 
 @pytest.fixture(scope="session")
+def make_checkpoint():
+    """make_tiny_checkpoint(directory, seed=0, preset="test-tiny", **config overrides), for tests that
+    need a checkpoint of their own shape."""
+    return make_tiny_checkpoint
+
+
+@pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
     """Path (str) of a tiny random native checkpoint (config.json, tokenizer.json, model.safetensors)."""
     d = tmp_path_factory.mktemp("tiny_ckpt")

@@ -7,6 +7,8 @@
 Rows (random weights for every shape but the embedded one: the weights do not
 change what a step costs):
   embedded             the shipped native checkpoint
+  embedded-copy        the same with a copy head added (model.CopyHead, fresh weights): its
+                       step scores the mixture in plain torch (the fused kernel knows no head)
   native qwen2.5-0.5b  the native `dlm` network at Qwen2.5-0.5B dimensions
   dream qwen2.5-7b     the dream-family network (Dream-Coder / DiffuCoder 7B
                        dimensions), its dual-cache step
@@ -45,7 +47,7 @@ QWEN05B_NATIVE = {
     "rope_theta": 1000000.0, "max_seq_len": 8192, "tie_embeddings": True,
 }
 # dream-<shape> takes any shape of dlm.coder_model.bench.families.SHAPES (dream-tiny for a quick check)
-MODELS = ("embedded", "native-qwen2.5-0.5b", "dream-qwen2.5-7b", "dream-qwen2.5-0.5b", "dream-tiny")
+MODELS = ("embedded", "embedded-copy", "native-qwen2.5-0.5b", "dream-qwen2.5-7b", "dream-qwen2.5-0.5b", "dream-tiny")
 GPU_DEFAULT = "embedded,native-qwen2.5-0.5b,dream-qwen2.5-7b"
 CPU_DEFAULT = "embedded"
 
@@ -91,10 +93,13 @@ def random_native_model(cfg_kwargs: dict, device: str, dtype):
 def native_step_fn(model, cache, block, pos, rule: str, impl: str) -> Callable[[], object]:
     """One native denoising step: forward over the block (1, L) against the cache, then scores."""
     from dlm import kernels
+    from dlm.kernels import reference as reference_ops
 
     def step():
         model.impl = impl
         hidden = model.forward(block, start_pos=len(cache), context_len=len(cache), cache=cache)[0]  # (L, dim)
+        if model.copy_head is not None:  # as BlockDecoder._score does for a copy-head model
+            return reference_ops.confidence_from_logits(model.log_probs(hidden[pos], cache), rule)
         return kernels.unmask_scores(hidden, model.lm_head_weight, pos, rule, impl=impl)
 
     return step
@@ -284,15 +289,18 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(hdr))
     native05 = None
     for name in names:
-        if name == "embedded":
+        if name in ("embedded", "embedded-copy"):
             from dlm.coder_model.checkpoint import embedded_checkpoint_dir, load_model
+            from dlm.coder_model.training.train import add_copy_head
 
             try:
                 m, _tok = load_model(embedded_checkpoint_dir(), device=device, impl="reference", dtype=dtype)
             except Exception as exc:  # noqa: BLE001 - the table goes on without it, saying why
                 print(f"embedded model: skipped ({type(exc).__name__}: {exc})")
                 continue
-            native_rows(torch, "embedded", m, timer, device, tc, L)
+            if name == "embedded-copy" and m.copy_head is None:
+                m = add_copy_head(m.float().cpu()).to(device=device, dtype=dtype).eval()
+            native_rows(torch, name, m, timer, device, tc, L)
         elif name == "native-qwen2.5-0.5b":
             native05 = random_native_model(QWEN05B_NATIVE, device, dtype)
             native_rows(torch, "native qwen2.5-0.5b", native05, timer, device, tc, L)

@@ -19,6 +19,7 @@ from dlm.coder_model.cache import PrefixCache
 from dlm.coder_model.layout import encode_prompt
 from dlm.coder_model.sampler import UNSET, BlockDecoder, output_head
 from dlm.coder_model.types import CancelToken, Prompt, SamplerParams
+from dlm.kernels import reference as reference_ops
 
 
 class OracleLengthDecoder(BlockDecoder):
@@ -44,7 +45,10 @@ class OracleLengthDecoder(BlockDecoder):
             raise ValueError("oracle-length decoding is greedy (temperature 0): the evaluation's setting")
         w, token_of_row = output_head(self.model, self.tok)
         # rows 0 and 1 of the output head are <pad> and <eom>: a content slot never takes them
-        rows, conf = kernels.unmask_scores(hidden, w[2:], pos, self.params.rule, impl=self.model.impl)
+        if self.model.copy_head is not None:  # the copy mixture: plain torch
+            rows, conf = reference_ops.confidence_from_logits(self._row_logits(hidden[pos])[:, 2:], self.params.rule)
+        else:
+            rows, conf = kernels.unmask_scores(hidden, w[2:], pos, self.params.rule, impl=self.model.impl)
         return token_of_row[2:][rows], conf
 
 

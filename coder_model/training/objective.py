@@ -161,9 +161,19 @@ def diffusion_loss(model, ids, targets, valid, tc, tok, gen: torch.Generator, ep
     x[:, tc:] = block_in
     hidden = model(x, attn_mask=native_train_mask(valid, tc))  # (B, T, dim)
     logits = model.logits(hidden[:, tc:]).float()  # (B, L, V)
-    ce = F.cross_entropy(logits.reshape(B * L, -1), targets.reshape(-1), reduction="none").view(B, L)
+    copy_head = getattr(model, "copy_head", None)
+    if copy_head is None:
+        ce = F.cross_entropy(logits.reshape(B * L, -1), targets.reshape(-1), reduction="none").view(B, L)
+        predicted = logits.argmax(-1)
+    else:
+        # the pointer-generator mixture over the prompt before the block (left padding excluded:
+        # its hidden states are never attended and its ids are <pad>)
+        keys = copy_head.keys(hidden[:, :tc])
+        probs = copy_head.mixture(logits, hidden[:, tc:], keys, ids[:, :tc], valid[:, :tc])  # (B, L, V)
+        ce = -probs.gather(-1, targets[..., None]).squeeze(-1).clamp_min(1e-30).log()
+        predicted = probs.argmax(-1)
     loss = weighted_loss(ce, masked, t_rows, obj.loss_weight)
-    acc = ((logits.argmax(-1) == targets) & masked).sum() / masked.sum().clamp_min(1)
+    acc = ((predicted == targets) & masked).sum() / masked.sum().clamp_min(1)
     if ar_weight > 0 and tc > 1:
         pairs = valid[:, : tc - 1] & valid[:, 1:tc]  # (B, tc-1): position q predicts q+1
         nxt = torch.where(pairs, ids[:, 1:tc], torch.full_like(ids[:, 1:tc], -100))

@@ -41,6 +41,7 @@ layout, `--init` warm-starts from one (a new schedule in the current layout).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import platform
@@ -56,7 +57,7 @@ import torch
 from dlm.coder_model.checkpoint import load_model, resolve_device, save_checkpoint
 from dlm.coder_model.config import ModelConfig
 from dlm.coder_model.layout import LAYOUT_VERSION
-from dlm.coder_model.model import DLM, count_parameters
+from dlm.coder_model.model import DLM, CopyHead, count_parameters
 from dlm.coder_model.tokenizer import Tokenizer, train_tokenizer
 from dlm.coder_model.training.batches import ExampleStream, batches, collate, make_sequence
 from dlm.coder_model.training.corpus import read_split
@@ -111,6 +112,10 @@ class TrainConfig:
     # share of typing examples given retrieved snippets of their project's other files
     # (training.project_snippets); the rest have none, as the server has before its index is ready
     snippet_share: float = 0.7
+    # a pointer-generator copy head (model.CopyHead); with --init from a model without one, the
+    # head is added (its parameters new, the rest loaded) and trains at copy_lr_mult x the lr
+    copy_head: bool = False
+    copy_lr_mult: float = 5.0
 
     def objective(self) -> Objective:
         return Objective(t_dist=self.t_dist, stratified_t=self.stratified_t, complementary=self.complementary,
@@ -235,12 +240,27 @@ def build_model(cfg: TrainConfig, resume: bool, last: Path) -> tuple[DLM, Tokeni
         model, tok = load_model(cfg.init, device="cpu", impl="reference", any_layout=True)
         print(f"[train] warm start from {cfg.init} (trained now in token layout {LAYOUT_VERSION})",
               file=sys.stderr)
+        if cfg.copy_head and model.copy_head is None:
+            model = add_copy_head(model, cfg.seed)
+            n_new = count_parameters(model.copy_head)
+            print(f"[train] copy head added: {n_new} new parameters initialised (gate bias "
+                  f"{CopyHead.GATE_BIAS_INIT}), the other weights loaded from {cfg.init}", file=sys.stderr)
         return model, tok, False
     tok = build_tokenizer(cfg)
-    mcfg = ModelConfig.preset(cfg.preset, vocab_size=max(tok.vocab_size, 256))
+    mcfg = ModelConfig.preset(cfg.preset, vocab_size=max(tok.vocab_size, 256), copy_head=cfg.copy_head)
     model = DLM(mcfg, impl="reference")
     model.init_weights(cfg.seed)
     return model, tok, False
+
+
+def add_copy_head(model: DLM, seed: int = 0) -> DLM:
+    """A copy of `model` with a freshly initialised copy head; every other weight is kept."""
+    cfg = dataclasses.replace(model.config, copy_head=True)
+    new = DLM(cfg, impl=model.impl)
+    new.init_weights(seed)
+    missing, unexpected = new.load_state_dict(model.state_dict(), strict=False)
+    assert not unexpected and all(k.startswith("copy_head.") for k in missing), (missing, unexpected)
+    return new
 
 
 def train(cfg: TrainConfig, resume: bool = False) -> Path:
@@ -259,11 +279,17 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
     rng = random.Random(cfg.seed)
     model, tok, resume = build_model(cfg, resume, last)
     model.to(dev).train()
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    body = [(n, p) for n, p in model.named_parameters() if not n.startswith("copy_head.")]
+    decay = [p for n, p in body if p.dim() >= 2]
+    no_decay = [p for n, p in body if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay, "lr_scale": 1.0},
+              {"params": no_decay, "weight_decay": 0.0, "lr_scale": 1.0}]
+    if model.copy_head is not None:
+        # the new head starts from scratch on a warm-started body: it learns at a higher rate
+        groups.append({"params": list(model.copy_head.parameters()), "weight_decay": 0.0,
+                       "lr_scale": cfg.copy_lr_mult})
     opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=(0.9, 0.95), fused=dev.type == "cuda",  # fused: one kernel for all parameters
+        groups, lr=cfg.lr, betas=(0.9, 0.95), fused=dev.type == "cuda",  # fused: one kernel for all parameters
     )
     step, total, tokens_seen = 0, cfg.steps, 0
     if resume:
@@ -333,7 +359,7 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
             targets, valid = targets.to(dev, non_blocking=True), valid.to(dev, non_blocking=True)
             lr = lr_at(step, total, cfg)
             for g in opt.param_groups:
-                g["lr"] = lr
+                g["lr"] = lr * g.get("lr_scale", 1.0)
             with amp:
                 loss, acc = diffusion_loss(fwd, ids, targets, valid, tc, tok, gen, cfg.eps, cfg.ar_weight,
                                            objective)

@@ -45,12 +45,12 @@ def test_kernels_package_imports_only_torch_and_triton():
 def test_step_bench_on_cpu_prints_reference_rows_and_refuses_bad_models():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "dlm.coder_model.bench.step", "--device", "cpu", "--context", "64",
-           "--slots", "8", "--reps", "1", "--models", "embedded,dream-tiny"]
+           "--slots", "8", "--reps", "1", "--models", "embedded,embedded-copy,dream-tiny"]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
-    rows = [line.split() for line in p.stdout.splitlines() if line.startswith(("embedded ", "dream tiny "))]
+    rows = [line.split() for line in p.stdout.splitlines() if line.startswith(("embedded ", "embedded-copy ", "dream tiny "))]
     # one reference ("off") row per model, Tc = 64 context tokens, L = 8, no graph on the CPU
-    assert [(r[-4], r[-3], r[-2] != "", r[-1]) for r in rows] == [("8", "off", True, "n/a")] * 2, p.stdout
+    assert [(r[-4], r[-3], r[-2] != "", r[-1]) for r in rows] == [("8", "off", True, "n/a")] * 3, p.stdout
     assert "skipped on the CPU" in p.stdout
     bad = subprocess.run(cmd[:3] + ["--models", "embedded,gpt-5"], capture_output=True, text=True, env=env,
                          check=False, timeout=120)

@@ -203,6 +203,28 @@ def test_warm_start_loads_weights(small_corpus, tmp_path, tiny_checkpoint):
         torch.testing.assert_close(v, b.state_dict()[k], rtol=0, atol=1e-6)
 
 
+def test_warm_start_adds_a_copy_head_trains_it_faster_and_resumes_with_it(small_corpus, tmp_path, tiny_checkpoint,
+                                                                          capsys):
+    from dlm.coder_model.checkpoint import load_model
+
+    out = tmp_path / "copy"
+    cfg = _cfg(small_corpus, out, tiny_checkpoint, steps=2, init=tiny_checkpoint, tokenizer="", copy_head=True,
+               copy_lr_mult=3.0, save_dtype="fp32")
+    final = train(cfg)
+    assert "copy head added" in capsys.readouterr().err
+    a, _ = load_model(final)
+    b, _ = load_model(tiny_checkpoint)
+    assert a.copy_head is not None and b.copy_head is None
+    assert json.loads((final / "config.json").read_text())["copy_head"] is True
+    groups = json.loads((out / "last" / "trainer_state.json").read_text())["param_groups"]
+    assert [g["lr_scale"] for g in groups] == [1.0, 1.0, 3.0]
+    assert groups[2]["lr"] == pytest.approx(3.0 * groups[0]["lr"])
+    # a resume keeps the head (the saved config says so) and its optimizer group
+    train(_cfg(small_corpus, out, tiny_checkpoint, steps=3, init=tiny_checkpoint, tokenizer="", copy_head=True,
+               copy_lr_mult=3.0), resume=True)
+    assert _steps(out) == [1, 2, 3]
+
+
 def test_minutes_budget_stops_a_run_and_saves_its_state(small_corpus, tmp_path, tiny_checkpoint):
     # a budget of 0 minutes has run out after the first step, even with --steps 50
     out = tmp_path / "budget"
