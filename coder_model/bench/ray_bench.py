@@ -11,7 +11,8 @@ clients reach over TCP with RemoteEngine, as an editor does:
   ray x2   the same with 2 replicas
 1. Overhead: one client replays --keystrokes keystrokes, one at a time, against plain and
    ray x1 alternately (so load changes on a shared machine hit both alike): p50/p99, the
-   difference and the ratio (the target is <= 5 ms p50 added).
+   difference and the ratio (the target is <= 5 ms p50 added); then the same requests split
+   into the model's compute (the server's own prefill + denoise times) and the rest.
 2. Throughput: --clients clients (each its own connection and document) send --requests
    requests back to back, all at once: requests/s, p50, p99, for each of the three.
 """
@@ -29,6 +30,7 @@ import time
 from dlm.coder_model.bench.remote import _concurrent, _ensure_model, _params, _pct, _replay, typing_prompts
 from dlm.coder_model.remote.client import parse_host_port
 from dlm.coder_model.remote.serve_cli import read_listening_address
+from dlm.coder_model.types import CancelToken
 
 
 def _start(cmd: list[str], what: str) -> tuple[subprocess.Popen, int]:
@@ -70,6 +72,16 @@ def _throughput(port: int, args, params) -> tuple:
     return len(lat), wall, len(lat) / wall, _pct(lat, 0.5), _pct(lat, 0.99)
 
 
+def _timed(engine, prompt, params) -> tuple[float, float]:
+    """(round trip ms, the model's ms: the server's prefill + denoise) of one request."""
+    t0 = time.perf_counter()
+    pred = engine.predict(prompt, params, CancelToken())
+    lat = (time.perf_counter() - t0) * 1e3
+    if pred.cancelled:
+        raise RuntimeError("a benchmark request came back cancelled (connection lost?)")
+    return lat, pred.prefill_ms + pred.denoise_ms
+
+
 def run(args: argparse.Namespace) -> int:
     import ray
 
@@ -94,11 +106,13 @@ def run(args: argparse.Namespace) -> int:
             try:
                 _replay(p_eng, prompts[:3], params)  # warm-up
                 _replay(r_eng, prompts[:3], params)
-                plain_lat, ray_lat = [], []
+                plain_lat, ray_lat, plain_model, ray_model = [], [], [], []
                 for i, p in enumerate(prompts):
-                    order = ((p_eng, plain_lat), (r_eng, ray_lat))
-                    for engine, sink in order if i % 2 == 0 else order[::-1]:
-                        sink.extend(_replay(engine, [p], params)[0])
+                    order = ((p_eng, plain_lat, plain_model), (r_eng, ray_lat, ray_model))
+                    for engine, sink, model_sink in order if i % 2 == 0 else order[::-1]:
+                        lat, model_ms = _timed(engine, p, params)
+                        sink.append(lat)
+                        model_sink.append(model_ms)
             finally:
                 p_eng.close()
                 r_eng.close()
@@ -131,6 +145,17 @@ def run(args: argparse.Namespace) -> int:
           f"{statistics.fmean(ray_lat) - statistics.fmean(plain_lat):+.1f} |")
     print(f"| ratio ray / plain | | {rp50 / pp50:.2f} | {rp99 / pp99:.2f} | "
           f"{statistics.fmean(ray_lat) / statistics.fmean(plain_lat):.2f} |")
+    # Where the added time goes: the scheduler's own prefill + denoising time of each request (the
+    # model's compute, as the server reports it) and the rest of the round trip (hops, queues, network).
+    print("\n## Split of the same requests: the model's compute (the scheduler's prefill + denoise) and the rest\n")
+    print("| server | model p50 | rest of the round trip p50 |")
+    print("| --- | --- | --- |")
+    plain_rest = [a - b for a, b in zip(plain_lat, plain_model)]
+    ray_rest = [a - b for a, b in zip(ray_lat, ray_model)]
+    print(f"| plain `dlm-lsp serve` | {_pct(plain_model, 0.5):.1f} | {_pct(plain_rest, 0.5):.1f} |")
+    print(f"| `--engine ray`, 1 replica | {_pct(ray_model, 0.5):.1f} | {_pct(ray_rest, 0.5):.1f} |")
+    print(f"| added by Ray Serve | {_pct(ray_model, 0.5) - _pct(plain_model, 0.5):+.1f} | "
+          f"{_pct(ray_rest, 0.5) - _pct(plain_rest, 0.5):+.1f} |")
     if not rows:
         return 0
     print(f"\n## Throughput, {args.clients} clients sending back to back ({args.requests} requests each)\n")

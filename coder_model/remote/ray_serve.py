@@ -56,6 +56,7 @@ import argparse
 import asyncio
 import collections
 import concurrent.futures
+import inspect
 import logging
 import os
 import signal
@@ -65,10 +66,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-# Ray Serve's own settings are left at their defaults. Tried on the 2-vCPU VM (BENCHMARKS.md
-# "Remote serving on Ray Serve"): gRPC between handle and replica (RAY_SERVE_USE_GRPC_BY_DEFAULT=1)
-# halves a bare handle round trip (3.8 -> 2.0 ms) but not the time a whole request adds (+9.2 ms
-# against +8.6 ms), and replica code on the replica's main loop made it worse (+14 ms).
+# The ingress reaches the replicas over Ray Serve's gRPC path (`grpc_handle`), not by object
+# reference; the rest of Serve's settings are its defaults. Measured on the 2-vCPU VM on a quiet
+# machine (BENCHMARKS.md "Session 8"): gRPC cut what a request spends between the handle and the
+# replica's handler from 5.3-5.8 ms to 3.7-4.0 ms p50 (session 5's contrary result was taken on a
+# loaded machine); replica code on the replica's main loop gave nothing more.
 import ray
 from dlm.coder_model.layout import LayoutBudget
 from dlm.coder_model.remote.protocol import ProtocolError
@@ -331,12 +333,22 @@ class _ForwardedCancel(CancelToken):
             self.on_cancel()
 
 
+def grpc_handle(handle):
+    """`handle` sending its requests to the replicas over Ray Serve's gRPC data path (the path of
+    Serve's "throughput optimized" mode; every replica serves it) instead of as Ray object
+    references. A Ray Serve too old for the choice (its `options` has no `_by_reference`) keeps its
+    default path: the requests go through either way."""
+    if "_by_reference" not in inspect.signature(handle.options).parameters:
+        return handle
+    return handle.options(_by_reference=False)
+
+
 class RayForwarder:
     """The model side of the ingress's RemoteServer (server.Scheduler): each request goes to a
     replica of the deployment, the connection's id as its multiplexed model id (affinity)."""
 
     def __init__(self, handle, description: dict[str, Any]):
-        self.handle = handle
+        self.handle = grpc_handle(handle)
         self.description = description
         self.stats = SchedulerStats()
         b = description["budget"]

@@ -14,7 +14,6 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="Ray Serve is not installed (pip install -e '.[ray]'): the --engine ray "
                           "tests need it")
-# imported before ray.serve: it sets Ray Serve's transport options, read when ray.serve is first imported
 ray_serve = pytest.importorskip("dlm.coder_model.remote.ray_serve",
                                 reason="ray is installed without Serve (pip install 'ray[serve]')")
 from dlm.coder_model.remote.client import RemoteEngine
@@ -95,6 +94,22 @@ class Typist(threading.Thread):
     @property
     def empties(self) -> int:
         return sum(1 for p in self.preds if p.cancelled)
+
+
+def test_the_ingress_reaches_the_replicas_over_grpc(cluster):
+    _srv, forwarder, _deployment = cluster
+    response = forwarder.handle.describe.remote()
+    assert response.by_reference is False  # Serve's gRPC data path, not object references
+    assert response.result(timeout_s=60)["budget"]["max_context"] > 0
+
+
+def test_a_serve_without_the_grpc_choice_keeps_its_default_path():
+    class OldHandle:  # the shape of a Ray Serve whose options() has no _by_reference
+        def options(self, *, method_name=None, multiplexed_model_id=None):
+            raise AssertionError("options() must not be called with an argument it does not take")
+
+    old = OldHandle()
+    assert ray_serve.grpc_handle(old) is old
 
 
 def test_many_clients_answered_with_cache_affinity(cluster):
