@@ -227,7 +227,7 @@ def test_scale_from_1_to_2_under_load(cluster):
 
 
 def test_autoscale_adds_a_replica_under_load_and_removes_it_when_idle(cluster):
-    srv, forwarder, deployment = cluster
+    srv, _forwarder, deployment = cluster
     deployment.scale(1)
     wait_replicas(1)
     # sized for one request per replica: four editors typing without pause are load for two
