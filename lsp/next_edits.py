@@ -19,27 +19,52 @@ history up to HEAD for support, in the background. `propose` answers dlm/editPre
 3. a proposal is sent only if the document is still at the version it was computed for,
    and the span it replaces still holds the text the pattern covers: it never changes
    user text outside that span.
+4. no proposal passed in this document: the same patterns are looked for in the other open
+   documents, then in the workspace's indexed files (read from disk), at most
+   `nextEdits.otherFiles` files within the request's deadline; the best one over the gate is
+   answered as a jump to that file with no edits (`jump: {uri, path, position, label}`). The
+   client opens the file there, and asks again: the edit itself is then proposed in that
+   document. The scan runs on the pool and is kept while the patterns stay the same.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dlm.coder_model import limits
-from dlm.coder_model.edit_memory import BurstTracker, EditMemory, GitMiner, Proposal, span_text
+from dlm.coder_model.edit_memory import BurstTracker, EditMemory, GitMiner, Proposal, key_text, span_text
 from dlm.coder_model.types import CancelToken, MemoryProposal, Prompt
+from dlm.lsp.documents import Document
+from dlm.lsp.workspace import file_path
 
 if TYPE_CHECKING:
-    from dlm.lsp.documents import Document
     from dlm.lsp.server import DlmServer
 
 log = logging.getLogger(__name__)
 
 WINDOW_LINES = 60  # lines of prefix and suffix around a site given to the model (then cut by the windows)
+# How long a scan of the other files is reused while the patterns stay the same (files change
+# on disk meanwhile; the answer's site is checked again each time it is sent).
+ELSEWHERE_TTL_S = 10.0
+# The longest one scan of the other files runs (within the request's deadline too): the nearest
+# files are looked at first, so a large workspace costs a request this much at most, not its size.
+ELSEWHERE_SCAN_S = 0.15
+
+
+@dataclass
+class Elsewhere:
+    """The last scan of the other files: for which document and patterns, when, and its best
+    proposal ((uri, proposal), or None)."""
+
+    key: tuple
+    at: float
+    found: tuple[str, Proposal] | None
 
 
 class NextEdits:
@@ -53,6 +78,7 @@ class NextEdits:
         # the user edits another document or closes this one (else the last edit of a file, the one
         # a user carries to the next file, was never remembered)
         self.documents: dict[str, tuple[Document, str]] = {}
+        self.elsewhere: Elsewhere | None = None  # the last scan of the other files (propose_elsewhere)
 
     def configure(self, opts) -> None:
         self.memory.max_patterns = opts.max_patterns
@@ -191,6 +217,9 @@ async def propose(ls: DlmServer, doc: Document, row: int, col: int) -> dict | No
     t0 = time.monotonic()
     uri, version, path = doc.uri, doc.version, ls.path_of(doc.uri)
     lines = list(doc.lines)  # a snapshot: the document changes on the event loop meanwhile
+    # asked about this document, the user is here: an edit still open in another one (the edit a
+    # jump to this file came from) is finished, and its patterns propose here
+    ls.next_edits.close_others(uri)
     pending, open_edit = _pending(ls, doc, path, lines)
     memory = ls.next_edits.memory
     if not pending and not memory.patterns():
@@ -217,7 +246,9 @@ async def propose(ls: DlmServer, doc: Document, row: int, col: int) -> dict | No
             chosen = (p, conf)
             break
     if chosen is None:
-        return None
+        if ls.documents.get(uri) is not doc or doc.version != version:
+            return None
+        return await propose_elsewhere(ls, doc, pending, open_edit, deadline)
     if ls.documents.get(uri) is not doc or doc.version != version:
         ls.stats.add("outdated")  # the file changed while the proposal was computed: dropped
         return None
@@ -245,3 +276,104 @@ def result(ls: DlmServer, doc: Document, p: Proposal, confidence: float, row: in
         # far from the cursor: the client shows a "jump to" hint first (README "Next edits")
         out["jump"] = {"position": edits[0]["range"]["start"], "lines": first.line - row, "label": p.pattern.label()}
     return out
+
+
+# ---- a jump to another file (module doc, step 4) ----------------------------------------------
+
+
+async def propose_elsewhere(ls: DlmServer, doc: Document, pending: list, open_edit: bool,
+                            deadline: float) -> dict | None:
+    """The best proposal over the gate in another file, as a jump to it; None when there is none."""
+    opts = ls.options.next_edits
+    if opts.other_files <= 0:
+        return None
+    ne = ls.next_edits
+    live = ne.memory.live_patterns(pending, open_edit)
+    if not live:
+        return None
+    key = (doc.uri, tuple((e.pattern.key, e.count, e.seq) for e in live))
+    now = time.monotonic()
+    if ne.elsewhere is None or ne.elsewhere.key != key or now - ne.elsewhere.at > ELSEWHERE_TTL_S:
+        opened = [(d.uri, list(d.lines)) for d in ls.documents if d.uri != doc.uri]  # snapshots, on the loop
+        needles = [k for k in (key_text(e.pattern) for e in live) if k]
+        loop = asyncio.get_running_loop()
+        until = min(deadline, time.monotonic() + ELSEWHERE_SCAN_S)
+        found = await loop.run_in_executor(
+            ls.pool, lambda: scan_elsewhere(ls, doc.uri, opened, needles, pending, open_edit, until))
+        ne.elsewhere = Elsewhere(key, now, found)
+    if ne.elsewhere.found is None:
+        return None
+    target, p = ne.elsewhere.found
+    there = current(ls, target)
+    if there is None or any(span_text(there.lines, s) != s.old_text for s in p.sites):
+        ne.elsewhere = None  # edited or gone since the scan: scan again next time
+        return None
+    row, col = there.to_position(p.site.line, p.site.start)
+    ls.stats.add("jump_elsewhere")
+    return {"id": ls.next_id(), "version": doc.version, "edits": [], "confidence": p.support,
+            "rewritesRecent": False, "source": "editMemory", "label": p.pattern.label(),
+            "jump": {"uri": target, "path": ls.path_of(target), "position": {"line": row, "character": col},
+                     "label": p.pattern.label()}}
+
+
+def nearest_files(ls: DlmServer, uri: str, skip: set[str]) -> list[str]:
+    """The workspace's indexed files but `skip`, those in `uri`'s folder first, then those above or
+    below it, then the rest (each group by path)."""
+    here = os.path.dirname(file_path(uri) or "")
+
+    def rank(f: str) -> tuple[int, str]:
+        d = os.path.dirname(f)
+        near = d == here or (here and (d.startswith(here + "/") or here.startswith(d + "/")))
+        return (0 if d == here else 1 if near else 2, f)
+
+    return sorted((f for f in ls.workspace_index.indexed_files() if f not in skip), key=rank)
+
+
+def scan_elsewhere(ls: DlmServer, uri: str, opened: list[tuple[str, list[str]]], needles: list[str],
+                   pending: list, open_edit: bool, deadline: float) -> tuple[str, Proposal] | None:
+    """On the pool: the best proposal at `nextEdits.minConfidence` or above in the other open
+    documents (`opened`: snapshots), then in the indexed files nearest `uri`, at most
+    `nextEdits.otherFiles` files, until the deadline. A file on disk is read only when it holds
+    one of the patterns' key texts (`needles`)."""
+    opts = ls.options.next_edits
+    memory = ls.next_edits.memory
+    max_bytes = ls.options.index.max_file_bytes
+    skip = {file_path(u) or u for u, _ in opened} | {file_path(uri) or uri}
+    sources: list[tuple[str, list[str] | None]] = list(opened)
+    if len(sources) < opts.other_files:
+        files = nearest_files(ls, uri, skip)[: opts.other_files - len(sources)]
+        sources.extend((Path(f).as_uri(), None) for f in files)
+    best: tuple[str, Proposal] | None = None
+    for target, lines in sources[: opts.other_files]:
+        if time.monotonic() > deadline:
+            break
+        try:
+            if lines is None:
+                path = file_path(target)
+                if path is None or os.path.getsize(path) > max_bytes:
+                    continue
+                text = Path(path).read_text(encoding="utf-8")
+                if not any(n in text for n in needles):
+                    continue
+                lines = Document(target, text).lines
+            found = memory.propose(ls.path_of(target), lines, 0, pending=pending, max_scan=opts.max_scan_lines,
+                                   limit=1, open_edit=open_edit)
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue  # unreadable, not text, or gone: not a place for a next edit
+        if found and found[0].support >= opts.min_confidence and (best is None or found[0].support > best[1].support):
+            best = (target, found[0])
+    return best
+
+
+def current(ls: DlmServer, uri: str) -> Document | None:
+    """The file as it is now: the open document, else read from disk (None when unreadable)."""
+    doc = ls.documents.get(uri)
+    if doc is not None:
+        return doc
+    path = file_path(uri)
+    if path is None:
+        return None
+    try:
+        return Document(uri, Path(path).read_text(encoding="utf-8"), encoding=ls.documents.encoding)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None

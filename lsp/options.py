@@ -64,8 +64,8 @@ class NextEditOptions:
 
     enabled: bool = True  # the edit memory's proposals answer dlm/editPrediction (when editPredictions is on)
     # Show a proposal at this confidence (the calibrated P(it is the next edit), edit_memory/calibration.py)
-    # or above: 0.2 on the edit-histories valid split shows 18.4% of the opportunities at 56.7% exact
-    # (the next hunk) and 80.9% right location (README "Next edits", BENCHMARKS.md "Calibrated next edits").
+    # or above: 0.2 on the edit-histories valid split shows 21.9% of the opportunities at 53.0% exact
+    # (the next hunk) and 79.4% right location (README "Next edits", BENCHMARKS.md "Block patterns").
     min_confidence: float = 0.2
     # The denoiser checks each proposal before it is shown (it can veto; its probability of the edit is
     # mixed into the confidence). Off: that probability did not tell right proposals from wrong ones on
@@ -81,6 +81,9 @@ class NextEditOptions:
     max_proposals: int = 8  # ranked sites kept per request
     git_commits: int = 300  # commits of the root's git history mined for support (0: none)
     jump_lines: int = 8  # a proposal farther than this from the cursor carries a "jump to" hint
+    # Files looked at (the other open documents, then the indexed files nearest the document's
+    # folder) for a jump to another file when this document has no proposal; 0: never.
+    other_files: int = 500
     # Without a proposal, the model's wide rewrite of the region answers. Off: on the valid split
     # every one of its proposals deleted lines the commit keeps, none was exact (BENCHMARKS.md "Next edits").
     model_fallback: bool = False
@@ -152,6 +155,7 @@ OPTION_CAPS: dict[str, Cap] = {
     "next_edits.max_proposals": Cap("int", 1, 100),
     "next_edits.git_commits": Cap("int", 0, 10_000),
     "next_edits.jump_lines": Cap("int", 0, 10_000),
+    "next_edits.other_files": Cap("int", 0, 100_000),
     "next_edits.model_fallback": Cap("bool"),
     "deadline_ms": Cap("int", 1, int(REQUEST_CAPS["deadline_ms"].high)),
     "min_confidence": Cap("float", 0.0, 1.0),

@@ -185,6 +185,13 @@ class Workspace:
                 out[rel] = text
         return out
 
+    def indexed_files(self) -> list[str]:
+        """Absolute paths of the files the index took (no secrets, nothing ignored), root by root."""
+        out: list[str] = []
+        for ri in list(self._roots.values()):
+            out.extend(os.path.join(ri.path, rel) for rel in list(ri.manifest))
+        return out
+
     @contextmanager
     def prediction(self):
         """Wrap each prediction (from any thread): the indexer starts nothing new until it

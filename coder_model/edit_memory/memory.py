@@ -264,6 +264,32 @@ class EditMemory:
         return p * (0.8 + 0.2 * rank_score)
 
     # ---- proposing --------------------------------------------------------------------------
+    def live_patterns(self, pending: list[Entry] = (), open_edit: bool | None = None, now: float | None = None,
+                      max_patterns: int = 4, recent_edits: int = RECENT_EDITS) -> list[Entry]:
+        """The patterns `propose` looks for, in its order (the open burst's, then the newest)."""
+        return self._live(pending, open_edit, now, max_patterns, recent_edits)[1]
+
+    def _live(self, pending, open_edit, now, max_patterns, recent_edits) -> tuple[int, list[Entry]]:
+        """(edits counted, the open edit included; the patterns that propose), see `propose`."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            edits = self.edits + (1 if (bool(pending) if open_edit is None else open_edit) else 0)
+            # the open edit repeats a remembered pattern: it is one more application of it
+            pending = [replace(e, count=old.count + 1, ambiguous=old.ambiguous, context=old.context | e.context)
+                       if (old := self._entries.get(e.pattern.key)) is not None else e for e in pending]
+        candidates = list(pending) + [e for e in self.patterns()
+                                      if now - e.at <= self.max_age_s and edits - e.seq < recent_edits]
+        seen: set[tuple] = set()
+        live: list[Entry] = []
+        for e in candidates:
+            if e.pattern.key in seen or e.pattern.kind == "delete_line":
+                continue
+            seen.add(e.pattern.key)
+            if len(seen) > max_patterns:
+                break
+            live.append(e)
+        return edits, live
+
     def propose(self, path: str, lines: list[str], cursor_line: int, now: float | None = None,
                 pending: list[Entry] = (), max_patterns: int = 4, max_scan: int = 2000,
                 limit: int = 8, recent_edits: int = RECENT_EDITS, open_edit: bool | None = None) -> list[Proposal]:
@@ -271,23 +297,9 @@ class EditMemory:
         (`pending`) and of the last `recent_edits` edits; at most `limit`, best first. `open_edit`:
         an edit is still open (the server's tracker; default: when `pending` has patterns), and it
         is the newest edit: the closed ones are one edit older."""
-        now = time.monotonic() if now is None else now
-        with self._lock:
-            edits = self.edits + (1 if (bool(pending) if open_edit is None else open_edit) else 0)
-        with self._lock:
-            # the open edit repeats a remembered pattern: it is one more application of it
-            pending = [replace(e, count=old.count + 1, ambiguous=old.ambiguous, context=old.context | e.context)
-                       if (old := self._entries.get(e.pattern.key)) is not None else e for e in pending]
-        candidates = list(pending) + [e for e in self.patterns()
-                                      if now - e.at <= self.max_age_s and edits - e.seq < recent_edits]
-        seen: set[tuple] = set()
+        edits, live = self._live(pending, open_edit, now, max_patterns, recent_edits)
         out: list[Proposal] = []
-        for e in candidates:
-            if e.pattern.key in seen or e.pattern.kind == "delete_line":
-                continue
-            seen.add(e.pattern.key)
-            if len(seen) > max_patterns:
-                break
+        for e in live:
             sites = find_sites(e.pattern, lines, cursor_line, max_scan)
             # a rename the user made twice is a systematic one, whatever names existed before it
             ambiguous = e.ambiguous and e.count < 2

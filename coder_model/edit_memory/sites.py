@@ -50,6 +50,18 @@ def _key_word(p: Pattern) -> str:
     return max(names, key=len) if names else ""
 
 
+def key_text(p: Pattern) -> str:
+    """Text every site of `p` contains (on one of its lines), to skip a whole file with one
+    substring test before its lines are scanned; "" when the pattern has no sites at all."""
+    if p.kind == "delete_line":
+        return ""
+    if p.kind == "insert_line":
+        return "class" if p.before[0] == "class" else "def"
+    if p.block:
+        return max(p.before, key=len) if p.before else ""
+    return _key_word(p)
+
+
 def find_sites(p: Pattern, lines: list[str], cursor_line: int, max_scan: int = 2000) -> list[Site]:
     """Sites of `p` in `lines` (with or without terminators), nearest the cursor first,
     at most `max_scan` candidate lines looked at (the rest are too far to rank first)."""

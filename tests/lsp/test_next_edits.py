@@ -208,3 +208,83 @@ async def test_a_deleted_two_line_guard_is_proposed_by_range_where_the_same_guar
         assert await edit_prediction(client, uri, 6, 0) is None
     finally:
         await client.shutdown_session()
+
+
+async def start_in(root, env: dict, next_edits: dict):
+    """A server on the workspace folder `root`, indexed (its files are where a jump may lead)."""
+    client = await ClientServerConfig(server_command=[*SERVER, "--device", "cpu"],
+                                      server_env=server_env(**env)).start()
+    await client.initialize_session(types.InitializeParams(
+        capabilities=client_capabilities("visual-studio-code"),
+        workspace_folders=[types.WorkspaceFolder(uri=root.as_uri(), name=root.name)],
+        initialization_options={"editPredictions": True, "nextEdits": {"gitCommits": 0, **next_edits}}))
+    await wait_state(client, timeout_s=20)
+    for _ in range(400):
+        if (await request(client, "dlm/stats", {}))["index"]["state"] == "ready":
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError("the workspace index never got ready")
+    return client
+
+
+def stats_and_report(tmp_path):
+    root = tmp_path / "proj"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "stats.py").write_text("def total(rows):\n    n = count(rows)\n    return n\n")
+    (root / "pkg" / "report.py").write_text("from .stats import count\n\n\nprint(count([1, 2]))\n")
+    (root / "pkg" / "plain.py").write_text("x = 1\n")
+    return root
+
+
+@pytest.mark.asyncio
+async def test_with_no_site_left_here_a_jump_leads_to_a_workspace_file_that_is_not_open(tmp_path):
+    root = stats_and_report(tmp_path)
+    client = await start_in(root, {"HOME": str(tmp_path), **ECHO, "FAKE_STEP_S": "0.01"},
+                            {"minConfidence": 0, "checkWithModel": False})
+    try:
+        uri, report = (root / "pkg" / "stats.py").as_uri(), (root / "pkg" / "report.py").as_uri()
+        open_document(client, uri, (root / "pkg" / "stats.py").read_text())
+        rename_on_line_1(client, uri)  # stats.py has no other use of count: the next one is in report.py
+        res = await edit_prediction(client, uri, 1, 13)
+        assert res is not None and res["edits"] == [] and res["version"] == 2
+        assert res["label"] == "rename count → tally" and 0 <= res["confidence"] <= 1
+        assert res["jump"] == {"uri": report, "path": "pkg/report.py", "position": {"line": 0, "character": 19},
+                               "label": "rename count → tally"}
+        assert (await request(client, "dlm/stats", {}))["jump_elsewhere"] >= 1
+
+        # the client opens the file there and asks again: the edit itself, in that document
+        open_document(client, report, (root / "pkg" / "report.py").read_text())
+        res = await edit_prediction(client, report, 0, 19)
+        (edit,) = res["edits"]
+        assert edit["newText"] == "tally" and edit["range"]["start"] == {"line": 0, "character": 19}
+    finally:
+        await client.shutdown_session()
+
+
+@pytest.mark.asyncio
+async def test_a_jump_is_dropped_when_the_other_file_changed_and_never_made_with_other_files_0(tmp_path):
+    root = stats_and_report(tmp_path)
+    client = await start_in(root, {"HOME": str(tmp_path), **ECHO, "FAKE_STEP_S": "0.01"},
+                            {"minConfidence": 0, "checkWithModel": False})
+    try:
+        uri = (root / "pkg" / "stats.py").as_uri()
+        open_document(client, uri, (root / "pkg" / "stats.py").read_text())
+        rename_on_line_1(client, uri)
+        assert (await edit_prediction(client, uri, 1, 13))["jump"]["position"]["line"] == 0
+        # the user (or git) changes report.py on disk: the remembered site no longer holds `count`
+        (root / "pkg" / "report.py").write_text("from .stats import tally\n\n\nprint(tally([1, 2]))\n")
+        assert await edit_prediction(client, uri, 1, 13) is None
+    finally:
+        await client.shutdown_session()
+
+    client = await start_in(root, {"HOME": str(tmp_path / "h2"), **ECHO, "FAKE_STEP_S": "0.01"},
+                            {"minConfidence": 0, "checkWithModel": False, "otherFiles": 0})
+    try:
+        (root / "pkg" / "report.py").write_text("from .stats import count\n\n\nprint(count([1, 2]))\n")
+        uri = (root / "pkg" / "stats.py").as_uri()
+        open_document(client, uri, (root / "pkg" / "stats.py").read_text())
+        rename_on_line_1(client, uri)
+        assert await edit_prediction(client, uri, 1, 13) is None
+    finally:
+        await client.shutdown_session()
