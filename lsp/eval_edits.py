@@ -66,6 +66,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from dlm.coder_model.edit_memory.patterns import common_ends
 from dlm.lsp.bench import Bench, _plain, request
 from dlm.lsp.positions import to_character, to_index
 from dlm.lsp.stats import percentile
@@ -342,12 +343,7 @@ def apply_edits(text: str, edits: list[dict]) -> str:
 def changed_blocks(old: list[str], new: list[str]) -> list[tuple[int, int, int, int]]:
     """Line blocks (i1, i2, j1, j2): old[i1:i2] became new[j1:j2] (difflib, after the common
     head and tail are cut off so that large files cost little)."""
-    head = 0
-    while head < min(len(old), len(new)) and old[head] == new[head]:
-        head += 1
-    tail = 0
-    while tail < min(len(old), len(new)) - head and old[-1 - tail] == new[-1 - tail]:
-        tail += 1
+    head, tail = common_ends(old, new)
     a, b = old[head : len(old) - tail], new[head : len(new) - tail]
     if not a and not b:
         return []

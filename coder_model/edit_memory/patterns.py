@@ -285,6 +285,17 @@ def _has_name(lines) -> bool:
     return any(is_name(t.text) for x in lines for t in tokens(x))
 
 
+def common_ends(old: list[str], new: list[str]) -> tuple[int, int]:
+    """(head, tail): how many lines the two sides share at their start and, after those, at their end."""
+    head = 0
+    while head < min(len(old), len(new)) and old[head] == new[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(old), len(new)) - head and old[-1 - tail] == new[-1 - tail]:
+        tail += 1
+    return head, tail
+
+
 def block_pattern(old_lines: list[str], new_lines: list[str], above: str | None,
                   below: str | None) -> tuple[Pattern, int, int] | None:
     """The whole-line block pattern of an edit (module doc), with the offsets of its first and
@@ -295,12 +306,7 @@ def block_pattern(old_lines: list[str], new_lines: list[str], above: str | None,
     line without a name."""
     old = [x.rstrip("\r\n") for x in old_lines]
     new = [x.rstrip("\r\n") for x in new_lines]
-    head = 0
-    while head < min(len(old), len(new)) and old[head] == new[head]:
-        head += 1
-    tail = 0
-    while tail < min(len(old), len(new)) - head and old[-1 - tail] == new[-1 - tail]:
-        tail += 1
+    head, tail = common_ends(old, new)
     if head:
         above = old[head - 1]
     if tail:

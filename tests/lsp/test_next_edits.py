@@ -237,16 +237,22 @@ def stats_and_report(tmp_path):
     return root
 
 
+def renamed_in_stats(client, root) -> str:
+    """Opens pkg/stats.py and renames count -> tally on its line 1; returns its uri."""
+    uri = (root / "pkg" / "stats.py").as_uri()
+    open_document(client, uri, (root / "pkg" / "stats.py").read_text())
+    rename_on_line_1(client, uri)
+    return uri
+
+
 @pytest.mark.asyncio
 async def test_with_no_site_left_here_a_jump_leads_to_a_workspace_file_that_is_not_open(tmp_path):
     root = stats_and_report(tmp_path)
     client = await start_in(root, {"HOME": str(tmp_path), **ECHO, "FAKE_STEP_S": "0.01"},
                             {"minConfidence": 0, "checkWithModel": False})
     try:
-        uri, report = (root / "pkg" / "stats.py").as_uri(), (root / "pkg" / "report.py").as_uri()
-        open_document(client, uri, (root / "pkg" / "stats.py").read_text())
-        rename_on_line_1(client, uri)  # stats.py has no other use of count: the next one is in report.py
-        res = await edit_prediction(client, uri, 1, 13)
+        uri, report = renamed_in_stats(client, root), (root / "pkg" / "report.py").as_uri()
+        res = await edit_prediction(client, uri, 1, 13)  # stats.py has no other use of count: report.py has
         assert res is not None and res["edits"] == [] and res["version"] == 2
         assert res["label"] == "rename count → tally" and 0 <= res["confidence"] <= 1
         assert res["jump"] == {"uri": report, "path": "pkg/report.py", "position": {"line": 0, "character": 19},
@@ -268,9 +274,7 @@ async def test_a_jump_is_dropped_when_the_other_file_changed_and_never_made_with
     client = await start_in(root, {"HOME": str(tmp_path), **ECHO, "FAKE_STEP_S": "0.01"},
                             {"minConfidence": 0, "checkWithModel": False})
     try:
-        uri = (root / "pkg" / "stats.py").as_uri()
-        open_document(client, uri, (root / "pkg" / "stats.py").read_text())
-        rename_on_line_1(client, uri)
+        uri = renamed_in_stats(client, root)
         assert (await edit_prediction(client, uri, 1, 13))["jump"]["position"]["line"] == 0
         # the user (or git) changes report.py on disk: the remembered site no longer holds `count`
         (root / "pkg" / "report.py").write_text("from .stats import tally\n\n\nprint(tally([1, 2]))\n")
@@ -282,9 +286,6 @@ async def test_a_jump_is_dropped_when_the_other_file_changed_and_never_made_with
                             {"minConfidence": 0, "checkWithModel": False, "otherFiles": 0})
     try:
         (root / "pkg" / "report.py").write_text("from .stats import count\n\n\nprint(count([1, 2]))\n")
-        uri = (root / "pkg" / "stats.py").as_uri()
-        open_document(client, uri, (root / "pkg" / "stats.py").read_text())
-        rename_on_line_1(client, uri)
-        assert await edit_prediction(client, uri, 1, 13) is None
+        assert await edit_prediction(client, renamed_in_stats(client, root), 1, 13) is None
     finally:
         await client.shutdown_session()
