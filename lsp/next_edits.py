@@ -357,7 +357,7 @@ def scan_elsewhere(ls: DlmServer, uri: str, opened: list[tuple[str, list[str]]],
                     continue
                 lines = Document(target, text).lines
             found = memory.propose(ls.path_of(target), lines, 0, pending=pending, max_scan=opts.max_scan_lines,
-                                   limit=1, open_edit=open_edit)
+                                   limit=1, open_edit=open_edit, cursor_here=False)
         except (OSError, UnicodeDecodeError, ValueError):
             continue  # unreadable, not text, or gone: not a place for a next edit
         if found and found[0].support >= opts.min_confidence and (best is None or found[0].support > best[1].support):

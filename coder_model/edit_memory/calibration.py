@@ -58,7 +58,8 @@ def keys(p) -> list[str]:
         (kind, n),
         (kind, n, age),
         (kind, n, age, between),
-        (kind, n, age, between, _distance(p.offset)),
+        # a site in a file without the cursor has no distance: no cell, so the level above answers
+        (kind, n, age, between, _distance(p.offset) if getattr(p, "cursor_here", True) else "elsewhere"),
     ]
     return ["|".join(map(str, k)) for k in parts]
 

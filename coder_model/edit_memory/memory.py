@@ -103,6 +103,9 @@ class Proposal:
     # another document): lines below its last line (> 0), or above its first line (< 0)
     offset: int = 1
     between: int = 0  # lines with sites of the same pattern between the edit and this site
+    # the cursor is in this document; False: a site looked for in another file (a jump there), whose
+    # distance from the cursor means nothing: calibrated without it (calibration.keys)
+    cursor_here: bool = True
 
     @property
     def sites(self) -> tuple[Site, ...]:
@@ -292,11 +295,13 @@ class EditMemory:
 
     def propose(self, path: str, lines: list[str], cursor_line: int, now: float | None = None,
                 pending: list[Entry] = (), max_patterns: int = 4, max_scan: int = 2000,
-                limit: int = 8, recent_edits: int = RECENT_EDITS, open_edit: bool | None = None) -> list[Proposal]:
+                limit: int = 8, recent_edits: int = RECENT_EDITS, open_edit: bool | None = None,
+                cursor_here: bool = True) -> list[Proposal]:
         """The best sites in `lines` (the document `path`) for the patterns of the open burst
         (`pending`) and of the last `recent_edits` edits; at most `limit`, best first. `open_edit`:
         an edit is still open (the server's tracker; default: when `pending` has patterns), and it
-        is the newest edit: the closed ones are one edit older."""
+        is the newest edit: the closed ones are one edit older. `cursor_here` False: the cursor is
+        in another document (`cursor_line` is then where the scan starts, 0: the top)."""
         edits, live = self._live(pending, open_edit, now, max_patterns, recent_edits)
         out: list[Proposal] = []
         for e in live:
@@ -327,7 +332,7 @@ class EditMemory:
                 out.append(Proposal(path, s, e.pattern, support, score, e.event, group,
                                     e.count + min(self.git.keys.get(e.pattern.key, 0), 3),
                                     max(0, edits - e.seq) if e.seq else 0, e.path == path, ambiguous,
-                                    *_whereabouts(rows, s.line, lo, hi)))
+                                    *_whereabouts(rows, s.line, lo, hi), cursor_here))
         if self.calibration is not None:
             out = [replace(p, support=self.calibrated(p)) for p in out]
         out.sort(key=lambda p: (-p.support, abs(p.site.line - cursor_line)))

@@ -277,6 +277,24 @@ def test_the_shipped_calibration_ranks_what_the_train_split_says_is_usually_righ
     assert Calibration.from_json(fitted.to_json()).levels == fitted.levels
 
 
+def test_a_site_in_a_file_without_the_cursor_is_calibrated_without_its_distance():
+    from types import SimpleNamespace
+
+    from dlm.coder_model.edit_memory.calibration import load
+
+    cal = load()
+
+    def prop(offset, cursor_here=True):
+        return SimpleNamespace(pattern=SimpleNamespace(kind="rename"), applied=1, age=0, offset=offset, between=0,
+                               cursor_here=cursor_here)
+
+    near, far = cal(prop(2)), cal(prop(400))
+    assert near > far
+    # another file: the same confidence wherever its site lies, between the near and the far one
+    elsewhere = {cal(prop(o, cursor_here=False)) for o in (2, 40, 400)}
+    assert len(elsewhere) == 1 and far < elsewhere.pop() < near
+
+
 def test_calibration_is_never_fitted_on_valid_or_test(tmp_path):
     from dlm.coder_model.evaluation.next_edits import main
 
