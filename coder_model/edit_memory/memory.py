@@ -488,8 +488,8 @@ class GitMiner:
 def mine(root: str, max_commits: int, max_bytes: int, timeout_s: float = 60.0) -> GitStats | None:
     """GitStats of the last `max_commits` non-merge commits up to HEAD (None: not a repository)."""
     try:
-        head = subprocess.run(["git", "-C", root, "rev-parse", "--verify", "HEAD"], capture_output=True,
-                              text=True, timeout=10)
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--verify", "HEAD"], check=False,
+                              capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if head.returncode != 0:
