@@ -16,6 +16,7 @@ under the test's tmp dir (`env_with`), so nothing writes the user's own
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -415,5 +416,151 @@ def test_nvim_statusline_says_what_was_held_back_and_why(nvim011, tmp_path):
         assert line.startswith("dlm: ready offered 0, held back 12 (low confidence)"), line
         nv.lua("(function() require('dlm').status.offered = 4; return true end)()")
         assert "offered 4, held back 12" in nv.lua("require('dlm').statusline()")
+    finally:
+        nv.close()
+
+
+# Records what the plugin sends (requests by method and uri, accept commands) and what it tells
+# the user (vim.notify), to check that a jump to another file edits and accepts nothing.
+RECORD_SENT = """
+_G.dlm_sent = { requests = {}, accepts = 0, notes = {} }
+local dlm = require('dlm')
+local request = dlm.request
+dlm.request = function(client, method, params, handler, bufnr)
+  local uri = type(params) == 'table' and type(params.textDocument) == 'table' and params.textDocument.uri or ''
+  table.insert(_G.dlm_sent.requests, { method = method, uri = uri })
+  return request(client, method, params, handler, bufnr)
+end
+local exec_accept = dlm.exec_accept
+dlm.exec_accept = function(...) _G.dlm_sent.accepts = _G.dlm_sent.accepts + 1; return exec_accept(...) end
+local notify = vim.notify
+vim.notify = function(msg, ...) table.insert(_G.dlm_sent.notes, msg); return notify(msg, ...) end
+"""
+
+
+def lua_str(text: str) -> str:
+    """A Lua expression for `text` with no quote or backslash in it (Nvim.lua sends its
+    expression inside a double-quoted Vim string)."""
+    return f"vim.base64.decode('{base64.b64encode(text.encode()).decode()}')"
+
+
+def receive(nv: Nvim, pred: dict) -> bool:
+    """Hand `pred`, for the current buffer's current version, to the plugin as the server's answer."""
+    return nv.lua(
+        f"require('dlm.edit').receive(0, require('dlm').client(0), vim.tbl_extend('force', "
+        f"vim.json.decode({lua_str(json.dumps(pred))}), "
+        "{version = vim.lsp.util.buf_versions[vim.api.nvim_get_current_buf()]}))"
+    )
+
+
+def hint_marks(nv: Nvim) -> list[tuple[int, str]]:
+    marks = nv.lua("vim.api.nvim_buf_get_extmarks(0, require('dlm.edit').ns, 0, -1, {details = true})")
+    return [(m[1], "".join(chunk[0] for chunk in m[3].get("virt_text") or [])) for m in marks]
+
+
+def test_nvim_next_edit_in_another_file_hint_and_accept_opens_it(nvim011, tmp_path):
+    """A dlm/editPrediction answer with no edits and a jump {uri, path, position, label} to
+    another file: the plugin shows `⇥ pkg/b.py:3: ...` at the cursor's line; accept opens that
+    file (not loaded before) with the cursor at the position (the LSP column converted with the
+    client's encoding), edits nothing, sends no accept command, and the opened buffer asks the
+    server for its own next edit. A malformed jump shows nothing; a deleted file is reported
+    and the hint cleared; typing clears a hint as for any prediction."""
+    other = tmp_path / "pkg" / "b.py"
+    other.parent.mkdir()
+    b_text = 'import os\n\ns = "éé"; print(count)\n'
+    other.write_text(b_text, encoding="utf-8")
+    uri = other.as_uri()
+    before_count = 's = "éé"; print('  # `count` starts after two 2-byte characters
+    cmd = [sys.executable, "-m", "dlm.lsp.cli", "--stdio"]
+    nv = Nvim(nvim011, tmp_path, cmd, fake_env(tmp_path), extra="edit_predictions = true", pre=RECORD_SENT)
+    m_text = nv.file.read_text()
+    try:
+        nv.wait("require('dlm').status and require('dlm').status.state == 'ready'", 60, "dlm/status ready")
+        nv.wait("require('dlm').client(0) ~= nil", 30, "the client attached to m.py")
+        # the server's column of `count` in the encoding it negotiated with the client
+        enc = nv.lua("require('dlm').client(0).offset_encoding")
+        units = {"utf-8": len(before_count.encode()), "utf-16": len(before_count.encode("utf-16-le")) // 2,
+                 "utf-32": len(before_count)}  # fmt: skip
+        pos = {"line": 2, "character": units[enc]}
+        jump = {"uri": uri, "path": "pkg/b.py", "position": pos, "label": "rename count → tally"}
+        pred = {"id": "7", "edits": [], "confidence": 0.31, "rewritesRecent": False, "source": "editMemory",
+                "label": "rename count → tally", "jump": jump}  # fmt: skip
+        nv.lua("vim.api.nvim_win_set_cursor(0, {2, 4})")
+        # malformed jumps (no uri, a uri that is not one, a bad position, no label): nothing shown
+        for bad in (
+            {k: v for k, v in jump.items() if k != "uri"},
+            {**jump, "uri": "pkg/b.py"},
+            {**jump, "position": {"line": -1, "character": 0}},
+            {**jump, "position": {"line": 1.5, "character": 0}},
+            {**jump, "label": None},
+            "file:///x.py",
+        ):
+            assert receive(nv, {**pred, "jump": bad}) is False, bad
+            assert hint_marks(nv) == [] and nv.lua("require('dlm.edit').current(0)") is None
+        # the hint: at the cursor's line, naming the file, the 1-based line and the label
+        assert receive(nv, pred) is True
+        assert hint_marks(nv) == [(1, "⇥ pkg/b.py:3: rename count → tally")]
+        # `path` is optional: the file name of the uri
+        assert receive(nv, {**pred, "jump": {k: v for k, v in jump.items() if k != "path"}}) is True
+        assert hint_marks(nv) == [(1, "⇥ b.py:3: rename count → tally")]
+
+        assert nv.lua(f"vim.fn.bufloaded({lua_str(str(other))})") == 0
+        sent_before = len(nv.lua("_G.dlm_sent.requests"))
+        assert nv.lua("require('dlm.edit').accept(0)") is True
+        assert Path(nv.lua("vim.api.nvim_buf_get_name(0)")) == other
+        # (1-based line, 0-based byte column): on `count`
+        assert nv.lua("vim.api.nvim_win_get_cursor(0)") == [pos["line"] + 1, len(before_count.encode())]
+        # the same column from a client that counts UTF-16 units or code points; past the text: clamped
+        cursor_at = "require('dlm.edit').cursor_at(0, {{line = {}, character = {}}}, '{}')"
+        for other_enc, n in (("utf-16", len(before_count)), ("utf-32", len(before_count)),
+                             ("utf-8", len(before_count.encode()))):  # fmt: skip
+            assert nv.lua(cursor_at.format(2, n, other_enc)) == [3, len(before_count.encode())], other_enc
+        assert nv.lua(cursor_at.format(2, 999, "utf-16")) == [3, len(b_text.splitlines()[2].encode())]
+        assert nv.lua(cursor_at.format(40, 3, "utf-16")) == [3, 0]
+        # nothing edited, nothing accepted
+        assert nv.lua("vim.bo.modified") is False
+        assert nv.lua("vim.api.nvim_buf_get_lines(0, 0, -1, true)") == b_text.splitlines()
+        assert other.read_text(encoding="utf-8") == b_text and nv.file.read_text() == m_text
+        assert nv.lua("_G.dlm_sent.accepts") == 0
+        # the opened file is attached and asks the server for its own next edit
+        nv.wait("require('dlm').client(0) ~= nil", 30, "the client attached to pkg/b.py")
+        nv.wait(
+            f"vim.iter(vim.list_slice(_G.dlm_sent.requests, {sent_before + 1})):any(function(r) "
+            f"return r.method == 'dlm/editPrediction' and r.uri == {lua_str(uri)} end)",
+            30, "a dlm/editPrediction request for pkg/b.py",
+        )  # fmt: skip
+        sent = nv.lua("_G.dlm_sent.requests")
+        assert not [r for r in sent if r["method"] == "workspace/executeCommand"], sent
+
+        # back to the loaded m.py: its buffer is reused, the cursor set
+        m_jump = {"uri": nv.file.as_uri(), "position": {"line": 1, "character": 4}, "label": "rename a → x"}
+        assert receive(nv, {**pred, "jump": m_jump}) is True
+        assert hint_marks(nv) == [(2, "⇥ m.py:2: rename a → x")]
+        bufs = nv.lua("#vim.api.nvim_list_bufs()")
+        assert nv.lua("require('dlm.edit').accept(0)") is True
+        assert Path(nv.lua("vim.api.nvim_buf_get_name(0)")) == nv.file
+        assert nv.lua("vim.api.nvim_win_get_cursor(0)") == [2, 4]
+        assert nv.lua("#vim.api.nvim_list_bufs()") == bufs
+
+        # a file deleted since: said so with what to do, the hint cleared, nothing opened
+        gone = tmp_path / "pkg" / "gone.py"
+        gone_jump = {**jump, "uri": gone.as_uri(), "path": "pkg/gone.py"}
+        assert receive(nv, {**pred, "jump": gone_jump}) is True
+        assert nv.lua("require('dlm.edit').accept(0)") is True
+        assert Path(nv.lua("vim.api.nvim_buf_get_name(0)")) == nv.file
+        assert nv.lua("vim.api.nvim_win_get_cursor(0)") == [2, 4]
+        assert hint_marks(nv) == [] and nv.lua("require('dlm.edit').current(0)") is None
+        assert nv.lua(f"vim.fn.bufexists({lua_str(str(gone))})") == 0
+        note = nv.lua("_G.dlm_sent.notes")[-1]
+        assert "cannot open pkg/gone.py" in note and "does not exist" in note, note
+        assert "open it yourself" in note, note
+        assert nv.lua("_G.dlm_sent.accepts") == 0
+
+        # typing clears a hint, as it clears any prediction (last: the typed text is an edit
+        # the server learns from, and its answers could replace the hints the test hands over)
+        assert receive(nv, pred) is True and hint_marks(nv)
+        nv.send("ix<Esc>")
+        nv.wait("#vim.api.nvim_buf_get_extmarks(0, require('dlm.edit').ns, 0, -1, {}) == 0 "
+                "and require('dlm.edit').current(0) == nil", 10, "the hint cleared by typing")  # fmt: skip
     finally:
         nv.close()

@@ -42,6 +42,7 @@ import {
   trimTrailingBlankLines,
   validateEditPrediction,
   jumpText,
+  fileJumpText,
 } from "./logic.js";
 
 const ACCEPT_COMMAND = "dlm.acceptCompletion";
@@ -232,7 +233,11 @@ class DlmExtension implements vscode.Disposable {
         this.schedulePrediction();
       }),
       vscode.window.onDidChangeTextEditorSelection(() => this.schedulePrediction()),
-      vscode.window.onDidChangeActiveTextEditor(() => this.clearPrediction()),
+      vscode.window.onDidChangeActiveTextEditor(() => {
+        this.clearPrediction();
+        // Another editor (e.g. the file a "jump to another file" hint opened): ask about it.
+        this.schedulePrediction();
+      }),
     );
     ctx.subscriptions.push(this);
   }
@@ -527,6 +532,14 @@ class DlmExtension implements vscode.Disposable {
     }
     // A prediction for an older version of the text would edit the wrong characters.
     if (!pred || pred.version !== doc.version) return;
+    if (pred.fileJump) {
+      // The next edit is in another file: a hint at the cursor's line (decorations, also where
+      // inline edits are used: an inline edit can only show edits of this document); Tab opens it.
+      const view = renderEditPrediction(pred, () => "");
+      this.prediction = { uri: doc.uri.toString(), view, edits: [] };
+      this.showPrediction(editor, view);
+      return;
+    }
     const lineText = (n: number) => (n < doc.lineCount ? doc.lineAt(n).text : "");
     let view: EditPredictionView;
     let inlineEdit: InlineEditData | null = null;
@@ -611,6 +624,17 @@ class DlmExtension implements vscode.Disposable {
       const end = editor.document.lineAt(editor.selection.active.line).range.end;
       added.push({ range: new vscode.Range(end, end), renderOptions: { after: { contentText: jumpText(view.jump) } } });
     }
+    if (view.fileJump) {
+      // in another file: a "jump to" hint at the cursor's line (Tab opens the file there)
+      const end = editor.document.lineAt(editor.selection.active.line).range.end;
+      added.push({
+        range: new vscode.Range(end, end),
+        hoverMessage: new vscode.MarkdownString().appendText(
+          `dlm: next edit in ${view.fileJump.path} (Tab opens it, Esc dismisses)`,
+        ),
+        renderOptions: { after: { contentText: fileJumpText(view.fileJump) } },
+      });
+    }
     editor.setDecorations(this.replaceDeco, replaced);
     editor.setDecorations(this.newTextDeco, added);
     void vscode.commands.executeCommand("setContext", "dlm.editPredictionVisible", true);
@@ -638,6 +662,10 @@ class DlmExtension implements vscode.Disposable {
       this.clearPrediction();
       return;
     }
+    if (p.view.fileJump) {
+      await this.openFileJump(p.view.fileJump);
+      return;
+    }
     const doc = editor.document;
     // Where the cursor goes: the end of the last edit's new text, in the edited document.
     const sorted = [...p.edits].sort((a, b) => doc.offsetAt(a.range.start) - doc.offsetAt(b.range.start));
@@ -656,6 +684,33 @@ class DlmExtension implements vscode.Disposable {
     const pos = editor.document.positionAt(target);
     editor.selection = new vscode.Selection(pos, pos);
     await this.sendAccept([p.view.id]);
+  }
+
+  /**
+   * Tab on a "jump to another file" hint: open the file with the cursor where its edit starts.
+   * Nothing is edited and nothing is accepted on the server: in that editor the usual trigger
+   * (active editor / selection changed) asks dlm/editPrediction, which answers the edit there.
+   */
+  private async openFileJump(j: NonNullable<EditPredictionView["fileJump"]>): Promise<void> {
+    this.clearPrediction();
+    const at = new vscode.Position(j.position.line, j.position.character);
+    try {
+      const editor = await vscode.window.showTextDocument(vscode.Uri.parse(j.uri, true), {
+        selection: new vscode.Range(at, at),
+      });
+      editor.revealRange(editor.selection, vscode.TextEditorRevealType.InCenterIfOutsideViewport);
+    } catch (e) {
+      const msg =
+        `cannot open ${j.path} (${j.uri}) for its next edit: ${e instanceof Error ? e.message : String(e)}; ` +
+        "it may have been deleted or moved: open it yourself, or keep typing and the next hint will follow";
+      this.log.warn(msg);
+      void vscode.window.showWarningMessage(`dlm: ${msg}`);
+      return;
+    }
+    // The active-editor change schedules this too; when the file was already the active
+    // editor's (no change event), the selection change does. Asked here as well so the
+    // edit is asked for whichever event VS Code sends (one request: the timer is shared).
+    this.schedulePrediction();
   }
 
   dispose(): void {

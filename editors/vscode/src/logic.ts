@@ -316,11 +316,24 @@ export interface JumpHint {
   label: string; // what the edit does ("rename foo → bar")
 }
 
+/**
+ * The server's "jump to another file" hint: the document asked about has no next edit, another
+ * file of the workspace has (README "Next edits"). It comes with no edits: Tab opens `uri` at
+ * `position`, and the server answers the edit itself when the editor asks for that file.
+ */
+export interface FileJumpHint {
+  uri: string; // the other file (it need not be open in the editor)
+  path: string; // for display: relative to the workspace root, else the uri's file name
+  position: Pos; // where the edit starts in that file
+  label: string; // what the edit does ("rename count → tally")
+}
+
 export interface EditPrediction {
   id: string;
   version: number;
-  edits: TextEdit[];
+  edits: TextEdit[]; // empty exactly when fileJump is set
   jump?: JumpHint;
+  fileJump?: FileJumpHint;
 }
 
 /** One decoration: text struck out in `range` and/or `after` shown at the end of `anchorLine`. */
@@ -338,6 +351,7 @@ export interface EditPredictionView {
   decorations: EditDecoration[];
   firstLine: number; // the line to reveal / jump to
   jump?: JumpHint; // far from the cursor: shown as a hint at the cursor line
+  fileJump?: FileJumpHint; // in another file: no decorations, a hint at the cursor line
 }
 
 const MAX_AFTER = 80;
@@ -357,7 +371,12 @@ export function validateEditPrediction(raw: unknown): EditPrediction | null {
     }
     edits.push({ range: ed.range, newText: ed.newText });
   }
-  if (!edits.length) return null;
+  if (!edits.length) {
+    // No edit here: the only thing such an answer can carry is a jump to another file. A
+    // malformed one is ignored (nothing to show), like an answer without edits.
+    const fileJump = validateFileJump(r.jump);
+    return fileJump ? { id: r.id, version: r.version, edits, fileJump } : null;
+  }
   const out: EditPrediction = { id: r.id, version: r.version, edits };
   const j = r.jump as JumpHint | undefined; // optional: a malformed hint is ignored, the edit kept
   if (j && isPos(j.position) && Number.isInteger(j.lines) && typeof j.label === "string") {
@@ -370,6 +389,37 @@ export function validateEditPrediction(raw: unknown): EditPrediction | null {
 export function jumpText(j: JumpHint): string {
   const arrow = j.lines < 0 ? "↑" : "↓";
   return `⇥ ${arrow} line ${j.position.line + 1}: ${oneLine(j.label)}`;
+}
+
+/** A URI: a scheme ("file:", "untitled:") and something after it. */
+const URI_RE = /^[A-Za-z][A-Za-z0-9+.-]*:./;
+
+/**
+ * A `jump` to another file ({uri, path?, position, label}) as the client uses it; null when it is
+ * not one (no uri, a bad position, no label). `path` falls back to the uri's file name.
+ */
+export function validateFileJump(raw: unknown): FileJumpHint | null {
+  if (!raw || typeof raw !== "object" || Array.isArray(raw)) return null;
+  const j = raw as Record<string, unknown>;
+  if (typeof j.uri !== "string" || !URI_RE.test(j.uri) || !isPos(j.position) || typeof j.label !== "string") return null;
+  const path = typeof j.path === "string" && j.path.trim() ? j.path : uriBasename(j.uri);
+  return { uri: j.uri, path, position: { line: j.position.line, character: j.position.character }, label: j.label };
+}
+
+/** The last segment of a uri's path, percent-decoded ("file:///a/b%20c.py" -> "b c.py"). */
+export function uriBasename(uri: string): string {
+  const path = uri.replace(/[?#].*$/, "").replace(/[/\\]+$/, "");
+  const last = path.slice(Math.max(path.lastIndexOf("/"), path.lastIndexOf("\\")) + 1) || path;
+  try {
+    return decodeURIComponent(last);
+  } catch {
+    return last; // a stray "%": show it as it is
+  }
+}
+
+/** The text of a "jump to another file" hint: `⇥ pkg/b.py:13: rename count → tally`. */
+export function fileJumpText(j: FileJumpHint): string {
+  return `⇥ ${oneLine(j.path)}:${j.position.line + 1}: ${oneLine(j.label)}`;
 }
 
 function isRange(r: unknown): r is Range {
@@ -418,7 +468,14 @@ export function renderEditPrediction(p: EditPrediction, lineText: (line: number)
     });
   }
   const firstLine = decorations.length ? Math.min(...decorations.map((d) => d.range.start.line)) : 0;
-  return { id: p.id, version: p.version, decorations, firstLine, ...(p.jump ? { jump: p.jump } : {}) };
+  return {
+    id: p.id,
+    version: p.version,
+    decorations,
+    firstLine,
+    ...(p.jump ? { jump: p.jump } : {}),
+    ...(p.fileJump ? { fileJump: p.fileJump } : {}),
+  };
 }
 
 // ---------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 -- Edit predictions (dlm/editPrediction): edits away from the cursor, shown as
--- virtual text at the end of their line; accept applies them all.
+-- virtual text at the end of their line; accept applies them all. A next edit in
+-- another file comes as a jump with no edits: a hint at the cursor's line, and
+-- accept opens that file where the edit starts (the server answers the edit there).
 local dlm = require("dlm")
 local M = {}
 
@@ -35,8 +37,46 @@ local function one_line(text)
   return s
 end
 
+local function is_count(x)
+  return type(x) == "number" and x >= 0 and x == math.floor(x) and x < math.huge
+end
+
+local function uri_basename(uri)
+  local ok, fname = pcall(vim.uri_to_fname, uri)
+  local name = vim.fs.basename(ok and fname or uri)
+  return (name ~= nil and name ~= "") and name or uri
+end
+
+--- A `jump` to another file ({uri, path?, position, label}) as the plugin uses it; nil when it
+--- is not one (no uri, a bad position, no label). `path` falls back to the uri's file name.
+function M.file_jump(j)
+  if type(j) ~= "table" or type(j.uri) ~= "string" or not j.uri:match("^%a[%w+.-]*:.") then
+    return nil
+  end
+  local p = j.position
+  if type(p) ~= "table" or not is_count(p.line) or not is_count(p.character) or type(j.label) ~= "string" then
+    return nil
+  end
+  local path = (type(j.path) == "string" and vim.trim(j.path) ~= "") and j.path or uri_basename(j.uri)
+  return { uri = j.uri, path = path, position = { line = p.line, character = p.character }, label = j.label }
+end
+
+--- The text of a "jump to another file" hint: `⇥ pkg/b.py:13: rename count → tally`.
+function M.file_jump_text(fj)
+  return string.format("⇥ %s:%d: %s", one_line(fj.path), fj.position.line + 1, one_line(fj.label))
+end
+
 local function show(bufnr, client, pred)
   vim.api.nvim_buf_clear_namespace(bufnr, M.ns, 0, -1)
+  if pred.file_jump then
+    -- the next edit is in another file: a hint at the cursor's line (accept opens it there)
+    local row = vim.api.nvim_win_get_cursor(0)[1] - 1
+    vim.api.nvim_buf_set_extmark(bufnr, M.ns, math.min(row, vim.api.nvim_buf_line_count(bufnr) - 1), 0, {
+      virt_text = { { M.file_jump_text(pred.file_jump), "DlmEditPrediction" } },
+      virt_text_pos = "eol",
+    })
+    return
+  end
   local enc = client.offset_encoding or "utf-16"
   local nlines = vim.api.nvim_buf_line_count(bufnr)
   for _, e in ipairs(pred.edits) do
@@ -69,6 +109,38 @@ local function show(bufnr, client, pred)
   end
 end
 
+--- A dlm/editPrediction answer for `bufnr` (current, text at changedtick `tick` when asked;
+--- nil: now): kept and shown when it is one to show, else ignored. Returns whether it is shown.
+function M.receive(bufnr, client, pred, tick)
+  bufnr = buf(bufnr)
+  if type(pred) ~= "table" or type(pred.edits) ~= "table" then
+    return false
+  end
+  local file_jump = nil
+  if #pred.edits == 0 then
+    -- no edit here: only a jump to another file is worth showing (a malformed one is not)
+    file_jump = M.file_jump(pred.jump)
+    if not file_jump then
+      return false
+    end
+  end
+  if not vim.api.nvim_buf_is_valid(bufnr) or (tick and vim.api.nvim_buf_get_changedtick(bufnr) ~= tick) then
+    return false
+  end
+  local version = vim.lsp.util.buf_versions[bufnr]
+  if version ~= nil and pred.version ~= version then
+    return false -- computed for older text: the ranges would be wrong
+  end
+  local s = state[bufnr] or {}
+  state[bufnr] = s
+  if file_jump then
+    pred = vim.tbl_extend("force", pred, { file_jump = file_jump })
+  end
+  s.pred = pred
+  show(bufnr, client, pred)
+  return true
+end
+
 function M.request(bufnr)
   bufnr = buf(bufnr)
   local client = dlm.client(bufnr)
@@ -86,22 +158,80 @@ function M.request(bufnr)
     textDocument = params.textDocument, position = params.position,
   }, function(err, pred)
     s.req_id = nil
-    if err or type(pred) ~= "table" or type(pred.edits) ~= "table" or #pred.edits == 0 then
-      return
+    if not err then
+      M.receive(bufnr, client, pred, tick)
     end
-    if not vim.api.nvim_buf_is_valid(bufnr) or vim.api.nvim_buf_get_changedtick(bufnr) ~= tick then
-      return
-    end
-    local version = vim.lsp.util.buf_versions[bufnr]
-    if version ~= nil and pred.version ~= version then
-      return -- computed for older text: the ranges would be wrong
-    end
-    s.pred = pred
-    show(bufnr, client, pred)
   end, bufnr)
   if ok then
     s.req_id = id
   end
+end
+
+--- Ask for the buffer's next edit after the usual delay (one timer per buffer: a burst of
+--- cursor moves asks once).
+local function request_soon(bufnr)
+  local s = state[bufnr]
+  if not s then
+    return
+  end
+  s.timer = s.timer or vim.uv.new_timer()
+  s.timer:stop()
+  s.timer:start(dlm.config.edit_prediction_delay_ms, 0, vim.schedule_wrap(function()
+    M.request(bufnr)
+  end))
+end
+
+--- An LSP position (`enc`: the client's offset encoding) -> the window cursor {row, byte col}
+--- in `bufnr`, clamped to its text (the file may have changed since the server read it).
+function M.cursor_at(bufnr, position, enc)
+  local row = math.min(position.line, vim.api.nvim_buf_line_count(bufnr) - 1)
+  local col = 0
+  if row == position.line then
+    local ok, c = pcall(vim.lsp.util._get_line_byte_from_position, bufnr,
+      { line = row, character = position.character }, enc)
+    local len = #(vim.api.nvim_buf_get_lines(bufnr, row, row + 1, false)[1] or "")
+    col = ok and math.min(c, len) or 0
+  end
+  return { row + 1, col }
+end
+
+local function loaded_buffer(fname)
+  for _, b in ipairs(vim.api.nvim_list_bufs()) do
+    if vim.api.nvim_buf_is_loaded(b) and vim.api.nvim_buf_get_name(b) == fname then
+      return b
+    end
+  end
+  return nil
+end
+
+--- Accept on a "jump to another file" hint: open the file (its buffer when loaded) in the
+--- current window with the cursor where the edit starts. Nothing is edited, nothing accepted
+--- on the server: the buffer's own trigger asks for its next edit, which the server answers.
+local function open_file_jump(fj, enc)
+  local why = nil
+  local ok, fname = pcall(vim.uri_to_fname, fj.uri)
+  local target = ok and loaded_buffer(fname) or nil
+  if not ok then
+    why = "its uri " .. fj.uri .. " names no file"
+  elseif target then
+    local set, err = pcall(vim.api.nvim_win_set_buf, 0, target)
+    why = not set and tostring(err) or nil
+  elseif not vim.uv.fs_stat(fname) then
+    why = fname .. " does not exist (deleted or moved since the hint was shown?)"
+  else
+    local opened, err = pcall(vim.cmd.edit, vim.fn.fnameescape(fname))
+    why = not opened and tostring(err) or nil
+    target = opened and vim.api.nvim_get_current_buf() or nil
+  end
+  if why then
+    vim.notify(string.format("dlm: cannot open %s for its next edit: %s; open it yourself, or keep editing "
+      .. "and the next hint will follow", fj.path, why), vim.log.levels.WARN)
+    return
+  end
+  pcall(vim.api.nvim_win_set_cursor, 0, M.cursor_at(target, fj.position, enc))
+  -- CursorMoved need not fire (a new buffer with the cursor where the old one had it):
+  -- ask here too; dlm.edit.attach ran for it when the LSP client attached (on_attach).
+  request_soon(target)
 end
 
 function M.accept(bufnr)
@@ -113,6 +243,10 @@ function M.accept(bufnr)
   end
   local pred = s.pred
   M.clear(bufnr)
+  if pred.file_jump then
+    open_file_jump(pred.file_jump, client.offset_encoding or "utf-16")
+    return true
+  end
   if vim.lsp.util.buf_versions[bufnr] ~= pred.version then
     return false
   end
@@ -141,11 +275,7 @@ function M.attach(bufnr)
       if ev.event:match("^TextChanged") then
         M.clear(bufnr)
       end
-      s.timer = s.timer or vim.uv.new_timer()
-      s.timer:stop()
-      s.timer:start(dlm.config.edit_prediction_delay_ms, 0, vim.schedule_wrap(function()
-        M.request(bufnr)
-      end))
+      request_soon(bufnr)
     end,
   })
 end

@@ -23,6 +23,9 @@ import {
   trimTrailingBlankLines,
   validateEditPrediction,
   jumpText,
+  fileJumpText,
+  uriBasename,
+  validateFileJump,
   versionAtLeast,
   type DlmSettings,
 } from "../logic.js";
@@ -299,4 +302,68 @@ test("edit prediction: a far edit's jump hint is kept, shown at the cursor and l
   // a malformed hint is dropped, the edit kept
   const bad = validateEditPrediction({ ...raw, jump: { position: { line: -1 }, lines: "x", label: 3 } });
   assert.ok(bad && bad.jump === undefined && bad.edits.length === 1);
+});
+
+test("edit prediction: a jump to another file comes without edits and is kept; a malformed one shows nothing", () => {
+  const jump = {
+    uri: "file:///abs/path/pkg/b.py", path: "pkg/b.py",
+    position: { line: 12, character: 4 }, label: "rename count → tally",
+  };
+  const raw = {
+    id: "7", version: 3, edits: [], confidence: 0.31, rewritesRecent: false, source: "editMemory",
+    label: "rename count → tally", jump,
+  };
+  const p = validateEditPrediction(raw);
+  assert.ok(p);
+  assert.deepEqual(p.edits, []);
+  assert.equal(p.jump, undefined); // not a same-file hint: nothing here to apply
+  assert.deepEqual(p.fileJump, jump);
+  assert.equal(fileJumpText(p.fileJump), "⇥ pkg/b.py:13: rename count → tally");
+  // no decorations, the hint carried to the view; never an inline edit of this document
+  const view = renderEditPrediction(p, line);
+  assert.deepEqual(view.decorations, []);
+  assert.deepEqual(view.fileJump, jump);
+  assert.equal(inlineEditFor(p, { line: 0, character: 0 }, line), null);
+  // `path` is optional: the uri's file name, percent-decoded
+  const noPath = validateEditPrediction({ ...raw, jump: { ...jump, path: undefined, uri: "file:///w/my%20lib/b%C3%A9.py" } });
+  assert.equal(noPath?.fileJump?.path, "bé.py");
+  assert.equal(fileJumpText(noPath!.fileJump!), "⇥ bé.py:13: rename count → tally");
+  assert.equal(validateFileJump({ ...jump, path: "  " })?.path, "b.py");
+  assert.equal(uriBasename("file:///a/b/c.py?x=1#L2"), "c.py");
+  assert.equal(uriBasename("file:///a/b/100%.py"), "100%.py");
+  // malformed: no uri, a uri that is not one, a bad position, no label, not an object -> nothing shown
+  for (const bad of [
+    { ...jump, uri: undefined },
+    { ...jump, uri: 42 },
+    { ...jump, uri: "pkg/b.py" },
+    { ...jump, position: { line: -1, character: 0 } },
+    { ...jump, position: { line: 1.5, character: 0 } },
+    { ...jump, position: undefined },
+    { ...jump, label: undefined },
+    { ...jump, label: ["x"] },
+    "file:///abs/path/pkg/b.py",
+    [jump],
+    null,
+  ]) {
+    assert.equal(validateEditPrediction({ ...raw, jump: bad }), null, JSON.stringify(bad));
+  }
+  assert.equal(validateEditPrediction({ id: "7", version: 3, edits: [] }), null);
+  // a same-file hint without edits is still nothing to show (old shape: edits carry the hint)
+  const sameFile = { position: { line: 3, character: 6 }, lines: 3, label: "rename f → g" };
+  assert.equal(validateEditPrediction({ ...raw, jump: sameFile }), null);
+});
+
+test("edit prediction: the same-file jump shape is unchanged by the other-file hint", () => {
+  const raw = {
+    id: "j", version: 2, edits: [{ range: r(3, 6, 3, 7), newText: "g" }],
+    jump: { position: { line: 3, character: 6 }, lines: -3, label: "rename f → g" },
+  };
+  const p = validateEditPrediction(raw);
+  assert.deepEqual(p, { id: "j", version: 2, edits: raw.edits, jump: raw.jump });
+  assert.equal(jumpText(raw.jump), "⇥ ↑ line 4: rename f → g");
+  assert.equal(renderEditPrediction(validateEditPrediction(raw)!, line).fileJump, undefined);
+  // a uri next to edits does not turn it into a jump to another file: the edits are applied here
+  const withUri = validateEditPrediction({ ...raw, jump: { ...raw.jump, uri: "file:///x/b.py", lines: 5 } });
+  assert.deepEqual(withUri?.jump, { position: raw.jump.position, lines: 5, label: "rename f → g" });
+  assert.equal(withUri?.fileJump, undefined);
 });
