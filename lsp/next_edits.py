@@ -21,10 +21,10 @@ history up to HEAD for support, in the background. `propose` answers dlm/editPre
    user text outside that span.
 4. no proposal passed in this document: the same patterns are looked for in the other open
    documents, then in the workspace's indexed files (read from disk), at most
-   `nextEdits.otherFiles` files within the request's deadline; the best one over the gate is
-   answered as a jump to that file with no edits (`jump: {uri, path, position, label}`). The
-   client opens the file there, and asks again: the edit itself is then proposed in that
-   document. The scan runs on the pool and is kept while the patterns stay the same.
+   `nextEdits.otherFiles` files within the request's deadline; the first file with a proposal
+   over the gate is answered as a jump to its best site, with no edits (`jump: {uri, path,
+   position, label}`). The client opens the file there, and asks again: the edit itself is then
+   proposed in that document. The scan runs on the pool and is kept while the patterns stay the same.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ WINDOW_LINES = 60  # lines of prefix and suffix around a site given to the model
 # How long a scan of the other files is reused while the patterns stay the same (files change
 # on disk meanwhile; the answer's site is checked again each time it is sent).
 ELSEWHERE_TTL_S = 10.0
-# The longest one scan of the other files runs (within the request's deadline too): the nearest
-# files are looked at first, so a large workspace costs a request this much at most, not its size.
+# The longest one scan of the other files runs, once they are ordered (within the request's deadline
+# too): the nearest files are looked at first, so a large workspace costs a request about this much.
 ELSEWHERE_SCAN_S = 0.15
 
 
@@ -297,9 +297,8 @@ async def propose_elsewhere(ls: DlmServer, doc: Document, pending: list, open_ed
         opened = [(d.uri, list(d.lines)) for d in ls.documents if d.uri != doc.uri]  # snapshots, on the loop
         needles = [k for k in (key_text(e.pattern) for e in live) if k]
         loop = asyncio.get_running_loop()
-        until = min(deadline, time.monotonic() + ELSEWHERE_SCAN_S)
         found = await loop.run_in_executor(
-            ls.pool, lambda: scan_elsewhere(ls, doc.uri, opened, needles, pending, open_edit, until))
+            ls.pool, lambda: scan_elsewhere(ls, doc.uri, opened, needles, pending, open_edit, deadline))
         ne.elsewhere = Elsewhere(key, now, found)
     if ne.elsewhere.found is None:
         return None
@@ -317,24 +316,28 @@ async def propose_elsewhere(ls: DlmServer, doc: Document, pending: list, open_ed
 
 
 def nearest_files(ls: DlmServer, uri: str, skip: set[str]) -> list[str]:
-    """The workspace's indexed files but `skip`, those in `uri`'s folder first, then those above or
-    below it, then the rest (each group by path)."""
-    here = os.path.dirname(file_path(uri) or "")
+    """The workspace's indexed files but `skip`, nearest `uri`'s folder first: by the folders
+    between the two (up to the common one, then down), then by path."""
+    here = os.path.dirname(file_path(uri) or "").split("/")
 
     def rank(f: str) -> tuple[int, str]:
-        d = os.path.dirname(f)
-        near = d == here or (here and (d.startswith(here + "/") or here.startswith(d + "/")))
-        return (0 if d == here else 1 if near else 2, f)
+        there = f.split("/")[:-1]
+        common = 0
+        for a, b in zip(here, there):
+            if a != b:
+                break
+            common += 1
+        return (len(here) - common) + (len(there) - common), f
 
     return sorted((f for f in ls.workspace_index.indexed_files() if f not in skip), key=rank)
 
 
 def scan_elsewhere(ls: DlmServer, uri: str, opened: list[tuple[str, list[str]]], needles: list[str],
                    pending: list, open_edit: bool, deadline: float) -> tuple[str, Proposal] | None:
-    """On the pool: the best proposal at `nextEdits.minConfidence` or above in the other open
-    documents (`opened`: snapshots), then in the indexed files nearest `uri`, at most
-    `nextEdits.otherFiles` files, until the deadline. A file on disk is read only when it holds
-    one of the patterns' key texts (`needles`)."""
+    """On the pool: the first file, in order, with a proposal at `nextEdits.minConfidence` or
+    above (that file's best): the other open documents (`opened`: snapshots), then the indexed
+    files nearest `uri`, at most `nextEdits.otherFiles` files, until the deadline. A file on disk
+    is read only when it holds one of the patterns' key texts (`needles`)."""
     opts = ls.options.next_edits
     memory = ls.next_edits.memory
     max_bytes = ls.options.index.max_file_bytes
@@ -343,9 +346,9 @@ def scan_elsewhere(ls: DlmServer, uri: str, opened: list[tuple[str, list[str]]],
     if len(sources) < opts.other_files:
         files = nearest_files(ls, uri, skip)[: opts.other_files - len(sources)]
         sources.extend((Path(f).as_uri(), None) for f in files)
-    best: tuple[str, Proposal] | None = None
+    until = min(deadline, time.monotonic() + ELSEWHERE_SCAN_S)
     for target, lines in sources[: opts.other_files]:
-        if time.monotonic() > deadline:
+        if time.monotonic() > until:
             break
         try:
             if lines is None:
@@ -360,9 +363,9 @@ def scan_elsewhere(ls: DlmServer, uri: str, opened: list[tuple[str, list[str]]],
                                    limit=1, open_edit=open_edit, cursor_here=False)
         except (OSError, UnicodeDecodeError, ValueError):
             continue  # unreadable, not text, or gone: not a place for a next edit
-        if found and found[0].support >= opts.min_confidence and (best is None or found[0].support > best[1].support):
-            best = (target, found[0])
-    return best
+        if found and found[0].support >= opts.min_confidence:
+            return target, found[0]  # the nearest file with a site over the gate
+    return None
 
 
 def current(ls: DlmServer, uri: str) -> Document | None:

@@ -51,3 +51,20 @@ def test_bench_json_with_fake_engine(tmp_path):
 def test_bench_rejects_bad_arguments(tmp_path):
     out = run_cli("bench", "--files", str(tmp_path / "missing.py"))
     assert out.returncode == 2 and "is not a file" in out.stderr
+
+
+def test_bench_jump_finds_the_other_file_and_times_the_scan(tmp_path):
+    # the fake engine: the edit memory needs no model; this checks what the driver reports
+    root = tmp_path / "proj"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "report.py").write_text("from .stats import count\n\nprint(count([1, 2]))\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "dlm.lsp.bench_jump", "--root", str(root), "--name", "count", "--new", "tally",
+         "--requests", "3", "--gap-s", "0", "--engine-factory", "fake_engine:slow"],
+        capture_output=True, text=True, timeout=240, check=True,
+        env=server_env(FAKE_STEP_S="0.005", HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache")))
+    assert "jump: pkg/report.py line 1 (rename count → tally" in out.stdout, out.stdout + out.stderr
+    assert "| the first (the scan) | 1 |" in out.stdout and "| the next (the scan kept) | 2 |" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "dlm.lsp.bench_jump", "--root", str(tmp_path / "nowhere"),
+                          "--name", "a", "--new", "b"], capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode == 2 and "is not a folder" in bad.stderr
