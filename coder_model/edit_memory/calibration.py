@@ -45,6 +45,12 @@ def _distance(offset: int) -> str:
     return "1" if a <= 1 else "3" if a <= 3 else "10" if a <= 10 else "30" if a <= 30 else "100" if a <= 100 else "far"
 
 
+def _near_its_edit(p) -> bool:
+    """The proposal's offset is a distance from the edit that made its pattern (not from a cursor
+    in another file than the edit's)."""
+    return getattr(p, "cursor_here", True) and getattr(p, "same_file", True)
+
+
 def keys(p) -> list[str]:
     """The table keys of a proposal (memory.Proposal or anything with its fields), coarse to fine.
     Which side of the edit a site lies on is left out on purpose: the replayed histories apply a
@@ -58,8 +64,9 @@ def keys(p) -> list[str]:
         (kind, n),
         (kind, n, age),
         (kind, n, age, between),
-        # a site in a file without the cursor has no distance: no cell, so the level above answers
-        (kind, n, age, between, _distance(p.offset) if getattr(p, "cursor_here", True) else "elsewhere"),
+        # the table learnt the distance from the edit, in its file: a site in a file without the
+        # cursor, or of a pattern learnt in another document, has none (no cell: the level above answers)
+        (kind, n, age, between, _distance(p.offset) if _near_its_edit(p) else "elsewhere"),
     ]
     return ["|".join(map(str, k)) for k in parts]
 

@@ -96,6 +96,7 @@ WORKSPACE = {
     "README.md": "A small geometry package: the workspace of the VS Code end-to-end test.\n",
 }
 EDITED_FILE = "pkg/shapes.py"
+OTHER_FILE = "pkg/geometry.py"  # defines what EDIT_PREDICTION_RENAMES rename: the jump to another file
 
 
 def cache_dir() -> Path:
@@ -311,6 +312,7 @@ def test_vscode_extension_in_code_server_with_the_real_server(tmp_path):
             "settingsPath": str(settings_path),
             "settings": settings,
             "file": EDITED_FILE,
+            "otherFile": OTHER_FILE,
             "ghost": ghost_plan(),
             "editPrediction": {"lines": EDIT_PREDICTION_LINES, "renames": EDIT_PREDICTION_RENAMES, "waitMs": 15000},
             "wrongServerPath": str(tmp_path / "no-such-venv" / "bin" / "dlm-lsp"),

@@ -259,11 +259,15 @@ async def test_with_no_site_left_here_a_jump_leads_to_a_workspace_file_that_is_n
                                "label": "rename count → tally"}
         assert (await request(client, "dlm/stats", {}))["jump_elsewhere"] >= 1
 
-        # the client opens the file there and asks again: the edit itself, in that document
+        # the client opens the file there and asks again: the edit itself, in that document, as sure
+        # as the jump was (the gate that let the jump through lets the edit through: both are
+        # calibrated without a distance, the pattern having been learnt in stats.py)
+        jump_confidence = res["confidence"]
         open_document(client, report, (root / "pkg" / "report.py").read_text())
         res = await edit_prediction(client, report, 0, 19)
         (edit,) = res["edits"]
         assert edit["newText"] == "tally" and edit["range"]["start"] == {"line": 0, "character": 19}
+        assert res["confidence"] == pytest.approx(jump_confidence)
     finally:
         await client.shutdown_session()
 
