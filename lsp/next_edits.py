@@ -19,7 +19,8 @@ history up to HEAD for support, in the background. `propose` answers dlm/editPre
 3. a proposal is sent only if the document is still at the version it was computed for,
    and the span it replaces still holds the text the pattern covers: it never changes
    user text outside that span.
-4. no proposal passed in this document: the same patterns are looked for in the other open
+4. no proposal passed in this document: the same patterns (made at least JUMP_MIN_APPLIED times)
+   are looked for in the other open
    documents, then in the workspace's indexed files (read from disk), at most
    `nextEdits.otherFiles` files within the request's deadline; the first file with a proposal
    over the gate is answered as a jump to its best site, with no edits (`jump: {uri, path,
@@ -55,6 +56,10 @@ ELSEWHERE_TTL_S = 10.0
 # The longest one scan of the other files runs, once they are ordered (within the request's deadline
 # too): the nearest files are looked at first, so a large workspace costs a request about this much.
 ELSEWHERE_SCAN_S = 0.15
+# A jump to another file only for an edit the user has made at least this often (by hand or by
+# accepting it): one rename of a local name says little about the same name in another file, and
+# sending the user to another file costs more than a proposal in place.
+JUMP_MIN_APPLIED = 2
 
 
 @dataclass
@@ -363,7 +368,7 @@ def scan_elsewhere(ls: DlmServer, uri: str, opened: list[tuple[str, list[str]]],
                                    limit=1, open_edit=open_edit, cursor_here=False)
         except (OSError, UnicodeDecodeError, ValueError):
             continue  # unreadable, not text, or gone: not a place for a next edit
-        if found and found[0].support >= opts.min_confidence:
+        if found and found[0].support >= opts.min_confidence and found[0].applied >= JUMP_MIN_APPLIED:
             return target, found[0]  # the nearest file with a site over the gate
     return None
 

@@ -58,6 +58,8 @@ def keys(p) -> list[str]:
     table that learnt that would hide sites above from a user who edits upwards (with the side,
     the valid split gains about one point of shown share: BENCHMARKS.md "Calibrated next edits")."""
     kind, n, age = p.pattern.kind, _applied(p.applied), min(p.age, 2)
+    if getattr(getattr(p, "site", None), "part", False):
+        kind += "~part"  # a rename inside a longer name: its own cells (sites.Site.part)
     between = _between(p.between)
     parts = [
         (kind,),

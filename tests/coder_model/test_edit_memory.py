@@ -262,6 +262,10 @@ def test_the_shipped_calibration_ranks_what_the_train_split_says_is_usually_righ
     assert cal(prop("rename", 1, 4)) > cal(prop("rename", 1, 4, between=2))
     assert cal(prop("rename", 1, 4)) > cal(prop("append_arg", 1, 4, age=1))
     assert cal(prop("rename", 1, -4)) == cal(prop("rename", 1, 4))  # no side of the edit (calibration.keys)
+    # a rename's site inside a longer name (count_rows for count) is its own kind, and less often right
+    part = SimpleNamespace(pattern=SimpleNamespace(kind="rename"), applied=2, age=0, offset=4, between=0,
+                           site=SimpleNamespace(part=True))
+    assert "rename~part" in cal.levels[0] and cal(part) < cal(prop("rename", 2, 4)) / 2
     assert all(0.0 <= cal(prop(k, n, o)) <= 1.0 for k in ("rename", "replace", "append_arg", "insert_line")
                for n in (1, 5) for o in (-200, 1, 200))
     # every block kind has its own cells (a kind the table lacks falls to the base rate: re-fit it)

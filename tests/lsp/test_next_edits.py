@@ -231,17 +231,22 @@ async def start_in(root, env: dict, next_edits: dict):
 def stats_and_report(tmp_path):
     root = tmp_path / "proj"
     (root / "pkg").mkdir(parents=True)
-    (root / "pkg" / "stats.py").write_text("def total(rows):\n    n = count(rows)\n    return n\n")
+    (root / "pkg" / "stats.py").write_text("def total(rows):\n    n = count(rows)\n    return n\n\n\n"
+                                           "def mean(rows):\n    return sum(rows) / count(rows)\n")
     (root / "pkg" / "report.py").write_text("from .stats import count\n\n\nprint(count([1, 2]))\n")
     (root / "pkg" / "plain.py").write_text("x = 1\n")
     return root
 
 
-def renamed_in_stats(client, root) -> str:
-    """Opens pkg/stats.py and renames count -> tally on its line 1; returns its uri."""
+async def renamed_in_stats(client, root, times: int = 2) -> str:
+    """Opens pkg/stats.py and renames count -> tally on its line 1, then (times=2) on line 6, a
+    pause apart (two edits: a jump is made only for an edit made twice); returns its uri."""
     uri = (root / "pkg" / "stats.py").as_uri()
     open_document(client, uri, (root / "pkg" / "stats.py").read_text())
     rename_on_line_1(client, uri)
+    if times == 2:
+        await asyncio.sleep(1.6)  # over the burst tracker's pause: the second rename is another edit
+        change(client, uri, 3, (6, 23), (6, 28), "tally")  # `return sum(rows) / count(rows)`
     return uri
 
 
@@ -251,9 +256,9 @@ async def test_with_no_site_left_here_a_jump_leads_to_a_workspace_file_that_is_n
     client = await start_in(root, {"HOME": str(tmp_path), **ECHO, "FAKE_STEP_S": "0.01"},
                             {"minConfidence": 0, "checkWithModel": False})
     try:
-        uri, report = renamed_in_stats(client, root), (root / "pkg" / "report.py").as_uri()
-        res = await edit_prediction(client, uri, 1, 13)  # stats.py has no other use of count: report.py has
-        assert res is not None and res["edits"] == [] and res["version"] == 2
+        uri, report = await renamed_in_stats(client, root), (root / "pkg" / "report.py").as_uri()
+        res = await edit_prediction(client, uri, 6, 28)  # stats.py has no other use of count: report.py has
+        assert res is not None and res["edits"] == [] and res["version"] == 3
         assert res["label"] == "rename count → tally" and 0 <= res["confidence"] <= 1
         assert res["jump"] == {"uri": report, "path": "pkg/report.py", "position": {"line": 0, "character": 19},
                                "label": "rename count → tally"}
@@ -278,11 +283,11 @@ async def test_a_jump_is_dropped_when_the_other_file_changed_and_never_made_with
     client = await start_in(root, {"HOME": str(tmp_path), **ECHO, "FAKE_STEP_S": "0.01"},
                             {"minConfidence": 0, "checkWithModel": False})
     try:
-        uri = renamed_in_stats(client, root)
-        assert (await edit_prediction(client, uri, 1, 13))["jump"]["position"]["line"] == 0
+        uri = await renamed_in_stats(client, root)
+        assert (await edit_prediction(client, uri, 6, 28))["jump"]["position"]["line"] == 0
         # the user (or git) changes report.py on disk: the remembered site no longer holds `count`
         (root / "pkg" / "report.py").write_text("from .stats import tally\n\n\nprint(tally([1, 2]))\n")
-        assert await edit_prediction(client, uri, 1, 13) is None
+        assert await edit_prediction(client, uri, 6, 28) is None
     finally:
         await client.shutdown_session()
 
@@ -290,6 +295,23 @@ async def test_a_jump_is_dropped_when_the_other_file_changed_and_never_made_with
                             {"minConfidence": 0, "checkWithModel": False, "otherFiles": 0})
     try:
         (root / "pkg" / "report.py").write_text("from .stats import count\n\n\nprint(count([1, 2]))\n")
-        assert await edit_prediction(client, renamed_in_stats(client, root), 1, 13) is None
+        assert await edit_prediction(client, await renamed_in_stats(client, root), 6, 28) is None
+    finally:
+        await client.shutdown_session()
+
+
+@pytest.mark.asyncio
+async def test_an_edit_made_once_never_sends_the_user_to_another_file(tmp_path):
+    root = stats_and_report(tmp_path)
+    client = await start_in(root, {"HOME": str(tmp_path), **ECHO, "FAKE_STEP_S": "0.01"},
+                            {"minConfidence": 0, "checkWithModel": False})
+    try:
+        uri = (root / "pkg" / "scratch.py").as_uri()  # one use of count, renamed once: nothing left here
+        open_document(client, uri, "x = count([1])\n")
+        change(client, uri, 2, (0, 4), (0, 9), "tally")
+        assert await edit_prediction(client, uri, 0, 9) is None  # report.py uses count: no jump for one edit
+        await asyncio.sleep(1.6)
+        change(client, uri, 3, (0, 0), (0, 0), "y = tally([2])\n")  # an unrelated edit; still none
+        assert await edit_prediction(client, uri, 0, 9) is None
     finally:
         await client.shutdown_session()
