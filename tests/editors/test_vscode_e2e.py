@@ -229,6 +229,9 @@ def base_settings(server: Path, server_log: Path) -> dict:
         # would hold most suggestions back as late.
         "dlm.deadlineMs": 5000,
         "dlm.editPredictionDelayMs": 300,
+        # On by default; off for the ghost-text steps (an edit prediction there would take their Tab),
+        # turned back on in the Settings editor by the edit-prediction steps.
+        "dlm.editPredictions": False,
         # A quiet, offline workbench.
         "workbench.startupEditor": "none",
         "workbench.tips.enabled": False,

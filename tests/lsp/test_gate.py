@@ -169,11 +169,19 @@ def test_server_never_shows_a_late_answer():
     asyncio.run(scenario())
 
 
-def test_edit_predictions_are_off_by_default_and_rewriting_recent_typing_needs_more():
+def test_edit_predictions_can_be_turned_off_the_model_rewrite_is_off_by_default_and_rewriting_recent_typing_needs_more():
     async def scenario():
         uri, text = "file:///w/todo.py", "def g():\n    # TODO\n    return 1\n"
         params = {"textDocument": {"uri": uri}, "position": {"line": 2, "character": 12}}
-        off = await _session(_env(FAKE_STEP_S="0.001", FAKE_CONFIDENCE="0.99"), {})
+        # on by default, but only the edit memory answers: the model's rewrite (modelFallback) is off
+        default = await _session(_env(FAKE_STEP_S="0.001", FAKE_CONFIDENCE="0.99"), {})
+        try:
+            _open(default, uri, text)
+            assert await default.protocol.send_request_async("dlm/editPrediction", params) is None
+        finally:
+            await _close(default)
+        off = await _session(_env(FAKE_STEP_S="0.001", FAKE_CONFIDENCE="0.99"),
+                             {"editPredictions": False, "nextEdits": {"modelFallback": True}})
         try:
             _open(off, uri, text)
             assert await off.protocol.send_request_async("dlm/editPrediction", params) is None

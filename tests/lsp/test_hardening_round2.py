@@ -80,7 +80,7 @@ def test_a_block_over_the_remote_cap_is_refused_as_an_option():
 def test_out_of_range_options_keep_their_defaults(options, where):
     opts, problems = parse_options(options)
     assert any(where in p for p in problems), problems
-    assert opts.scheduler.throttle_ms == 20 and opts.sampler == {} and opts.edit_predictions is False
+    assert opts.scheduler.throttle_ms == 20 and opts.sampler == {} and opts.edit_predictions is True
 
 
 def test_a_huge_throttle_does_not_stall_requests(server):

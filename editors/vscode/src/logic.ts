@@ -29,7 +29,7 @@ export const DEFAULT_SETTINGS: DlmSettings = {
   remoteAddress: "",
   remoteTokenFile: "",
   remoteTls: false,
-  editPredictions: false, // off until the model earns them (README: the measured figure)
+  editPredictions: true, // the edit memory's next edits (README "Next edits": the measured figures)
   editPredictionDelayMs: 300,
   editPredictionDisplay: "auto",
   minConfidence: null,

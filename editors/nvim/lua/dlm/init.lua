@@ -28,7 +28,7 @@ M.defaults = {
   filetypes = nil, -- nil: every normal file buffer
   native = nil, -- nil: use vim.lsp.inline_completion when it exists (0.12+)
   debounce_ms = 30, -- own ghost text: wait this long after a keystroke
-  edit_predictions = false, -- off until the model earns them (README); sent to the server too
+  edit_predictions = true, -- the edit memory's next edits (README "Next edits"); sent to the server too
   min_confidence = nil, -- show only suggestions at least this confident (0..1); nil: the server's measured default
   deadline_ms = nil, -- a suggestion not ready this long after the keystroke is not shown; nil: 250
   server_options = nil, -- any other initializationOptions (README "Protocol"), e.g. { context = { idleMs = 400 } }

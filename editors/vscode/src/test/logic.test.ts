@@ -280,10 +280,10 @@ test("inline result: a completion at the cursor wins unless the request is our t
 });
 
 test("settings become the server's initializationOptions; unset numbers keep the server's defaults", () => {
-  assert.deepEqual(initializationOptions(DEFAULT_SETTINGS), { editPredictions: false });
+  assert.deepEqual(initializationOptions(DEFAULT_SETTINGS), { editPredictions: true });
   const s = { ...DEFAULT_SETTINGS, editPredictions: true, minConfidence: 1.7, deadlineMs: 400 };
   assert.deepEqual(initializationOptions(s), { editPredictions: true, minConfidence: 1, deadlineMs: 400 });
-  assert.deepEqual(initializationOptions({ ...DEFAULT_SETTINGS, deadlineMs: -5 }), { editPredictions: false });
+  assert.deepEqual(initializationOptions({ ...DEFAULT_SETTINGS, deadlineMs: -5 }), { editPredictions: true });
   assert.equal(needsRestart(DEFAULT_SETTINGS, { ...DEFAULT_SETTINGS, minConfidence: 0.3 }), true);
   assert.equal(needsRestart(DEFAULT_SETTINGS, { ...DEFAULT_SETTINGS }), false);
 });
