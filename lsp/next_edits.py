@@ -288,14 +288,15 @@ def result(ls: DlmServer, doc: Document, p: Proposal, confidence: float, row: in
 
 async def propose_elsewhere(ls: DlmServer, doc: Document, pending: list, open_edit: bool,
                             deadline: float) -> dict | None:
-    """The best proposal over the gate in another file, as a jump to it; None when there is none."""
+    """A proposal over the gate in another file (the first one found, nearest first), as a jump to
+    it; None when there is none."""
     opts = ls.options.next_edits
     if opts.other_files <= 0:
         return None
     ne = ls.next_edits
     live = ne.memory.live_patterns(pending, open_edit)
-    if not live:
-        return None
+    if not any(ne.memory.applied(e) >= JUMP_MIN_APPLIED for e in live):
+        return None  # no edit made twice: no jump, whatever a scan would find
     key = (doc.uri, tuple((e.pattern.key, e.count, e.seq) for e in live))
     now = time.monotonic()
     if ne.elsewhere is None or ne.elsewhere.key != key or now - ne.elsewhere.at > ELSEWHERE_TTL_S:

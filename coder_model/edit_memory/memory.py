@@ -258,11 +258,15 @@ class EditMemory:
         q = self.calibration(p) * self.git_factor(p.pattern.kind) * (1.0 if p.same_file else OTHER_FILE)
         return min(0.95, q)
 
+    def applied(self, e: Entry) -> int:
+        """Times the pattern was applied: this session, plus up to 3 sightings in the git history."""
+        return e.count + min(self.git.keys.get(e.pattern.key, 0), 3)
+
     def support(self, e: Entry, rank_score: float) -> float:
         """P(the proposal is right): 1 - (1 - prior)^n for a pattern applied n times (this
         session, plus up to 3 sightings in the git history), scaled a little by the site's rank
         (on the valid split, the count predicted exactness; context similarity hardly did)."""
-        n = e.count + min(self.git.keys.get(e.pattern.key, 0), 3)
+        n = self.applied(e)
         p = 1.0 - (1.0 - self.prior(e.pattern.kind)) ** n
         return p * (0.8 + 0.2 * rank_score)
 
@@ -330,7 +334,7 @@ class EditMemory:
                 grouped.add(group[0].line)
                 support = self.support(e, score) * (1.0 if e.path == path else OTHER_FILE)
                 out.append(Proposal(path, s, e.pattern, support, score, e.event, group,
-                                    e.count + min(self.git.keys.get(e.pattern.key, 0), 3),
+                                    self.applied(e),
                                     max(0, edits - e.seq) if e.seq else 0, e.path == path, ambiguous,
                                     *_whereabouts(rows, s.line, lo, hi), cursor_here))
         if self.calibration is not None:

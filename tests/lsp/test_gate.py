@@ -173,20 +173,15 @@ def test_edit_predictions_can_be_turned_off_the_model_rewrite_is_off_by_default_
     async def scenario():
         uri, text = "file:///w/todo.py", "def g():\n    # TODO\n    return 1\n"
         params = {"textDocument": {"uri": uri}, "position": {"line": 2, "character": 12}}
-        # on by default, but only the edit memory answers: the model's rewrite (modelFallback) is off
-        default = await _session(_env(FAKE_STEP_S="0.001", FAKE_CONFIDENCE="0.99"), {})
-        try:
-            _open(default, uri, text)
-            assert await default.protocol.send_request_async("dlm/editPrediction", params) is None
-        finally:
-            await _close(default)
-        off = await _session(_env(FAKE_STEP_S="0.001", FAKE_CONFIDENCE="0.99"),
-                             {"editPredictions": False, "nextEdits": {"modelFallback": True}})
-        try:
-            _open(off, uri, text)
-            assert await off.protocol.send_request_async("dlm/editPrediction", params) is None
-        finally:
-            await _close(off)
+        # on by default, but only the edit memory answers: the model's rewrite (modelFallback) is off;
+        # and turned off, nothing answers, the model's rewrite included
+        for init in ({}, {"editPredictions": False, "nextEdits": {"modelFallback": True}}):
+            session = await _session(_env(FAKE_STEP_S="0.001", FAKE_CONFIDENCE="0.99"), init)
+            try:
+                _open(session, uri, text)
+                assert await session.protocol.send_request_async("dlm/editPrediction", params) is None
+            finally:
+                await _close(session)
         on = await _session(_env(FAKE_STEP_S="0.001", FAKE_CONFIDENCE="0.9"),
                             {"editPredictions": True, "minConfidence": 0.5, "minConfidenceRewriteRecent": 0.95,
                              "nextEdits": {"modelFallback": True}})

@@ -228,6 +228,12 @@ async def start_in(root, env: dict, next_edits: dict):
     return client
 
 
+async def start_for_jumps(root, home, **next_edits):
+    """A server on `root` with the fake engine, every proposal shown (minConfidence 0), no model check."""
+    return await start_in(root, {"HOME": str(home), **ECHO, "FAKE_STEP_S": "0.01"},
+                          {"minConfidence": 0, "checkWithModel": False, **next_edits})
+
+
 def stats_and_report(tmp_path):
     root = tmp_path / "proj"
     (root / "pkg").mkdir(parents=True)
@@ -253,8 +259,7 @@ async def renamed_in_stats(client, root, times: int = 2) -> str:
 @pytest.mark.asyncio
 async def test_with_no_site_left_here_a_jump_leads_to_a_workspace_file_that_is_not_open(tmp_path):
     root = stats_and_report(tmp_path)
-    client = await start_in(root, {"HOME": str(tmp_path), **ECHO, "FAKE_STEP_S": "0.01"},
-                            {"minConfidence": 0, "checkWithModel": False})
+    client = await start_for_jumps(root, tmp_path)
     try:
         uri, report = await renamed_in_stats(client, root), (root / "pkg" / "report.py").as_uri()
         res = await edit_prediction(client, uri, 6, 28)  # stats.py has no other use of count: report.py has
@@ -280,8 +285,7 @@ async def test_with_no_site_left_here_a_jump_leads_to_a_workspace_file_that_is_n
 @pytest.mark.asyncio
 async def test_a_jump_is_dropped_when_the_other_file_changed_and_never_made_with_other_files_0(tmp_path):
     root = stats_and_report(tmp_path)
-    client = await start_in(root, {"HOME": str(tmp_path), **ECHO, "FAKE_STEP_S": "0.01"},
-                            {"minConfidence": 0, "checkWithModel": False})
+    client = await start_for_jumps(root, tmp_path)
     try:
         uri = await renamed_in_stats(client, root)
         assert (await edit_prediction(client, uri, 6, 28))["jump"]["position"]["line"] == 0
@@ -291,8 +295,7 @@ async def test_a_jump_is_dropped_when_the_other_file_changed_and_never_made_with
     finally:
         await client.shutdown_session()
 
-    client = await start_in(root, {"HOME": str(tmp_path / "h2"), **ECHO, "FAKE_STEP_S": "0.01"},
-                            {"minConfidence": 0, "checkWithModel": False, "otherFiles": 0})
+    client = await start_for_jumps(root, tmp_path / "h2", otherFiles=0)
     try:
         (root / "pkg" / "report.py").write_text("from .stats import count\n\n\nprint(count([1, 2]))\n")
         assert await edit_prediction(client, await renamed_in_stats(client, root), 6, 28) is None
@@ -303,8 +306,7 @@ async def test_a_jump_is_dropped_when_the_other_file_changed_and_never_made_with
 @pytest.mark.asyncio
 async def test_an_edit_made_once_never_sends_the_user_to_another_file(tmp_path):
     root = stats_and_report(tmp_path)
-    client = await start_in(root, {"HOME": str(tmp_path), **ECHO, "FAKE_STEP_S": "0.01"},
-                            {"minConfidence": 0, "checkWithModel": False})
+    client = await start_for_jumps(root, tmp_path)
     try:
         uri = (root / "pkg" / "scratch.py").as_uri()  # one use of count, renamed once: nothing left here
         open_document(client, uri, "x = count([1])\n")
