@@ -1,18 +1,21 @@
-"""The edit memory's confidence, calibrated: P(a proposal is exactly the next edit), per pattern
-kind and support, from a table fitted on the edit-histories *train* split (README "Next edits").
+"""The edit memory's confidence, calibrated: P(a proposal is exactly the next edit), from boosted
+trees (boosting.py) fitted on the edit-histories *train* split (README "Next edits").
 
-A proposal's features (its pattern's kind; how often the pattern was applied; how many edits ago;
-how many of the pattern's sites lie between the edit and the site; how far) key a table of counts
-at five levels, coarse to fine. The estimate starts at the base rate and
-walks down the levels, each level's rate shrunk towards the one above it by `PSEUDO_COUNT`
-pseudo-counts (a fine cell with few proposals stays near its parent); a cell never seen ends the walk.
+A proposal's features (`features`: its pattern's kind; how often and how recently the pattern was
+applied; how many of its sites lie between the edit and this one; how far the site is; whether it
+lies in the function the edit was made in; how a rename's site uses the name (`.name` or bare)
+against the edit; how many sites the pattern has in the document; the size of the pattern; a
+site in a comment) go through the trees. Which side of the edit a site lies on is left out on
+purpose: the replayed histories apply a commit's hunks top to bottom, so a site above the edit is
+never the next hunk there, and a model that learnt that would hide sites above from a user who
+edits upwards (BENCHMARKS.md "Calibrated next edits").
 
-The table (`calibration.json` beside this file) is data: made by
+The model (`calibration.json` beside this file) is data: made by
 
     python -m dlm.coder_model.evaluation.next_edits --split train --fit-calibration \\
         coder_model/edit_memory/calibration.json
 
-which replays the train split into the memory and counts, for every proposal, whether it was the
+which replays the train split into the memory and labels every proposal by whether it was the
 next hunk byte for byte. Never fitted on valid or test (the driver refuses them). The server and
 the library read it at import; without it (a broken install) the memory's own support is used.
 """
@@ -21,28 +24,34 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
+
+from dlm.coder_model.edit_memory import boosting
+from dlm.coder_model.edit_memory.boosting import Trees
 
 log = logging.getLogger(__name__)
 
 TABLE_PATH = Path(__file__).with_name("calibration.json")
-PSEUDO_COUNT = 20.0  # how many proposals' worth of weight a level's parent estimate carries
-FORMAT = 1
-LEVELS = 5  # keys() per proposal
+FORMAT = 2
+# the kinds the features name (a kind not here, from a newer pattern set, has none of them on:
+# re-fit); rename~part is a rename's site inside a longer name (sites.Site.part)
+KINDS = ("rename", "rename~part", "replace", "same_lines", "lines", "delete_lines", "insert_lines",
+         "append_arg", "insert_line")
+WHERE = {"attr": 0.0, "name": 1.0, "": 2.0}  # patterns.Pattern.where of a rename
+FEATURES = (*(f"kind={k}" for k in KINDS), "applied", "edits ago", "sites between", "log distance",
+            "same document", "cursor here", "context similarity", "in the edit's function",
+            "edit in a function", "rename's use", "site as attribute", "sites in group",
+            "sites of the pattern", "old chars", "new chars", "old lines", "new lines",
+            "tokens matched", "ambiguous rename", "site in a comment", "log distance from the cursor",
+            "proposals made")
 
 
-def _applied(n: int) -> int:
-    return min(n, 3)
-
-
-def _between(n: int) -> int:
-    return min(n, 2)
-
-
-def _distance(offset: int) -> str:
-    """Distance bucket of a site from the edit, in lines, either side."""
-    a = abs(offset)
-    return "1" if a <= 1 else "3" if a <= 3 else "10" if a <= 10 else "30" if a <= 30 else "100" if a <= 100 else "far"
+def kind_of(p) -> str:
+    kind = p.pattern.kind
+    if getattr(getattr(p, "site", None), "part", False):
+        kind += "~part"  # a rename inside a longer name: its own kind (sites.Site.part)
+    return kind
 
 
 def _near_its_edit(p) -> bool:
@@ -51,73 +60,65 @@ def _near_its_edit(p) -> bool:
     return getattr(p, "cursor_here", True) and getattr(p, "same_file", True)
 
 
-def keys(p) -> list[str]:
-    """The table keys of a proposal (memory.Proposal or anything with its fields), coarse to fine.
-    Which side of the edit a site lies on is left out on purpose: the replayed histories apply a
-    commit's hunks top to bottom, so a site above the edit is never the next hunk there, and a
-    table that learnt that would hide sites above from a user who edits upwards (with the side,
-    the valid split gains about one point of shown share: BENCHMARKS.md "Calibrated next edits")."""
-    kind, n, age = p.pattern.kind, _applied(p.applied), min(p.age, 2)
-    if getattr(getattr(p, "site", None), "part", False):
-        kind += "~part"  # a rename inside a longer name: its own cells (sites.Site.part)
-    between = _between(p.between)
-    parts = [
-        (kind,),
-        (kind, n),
-        (kind, n, age),
-        (kind, n, age, between),
-        # the table learnt the distance from the edit, in its file: a site in a file without the
-        # cursor, or of a pattern learnt in another document, has none (no cell: the level above answers)
-        (kind, n, age, between, _distance(p.offset) if _near_its_edit(p) else "elsewhere"),
+def features(p) -> list[float]:
+    """The model's inputs for a proposal (memory.Proposal, or anything with its fields), in the
+    order of FEATURES."""
+    kind = kind_of(p)
+    pat = p.pattern
+    g = getattr
+    return [
+        *(1.0 if kind == k else 0.0 for k in KINDS),
+        float(min(p.applied, 5)), float(min(p.age, 3)), float(min(p.between, 5)),
+        # the model learnt the distance from the edit, in its file: a site in a file without the
+        # cursor, or of a pattern learnt in another document, has none
+        math.log1p(abs(p.offset)) if _near_its_edit(p) else -1.0,
+        float(g(p, "same_file", True)), float(g(p, "cursor_here", True)), float(g(p, "rank_score", 0.5)),
+        float(g(p, "in_scope", False)), float(g(p, "edit_in_def", False)),
+        WHERE.get(g(pat, "where", ""), 2.0) if pat.kind == "rename" else -1.0,
+        float(g(p, "attr_site", False)), float(len(g(p, "group", ()) or (1,))),
+        float(min(g(p, "pattern_sites", 1), 64)),
+        float(min(len(g(pat, "old", "")), 200)), float(min(len(g(pat, "new", "")), 200)),
+        float(g(pat, "old", "").count("\n")), float(g(pat, "new", "").count("\n")),
+        float(min(len(g(pat, "before", ())), 24)), float(g(p, "ambiguous", False)), float(g(p, "in_comment", False)),
+        # nor a distance from the cursor: a jump's site, once its file is open and the cursor on it,
+        # keeps the confidence that let the jump through (the train split's patterns of another
+        # document taught the model what a proposal without distances is worth)
+        math.log1p(g(p, "cursor_distance", 0)) if _near_its_edit(p) else -1.0,
+        float(min(g(p, "candidates", 1), 64)),
     ]
-    return ["|".join(map(str, k)) for k in parts]
 
 
 class Calibration:
-    """P(exact next edit) from the fitted table (module doc)."""
+    """P(exact next edit) from the fitted trees (module doc)."""
 
-    def __init__(self, levels: list[dict[str, list[int]]], base: float, meta: dict | None = None) -> None:
-        self.levels = levels
-        self.base = base
+    def __init__(self, trees: Trees, meta: dict | None = None) -> None:
+        self.trees = trees
         self.meta = meta or {}
 
     def __call__(self, p) -> float:
-        q = self.base
-        for level, key in zip(self.levels, keys(p)):
-            cell = level.get(key)
-            if cell is None:
-                break
-            n, exact = cell
-            q = (exact + PSEUDO_COUNT * q) / (n + PSEUDO_COUNT)
-        return q
+        return self.trees(features(p))
 
     # ---- fitting (coder_model.evaluation.next_edits --fit-calibration) ------------------------
     @classmethod
-    def fit(cls, labelled, meta: dict | None = None) -> Calibration:
-        """From (proposal, exact) pairs."""
-        levels: list[dict[str, list[int]]] = [{} for _ in range(LEVELS)]
-        total = hits = 0
+    def fit(cls, labelled, meta: dict | None = None, **params) -> Calibration:
+        """From (proposal, exact) pairs; `params` go to boosting.fit."""
+        rows, labels = [], []
         for p, exact in labelled:
-            total += 1
-            hits += bool(exact)
-            for level, key in zip(levels, keys(p)):
-                cell = level.setdefault(key, [0, 0])
-                cell[0] += 1
-                cell[1] += bool(exact)
-        return cls(levels, hits / total if total else 0.0, meta)
+            rows.append(features(p))
+            labels.append(1.0 if exact else 0.0)
+        return cls(boosting.fit(rows, labels, **params), meta)
 
     def to_json(self) -> dict:
-        return {"format": FORMAT, "pseudo_count": PSEUDO_COUNT, "base": self.base, "meta": self.meta,
-                "levels": [dict(sorted(level.items())) for level in self.levels]}
+        return {"format": FORMAT, "features": list(FEATURES), "meta": self.meta, **self.trees.to_json()}
 
     @classmethod
     def from_json(cls, data: dict) -> Calibration:
-        if data.get("format") != FORMAT or len(data.get("levels", ())) != LEVELS:
-            raise ValueError(f"edit-memory calibration table: format {data.get('format')!r} with "
-                             f"{len(data.get('levels', ()))} levels, expected format {FORMAT} with {LEVELS}; "
-                             "re-fit it (python -m dlm.coder_model.evaluation.next_edits --split train --fit-calibration)")
-        return cls([{k: [int(v[0]), int(v[1])] for k, v in level.items()} for level in data["levels"]],
-                   float(data["base"]), data.get("meta"))
+        if data.get("format") != FORMAT or data.get("features") != list(FEATURES):
+            raise ValueError(f"edit-memory calibration: format {data.get('format')!r}, features "
+                             f"{data.get('features')!r}; this code reads format {FORMAT} with {len(FEATURES)} "
+                             "features: re-fit it (python -m dlm.coder_model.evaluation.next_edits --split train "
+                             "--fit-calibration coder_model/edit_memory/calibration.json)")
+        return cls(Trees.from_json(data), data.get("meta"))
 
 
 def load(path: Path = TABLE_PATH) -> Calibration | None:

@@ -106,6 +106,17 @@ class Proposal:
     # the cursor is in this document; False: a site looked for in another file (a jump there), whose
     # distance from the cursor means nothing: calibrated without it (calibration.keys)
     cursor_here: bool = True
+    # facts the calibration weighs (calibration.features): the site lies in the function the edit
+    # was made in (same document); the edit was made in a function; one of the group's sites is
+    # used as an attribute (`.name`); sites of the pattern in the document (before the limit); the
+    # site follows a `#` on its line
+    in_scope: bool = False
+    edit_in_def: bool = False
+    attr_site: bool = False
+    pattern_sites: int = 1
+    in_comment: bool = False
+    cursor_distance: int = 0  # lines between the site and the cursor (this document)
+    candidates: int = 1  # proposals made for this request, all patterns (before the limit)
 
     @property
     def sites(self) -> tuple[Site, ...]:
@@ -213,6 +224,7 @@ class EditMemory:
                     e.count = old.count + 1  # the same pattern again: its support grows
                     e.ambiguous = old.ambiguous
                     e.context = old.context | e.context
+                    e.pattern = _merged(e.pattern, old.pattern)
                 self._entries[e.pattern.key] = e
                 kept.append(e)
             while len(self._entries) > self.max_patterns:
@@ -250,13 +262,13 @@ class EditMemory:
         return (repeated + PRIOR_WEIGHT * corpus) / (seen + PRIOR_WEIGHT) / corpus
 
     def calibrated(self, p: Proposal) -> float:
-        """The proposal's confidence: P(it is the next edit) from the calibration table (fitted on
-        the train split), scaled by the project's git history and for a pattern of another document;
-        the memory's own support when there is no table."""
+        """The proposal's confidence: P(it is the next edit) from the calibration model (fitted on
+        the train split), scaled by the project's git history; the memory's own support when there
+        is no model."""
         if self.calibration is None:
             return p.support
-        q = self.calibration(p) * self.git_factor(p.pattern.kind) * (1.0 if p.same_file else OTHER_FILE)
-        return min(0.95, q)
+        # (another document's pattern is one of the model's features: no factor for it here)
+        return min(0.95, self.calibration(p) * self.git_factor(p.pattern.kind))
 
     def applied(self, e: Entry) -> int:
         """Times the pattern was applied: this session, plus up to 3 sightings in the git history."""
@@ -282,7 +294,8 @@ class EditMemory:
         with self._lock:
             edits = self.edits + (1 if (bool(pending) if open_edit is None else open_edit) else 0)
             # the open edit repeats a remembered pattern: it is one more application of it
-            pending = [replace(e, count=old.count + 1, ambiguous=old.ambiguous, context=old.context | e.context)
+            pending = [replace(e, count=old.count + 1, ambiguous=old.ambiguous, context=old.context | e.context,
+                               pattern=_merged(e.pattern, old.pattern))
                        if (old := self._entries.get(e.pattern.key)) is not None else e for e in pending]
         candidates = list(pending) + [e for e in self.patterns()
                                       if now - e.at <= self.max_age_s and edits - e.seq < recent_edits]
@@ -309,7 +322,10 @@ class EditMemory:
         edits, live = self._live(pending, open_edit, now, max_patterns, recent_edits)
         out: list[Proposal] = []
         for e in live:
-            sites = find_sites(e.pattern, lines, cursor_line, max_scan)
+            # in another file a module-level name is used as an attribute (stats.count for count):
+            # how the edit used the name (Pattern.where) tells things apart only in its own file
+            pattern = e.pattern if e.path == path or not e.pattern.where else replace(e.pattern, where="")
+            sites = find_sites(pattern, lines, cursor_line, max_scan)
             # a rename the user made twice is a systematic one, whatever names existed before it
             ambiguous = e.ambiguous and e.count < 2
             scope = enclosing_def(lines, e.line) if ambiguous and e.path == path else None
@@ -325,6 +341,7 @@ class EditMemory:
                 by_line.setdefault(s.line, []).append(s)
             rows = sorted(by_line)
             lo, hi = (e.line, max(e.end, e.line + 1)) if e.path == path else (cursor_line, cursor_line)
+            edit_def = (scope if scope is not None else enclosing_def(lines, e.line)) if e.path == path else None
             grouped: set[int] = set()
             for score, s in rank(sites, e.context, cursor_line, e.name, limit=limit * 4):
                 # a block site is one edit of whole lines: never grouped with the next one
@@ -336,7 +353,13 @@ class EditMemory:
                 out.append(Proposal(path, s, e.pattern, support, score, e.event, group,
                                     self.applied(e),
                                     max(0, edits - e.seq) if e.seq else 0, e.path == path, ambiguous,
-                                    *_whereabouts(rows, s.line, lo, hi), cursor_here))
+                                    *_whereabouts(rows, s.line, lo, hi), cursor_here,
+                                    in_scope=edit_def is not None and edit_def[0] < s.line < edit_def[1],
+                                    edit_in_def=edit_def is not None,
+                                    attr_site=any(_after_dot(lines[x.line], x.start) for x in group),
+                                    pattern_sites=len(sites), in_comment=_in_comment(lines[s.line], s.start),
+                                    cursor_distance=abs(s.line - cursor_line)))
+        out = [replace(p, candidates=len(out)) for p in out]
         if self.calibration is not None:
             out = [replace(p, support=self.calibrated(p)) for p in out]
         out.sort(key=lambda p: (-p.support, abs(p.site.line - cursor_line)))
@@ -345,6 +368,11 @@ class EditMemory:
     # ---- git --------------------------------------------------------------------------------
     def learn_git(self, stats: GitStats) -> None:
         self.git = stats
+
+
+def _merged(new: Pattern, old: Pattern) -> Pattern:
+    """The pattern applied again (the same key): a rename used both ways (Pattern.where) matches both."""
+    return new if new.where == old.where else replace(new, where="")
 
 
 MAX_GROUP = 8  # sites in one proposal, at most
@@ -374,6 +402,16 @@ def _whereabouts(rows: list[int], row: int, lo: int, hi: int) -> tuple[int, int]
     if row >= hi:
         return row - hi + 1, bisect.bisect_left(rows, row) - bisect.bisect_left(rows, hi)
     return row - lo, bisect.bisect_left(rows, lo) - bisect.bisect_right(rows, row)
+
+
+def _after_dot(line: str, col: int) -> bool:
+    """The text before column `col` ends in a `.` (whitespace aside): an attribute."""
+    return line[:col].rstrip().endswith(".")
+
+
+def _in_comment(line: str, col: int) -> bool:
+    """A `#` token comes before column `col` on the line (not one inside a string literal)."""
+    return "#" in line[:col] and any(t.text == "#" and t.start < col for t in tokens(line[:col]))
 
 
 def _site_similarity(s: Site, e: Entry) -> float:

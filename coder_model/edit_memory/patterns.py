@@ -35,7 +35,7 @@ from __future__ import annotations
 import difflib
 import keyword
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # One code token: an identifier, a number, a one-line string literal, a two-character
 # operator or any other single non-space character. Whitespace is not a token.
@@ -92,6 +92,12 @@ class Pattern:
     # block kinds: each new line's indentation in columns relative to the block's first old line
     # (for insert_lines: to the line above); `text` holds the new lines stripped, joined by "\n"
     indents: tuple[int, ...] = ()
+    # rename: how the edit used the name. "attr": every use followed a `.` (`self.data`); "name":
+    # none did, and none defined it (a local, a parameter, an import); "": both, or a definition
+    # (a def or class name, an assignment at the start of a line: used both ways). A site used the
+    # other way is another thing with the same name (sites.py). Not part of the key: the same
+    # rename made both ways is one pattern, and then "" (EditMemory.observe).
+    where: str = field(default="", compare=False)
 
     @property
     def key(self) -> tuple:
@@ -209,7 +215,8 @@ def line_pattern(old: str, new: str) -> Pattern | None:
     if len(swaps) == 1:
         (olds, news), = swaps
         if len(olds) == len(news) == 1 and is_name(olds[0]) and is_identifier(news[0]):
-            return Pattern("rename", (olds[0],), 0, 1, news[0], olds[0], news[0])
+            return Pattern("rename", (olds[0],), 0, 1, news[0], olds[0], news[0],
+                           where=name_use(b, [j for o in ops for j in range(o[3], o[4])]))
     # append_arg: text inserted right before a call's closing parenthesis, starting with ","
     if i1 == i2 and j2 > j1 and bt[j1] == "," and i1 < len(at) and at[i1] == ")":
         name = _call_name(at, i1)
@@ -258,6 +265,28 @@ def line_pattern(old: str, new: str) -> Pattern | None:
     text_to = b[j2].start if right else b[j2 - 1].end
     text = new[text_from:text_to]
     return Pattern("replace", before, left, left + (i2 - i1), text, old_text, new_text)
+
+
+def is_attribute(toks: list[Token], k: int) -> bool:
+    """Token k follows a `.`: an attribute (`self.data`), not the bare name."""
+    return k > 0 and toks[k - 1].text == "."
+
+
+def is_definition(toks: list[Token], k: int) -> bool:
+    """Token k is what its line defines: a def or class name, or the target of an assignment or
+    annotation that starts the line (`data = ...`, `data: int`): such a name is used both bare and
+    as an attribute (a class attribute, a method)."""
+    if k > 0 and toks[k - 1].text in ("def", "class"):
+        return True
+    return k == 0 and len(toks) > 1 and toks[1].text in ("=", ":")
+
+
+def name_use(toks: list[Token], at: list[int]) -> str:
+    """Pattern.where of a rename whose new name is tokens `at` of the new line `toks`."""
+    if any(is_definition(toks, k) for k in at):
+        return ""
+    dots = {is_attribute(toks, k) for k in at}
+    return "" if len(dots) != 1 else "attr" if dots == {True} else "name"
 
 
 def _call_name(at: list[str], close: int) -> str | None:

@@ -290,8 +290,10 @@ def fit_calibration(root: Path, limit: int | None, out: Path) -> None:
                    "coder_model/edit_memory/calibration.json",
         "split": "train", "opportunities": opportunities, "proposals": len(labelled),
         "exact": sum(e for _, e in labelled), "date": time.strftime("%Y-%m-%d", time.gmtime())})
-    out.write_text(json.dumps(cal.to_json(), indent=1, sort_keys=False) + "\n", encoding="utf-8")
-    print(f"calibration: {opportunities} opportunities, {len(labelled)} proposals, base rate {cal.base:.3f} -> {out}")
+    out.write_text(json.dumps(cal.to_json(), separators=(",", ":")) + "\n", encoding="utf-8")
+    rate = sum(e for _, e in labelled) / max(len(labelled), 1)
+    print(f"calibration: {opportunities} opportunities, {len(labelled)} proposals ({100 * rate:.1f}% exact), "
+          f"{len(cal.trees.trees)} trees -> {out}")
 
 
 def main(argv: list[str] | None = None) -> None:

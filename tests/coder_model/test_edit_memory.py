@@ -173,7 +173,10 @@ def test_a_pattern_with_5000_sites_is_capped_and_ranked_nearest_first():
     mem = EditMemory()
     (e,) = mem.entries_of("f.py", Edit(0, ("v = compute(x)\n",), ("v = compute_fast(x)\n",), 0.0), lines)
     props = mem.propose("f.py", lines, 2500, now=0.0, pending=[e], max_scan=300, limit=8)
-    assert len(props) == 8 and all(abs(pr.site.line - 2500) <= 4 for pr in props)
+    # only sites the cap kept, best first (the calibrated confidence, then the nearest the cursor)
+    assert len(props) == 8 and all(abs(pr.site.line - 2500) <= 150 for pr in props)
+    order = [(-pr.support, abs(pr.site.line - 2500)) for pr in props]
+    assert order == sorted(order) and abs(props[0].site.line - 2500) <= 8
 
 
 def test_a_rename_to_a_name_that_exists_proposes_only_uses_in_a_like_context():
@@ -243,60 +246,81 @@ def test_a_deleted_span_takes_its_whitespace_with_it():
     assert apply(lines[0].rstrip("\n"), s) == "def patch(url, **kwargs):"
 
 
+def _prop(kind, applied, offset, between=0, age=0, **fields):
+    """A proposal's fields as the calibration reads them (memory.Proposal has them all)."""
+    from types import SimpleNamespace
+
+    pattern = SimpleNamespace(kind=kind, old="count", new="total", before=("count",), where=fields.pop("where", ""))
+    return SimpleNamespace(pattern=pattern, applied=applied, age=age, offset=offset, between=between,
+                           cursor_distance=abs(offset), **fields)
+
+
 def test_the_shipped_calibration_ranks_what_the_train_split_says_is_usually_right():
     from types import SimpleNamespace
 
-    from dlm.coder_model.edit_memory.calibration import Calibration, load
+    from dlm.coder_model.edit_memory.calibration import KINDS, load
+    from dlm.coder_model.edit_memory.patterns import BLOCK_KINDS
 
     cal = load()
     assert cal is not None and cal.meta["split"] == "train"
-
-    def prop(kind, applied, offset, between=0, age=0):
-        return SimpleNamespace(pattern=SimpleNamespace(kind=kind), applied=applied, age=age, offset=offset,
-                               between=between)
-
+    prop = _prop
     # a rename applied three times against a lone one, near against far, the nearest site of the
     # pattern against one with two of its sites in between, a lone rename against an argument
     # appended once an edit ago
     assert cal(prop("rename", 3, 4)) > cal(prop("rename", 1, 4)) > cal(prop("rename", 1, 200))
     assert cal(prop("rename", 1, 4)) > cal(prop("rename", 1, 4, between=2))
     assert cal(prop("rename", 1, 4)) > cal(prop("append_arg", 1, 4, age=1))
-    assert cal(prop("rename", 1, -4)) == cal(prop("rename", 1, 4))  # no side of the edit (calibration.keys)
+    assert cal(prop("rename", 1, -4)) == cal(prop("rename", 1, 4))  # no side of the edit (calibration.features)
     # a rename's site inside a longer name (count_rows for count) is its own kind, and less often right
-    part = SimpleNamespace(pattern=SimpleNamespace(kind="rename"), applied=2, age=0, offset=4, between=0,
-                           site=SimpleNamespace(part=True))
-    assert "rename~part" in cal.levels[0] and cal(part) < cal(prop("rename", 2, 4)) / 2
+    part = prop("rename", 2, 4, site=SimpleNamespace(part=True))
+    assert cal(part) < cal(prop("rename", 2, 4)) / 2
+    # a rename of an attribute (self.count) whose site uses the bare name is rarely right
+    assert cal(prop("rename", 1, 4, where="attr", attr_site=False)) < cal(prop("rename", 1, 4, where="attr", attr_site=True))
     assert all(0.0 <= cal(prop(k, n, o)) <= 1.0 for k in ("rename", "replace", "append_arg", "insert_line")
                for n in (1, 5) for o in (-200, 1, 200))
-    # every block kind has its own cells (a kind the table lacks falls to the base rate: re-fit it)
-    from dlm.coder_model.edit_memory.patterns import BLOCK_KINDS
-
-    assert BLOCK_KINDS <= set(cal.levels[0])
-    # a block the user made three times, at the next site, is more likely than one made once
+    # every block kind has its own feature, and a block made three times at the next site is more
+    # likely than one made once
+    assert BLOCK_KINDS <= set(KINDS)
     assert cal(prop("lines", 3, 2)) > cal(prop("lines", 1, 2))
-    # a cell never seen falls back to its coarser levels; fitting counts every level
-    fitted = Calibration.fit([(prop("rename", 1, 2), True), (prop("rename", 1, 2), False)])
-    assert fitted.base == 0.5 and fitted.levels[0]["rename"] == [2, 1]
-    assert fitted(prop("replace", 1, 2)) == 0.5
-    assert Calibration.from_json(fitted.to_json()).levels == fitted.levels
+
+
+def test_boosted_trees_learn_a_rule_and_read_back_what_they_wrote():
+    import random
+
+    from dlm.coder_model.edit_memory import boosting
+    from dlm.coder_model.edit_memory.calibration import Calibration
+
+    rng = random.Random(0)
+    rows = [[rng.random(), rng.random()] for _ in range(2000)]
+    # right when x0 > 0.6 (90% of the time) and x1 does nothing
+    labels = [float((x[0] > 0.6) == (rng.random() < 0.9)) for x in rows]
+    trees = boosting.fit(rows, labels, trees=30, depth=2, min_leaf=20)
+    assert trees([0.9, 0.1]) > 0.8 and trees([0.2, 0.1]) < 0.2
+    assert abs(trees([0.9, 0.1]) - trees([0.9, 0.9])) < 0.1
+    back = boosting.Trees.from_json(trees.to_json())
+    assert abs(back([0.7, 0.5]) - trees([0.7, 0.5])) < 1e-5
+    with pytest.raises(ValueError, match="neither"):
+        boosting.Trees.from_json({"base": 0.0, "trees": [[[0, 0.5, 1, 7], [0.1], [0.2]]]})
+    # a calibration file of another format is refused with what to run
+    with pytest.raises(ValueError, match="re-fit it"):
+        Calibration.from_json({"format": 1, "levels": []})
 
 
 def test_a_site_in_a_file_without_the_cursor_is_calibrated_without_its_distance():
-    from types import SimpleNamespace
 
     from dlm.coder_model.edit_memory.calibration import load
 
     cal = load()
 
     def prop(offset, cursor_here=True):
-        return SimpleNamespace(pattern=SimpleNamespace(kind="rename"), applied=1, age=0, offset=offset, between=0,
-                               cursor_here=cursor_here)
+        return _prop("rename", 1, offset, cursor_here=cursor_here)
 
     near, far = cal(prop(2)), cal(prop(400))
     assert near > far
-    # another file: the same confidence wherever its site lies, between the near and the far one
-    elsewhere = {cal(prop(o, cursor_here=False)) for o in (2, 40, 400)}
-    assert len(elsewhere) == 1 and far < elsewhere.pop() < near
+    # another file (a pattern of this document, a site there): the same confidence wherever its
+    # site lies, under that of the near site here
+    elsewhere = {cal(_prop("rename", 1, o, cursor_here=False, same_file=False)) for o in (2, 40, 400)}
+    assert len(elsewhere) == 1 and 0.0 < elsewhere.pop() < near
 
 
 def test_calibration_is_never_fitted_on_valid_or_test(tmp_path):
