@@ -2,6 +2,7 @@
 
     python -m dlm.coder_model.evaluation.next_edits --split valid [--limit N] [--model-check]
     python -m dlm.coder_model.evaluation.next_edits --split train --fit-calibration coder_model/edit_memory/calibration.json
+    python -m dlm.coder_model.evaluation.next_edits --split train --cross-validate 5
 
 A library-level replay (the LSP-level one is `dlm-lsp eval`'s next-edit mode): each record's
 hunks are applied one by one to its `before` text, each hunk observed as one closed edit; after
@@ -296,6 +297,54 @@ def fit_calibration(root: Path, limit: int | None, out: Path) -> None:
           f"{len(cal.trees.trees)} trees -> {out}")
 
 
+def _fold(commit: str, folds: int) -> int:
+    """A commit's fold: all records of a commit together (a commit's files share its renames)."""
+    import hashlib
+
+    return int(hashlib.sha256(("fold:" + commit).encode()).hexdigest(), 16) % folds
+
+
+def cross_validate(root: Path, limit: int | None, folds: int = 5) -> dict[float, tuple[int, int, int, int, int]]:
+    """How the calibration does on commits it was not fitted on: the train split replayed into one
+    memory (as `fit_calibration`), its commits cut into `folds` folds; for each fold a model fitted
+    on the others chooses each opportunity's proposal (the most confident, then the nearest the
+    cursor). Returns threshold -> (opportunities, shown, exact next hunk, right location, deletes kept
+    lines), and prints it. Valid and test are never read."""
+    from dlm.coder_model.edit_memory.calibration import Calibration
+
+    mem = EditMemory(calibration=None)
+    replay: list[tuple[int, list[tuple]]] = []  # (fold, [(proposal, exact, location, deletes kept, distance)])
+    clock = 0.0
+    for rec in records(root, "train", limit):
+        fold = _fold(rec["commit"], folds)
+        for lines, edit, rest in cases(rec):
+            clock += 1.2
+            edit = Edit(edit.start, edit.old, edit.new, clock)
+            mem.observe(rec["path"], edit, lines)
+            if not rest:
+                continue
+            props = mem.propose(rec["path"], lines, edit.start, now=clock, limit=FIT_PROPOSALS)
+            replay.append((fold, [(p, exact_next(lines, p, rest), judge(lines, p, rest)[0],
+                                   deletes_kept(lines, p, rest), abs(p.site.line - edit.start)) for p in props]))
+    chosen: list[tuple[float, bool, bool, bool]] = []
+    for k in range(folds):
+        cal = Calibration.fit([(r[0], r[1]) for fold, rs in replay if fold != k for r in rs])
+        for fold, rs in replay:
+            if fold == k and rs:
+                conf, best = max(((min(0.95, cal(r[0])), r) for r in rs), key=lambda x: (x[0], -x[1][4]))
+                chosen.append((conf, best[1], best[2], best[3]))
+    out = {}
+    print(f"train split, {folds} folds by commit: {len(replay)} opportunities")
+    print("threshold | shown % | exact (next hunk) % | location % | deletes kept lines %")
+    for t in THRESHOLDS:
+        shown = [c for c in chosen if c[0] >= t]
+        n = max(len(shown), 1)
+        out[t] = (len(replay), len(shown), sum(c[1] for c in shown), sum(c[2] for c in shown), sum(c[3] for c in shown))
+        print(f"  {t:.2f} | {100 * len(shown) / max(len(replay), 1):.1f} | {100 * out[t][2] / n:.1f} | "
+              f"{100 * out[t][3] / n:.1f} | {100 * out[t][4] / n:.1f}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default=os.environ.get("DLM_EDIT_HISTORIES", ""),
@@ -315,6 +364,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--misses", type=float, metavar="GATE", default=None,
                     help="instead: count the next hunks without an exact proposal at confidence GATE, by shape "
                          "and by what they repeat of the record's earlier hunks (use --split train)")
+    ap.add_argument("--cross-validate", type=int, metavar="K", default=0,
+                    help="instead: fit the calibration on K-1 of K folds of the train split's commits and judge it "
+                         "on the other fold, each in turn (the held-out estimate that chooses the default gate)")
     ap.add_argument("--no-calibration", action="store_true",
                     help="the memory's own support as the confidence, not the calibration table (an ablation)")
     args = ap.parse_args(argv)
@@ -325,6 +377,11 @@ def main(argv: list[str] | None = None) -> None:
             ap.error(f"--fit-calibration fits on the train split only (not {args.split}: valid is for choosing, "
                      "test is held out); pass --split train")
         fit_calibration(Path(args.data), args.limit, Path(args.fit_calibration))
+        return
+    if args.cross_validate:
+        if args.split != "train" or args.cross_validate < 2:
+            ap.error("--cross-validate K cuts the train split (pass --split train) into K >= 2 folds")
+        cross_validate(Path(args.data), args.limit, args.cross_validate)
         return
     if args.misses is not None:
         misses(Path(args.data), args.split, args.limit, args.misses)

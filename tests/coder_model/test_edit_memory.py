@@ -331,6 +331,30 @@ def test_calibration_is_never_fitted_on_valid_or_test(tmp_path):
     assert not (tmp_path / "t.json").exists()
 
 
+def test_cross_validation_judges_each_fold_by_a_model_fitted_on_the_others(tmp_path, capsys):
+    import gzip
+    import json
+
+    from dlm.coder_model.evaluation.next_edits import cross_validate, main
+
+    # commits that each rename `count` on one line and then on the next use: the second hunk is the
+    # proposal's, byte for byte
+    body = "".join(f"def f{i}(rows):\n    n = count(rows)\n    m = count(rows)\n    return n + m\n\n" for i in range(3))
+    with gzip.open(tmp_path / "o__r.jsonl.gz", "wt") as f:
+        for c in range(40):
+            rec = {"repo": "o/r", "commit": f"{c:040x}", "path": f"m{c}.py", "split": "train" if c < 36 else "valid",
+                   "before": body, "hunks": [{"at": 2, "del": 1, "add": "    n = tally(rows)\n"},
+                                             {"at": 3, "del": 1, "add": "    m = tally(rows)\n"}]}
+            f.write(json.dumps(rec) + "\n")
+    out = cross_validate(tmp_path, None, folds=3)
+    opportunities, shown, exact, location, _ = out[0.0]
+    assert opportunities == 36  # the train records only, one opportunity each
+    assert shown == 36 and exact == location == 36  # the nearest use is the next hunk, every time
+    assert "3 folds by commit: 36 opportunities" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--data", str(tmp_path), "--split", "valid", "--cross-validate", "3"])
+
+
 def test_a_rename_to_a_name_that_exists_made_twice_is_a_systematic_one():
     text = ("def area(width, height):\n    size = width * height\n    return size\n\n"
             "def volume(width, depth):\n    size = width * depth\n    q = width\n    return size\n")
