@@ -4,7 +4,7 @@ logistic model fitted with numpy, predicted in plain Python.
 Why trees and not a table of counts: the confidence depends on a dozen facts of a proposal
 (its pattern's kind, how often and how recently it was applied, how far the site is, whether it
 lies in the edit's function, whether a rename's site uses the name as the edit did...), and a
-table keyed by all of them has too few proposals per cell. Boosted trees of depth 4 split on
+table keyed by all of them has too few proposals per cell. Boosted trees of depth 5 split on
 the ones that matter where they matter. On the edit-histories train split, fitted on four
 fifths of the commits and judged on the rest, they gave about 4 more points of exact proposals
 at the same shown share than the count table (BENCHMARKS.md "Next edits", session 9).

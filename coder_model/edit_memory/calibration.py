@@ -122,9 +122,9 @@ class Calibration:
 
 
 def load(path: Path = TABLE_PATH) -> Calibration | None:
-    """The shipped table, or None (logged) when it is missing or damaged."""
+    """The shipped model, or None (logged) when it is missing or damaged."""
     try:
         return Calibration.from_json(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
-        log.warning("edit memory: no calibration table (%s); proposals use the memory's own support", exc)
+        log.warning("edit memory: no calibration model (%s); proposals use the memory's own support", exc)
         return None

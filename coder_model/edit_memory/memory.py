@@ -9,10 +9,11 @@ pattern (an undo) makes the memory forget that pattern, and is not a pattern its
 `EditMemory.propose` finds, for the newest patterns (and the open burst's, passed in by
 the caller), the sites of a document where each still applies, ranks them by context
 similarity and distance from the cursor, and gives each proposal its confidence: the
-calibrated P(it is the next edit) from a table fitted on the edit-histories train split
-(calibration.py: by the pattern's kind, how often and how recently it was applied, how many of
-its sites lie between the edit and this one, how far), scaled by how much more often this
-project's git history repeats the kind than the corpus does (without a table: the older
+calibrated P(it is the next edit) from boosted trees fitted on the edit-histories train split
+(calibration.py: the pattern's kind, how often and how recently it was applied, how many of
+its sites lie between the edit and this one, how far, and the other facts of
+calibration.features), scaled by how much more often this
+project's git history repeats the kind than the corpus does (without the model: the older
 support, per-kind priors raised with each application). A rename to a name that already
 existed elsewhere in the document is ambiguous (its other uses may be another variable): only
 sites in the edit's function body whose context resembles the edit's are proposed, until the
@@ -63,7 +64,7 @@ _SHIPPED: list[Calibration | None] = []
 
 
 def shipped_calibration() -> Calibration | None:
-    """The calibration table shipped beside the code, read once."""
+    """The calibration model shipped beside the code, read once."""
     if not _SHIPPED:
         _SHIPPED.append(load())
     return _SHIPPED[0]
@@ -134,7 +135,7 @@ class GitStats:
 class EditMemory:
     def __init__(self, max_patterns: int = 32, max_edit_lines: int = 20, max_age_s: float = 900.0,
                  calibration: Calibration | None | bool = True) -> None:
-        # True: the shipped table (calibration.py); None or False: the memory's own support
+        # True: the shipped model (calibration.py); None or False: the memory's own support
         self.calibration = shipped_calibration() if calibration is True else (calibration or None)
         self.max_patterns = max_patterns
         self.max_edit_lines = max_edit_lines

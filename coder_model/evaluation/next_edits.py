@@ -16,7 +16,7 @@ and location precision of the shown, and "deletes kept lines" (a block pattern t
 non-blank line no hunk to come touches, with nothing like it written there; a one-line span
 never removes a line).
 
-Confidence: `memory` (the memory's confidence alone: the calibration table's P(exact next edit),
+Confidence: `memory` (the memory's confidence alone: the calibration model's P(exact next edit),
 edit_memory/calibration.py, or with --no-calibration its older support), `checked` (the denoiser checks the literal
 proposal, coder_model.verify's mix: it can veto), `written` (the denoiser writes the site's line
 with the pattern's edit in its history; kept only when it equals the literal proposal's span edit
@@ -268,7 +268,7 @@ FIT_PROPOSALS = 64  # proposals per opportunity the calibration is fitted on (al
 
 
 def fit_calibration(root: Path, limit: int | None, out: Path) -> None:
-    """Replay the train split into one memory (as `main` does) and fit the calibration table on
+    """Replay the train split into one memory (as `main` does) and fit the calibration model on
     every proposal it makes, labelled by whether it is the next hunk byte for byte (exact_next)."""
     from dlm.coder_model.edit_memory.calibration import Calibration
 
@@ -359,7 +359,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="instead: per kind, how often a pattern recurs within its commit, over every K-th record "
                          "of --split (edit_memory.memory.CORPUS_REPEAT: --split train --corpus-repeat 7)")
     ap.add_argument("--fit-calibration", metavar="OUT", default="",
-                    help="instead: fit the edit memory's calibration table on --split train and write it to OUT "
+                    help="instead: fit the edit memory's calibration model on --split train and write it to OUT "
                          "(coder_model/edit_memory/calibration.json)")
     ap.add_argument("--misses", type=float, metavar="GATE", default=None,
                     help="instead: count the next hunks without an exact proposal at confidence GATE, by shape "
@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="instead: fit the calibration on K-1 of K folds of the train split's commits and judge it "
                          "on the other fold, each in turn (the held-out estimate that chooses the default gate)")
     ap.add_argument("--no-calibration", action="store_true",
-                    help="the memory's own support as the confidence, not the calibration table (an ablation)")
+                    help="the memory's own support as the confidence, not the calibration model (an ablation)")
     args = ap.parse_args(argv)
     if not args.data:
         ap.error("give --data DIR or set DLM_EDIT_HISTORIES to the edit-histories folder")
