@@ -99,6 +99,7 @@ MAX_ONGOING_PER_REPLICA = 4096
 # Autoscaling (--autoscale MIN-MAX): how long the load must stay above the target before Ray
 # Serve adds a replica (ReplicaConfig.downscale_delay_s: below it, before one is removed).
 UPSCALE_DELAY_S = 3.0
+REPLICA_SWITCH_INTERVAL_S = 0.0005  # the replica process's GIL switch interval (ModelReplica)
 _REPLICA_LOST = (RayActorError, ActorUnavailableError, ReplicaUnavailableError, DeploymentUnavailableError)
 _CANCELLED = (RequestCancelledError, TaskCancelledError, asyncio.CancelledError, concurrent.futures.CancelledError)
 
@@ -130,6 +131,10 @@ class ModelReplica:
             import torch
 
             torch.set_num_threads(threads)
+        # The scheduler thread re-takes the GIL after each small torch op; Serve's own threads in
+        # this process (its event loop, metrics) hold it up to the 5 ms default switch interval
+        # each time (as dlm-lsp's server_cli does for its event loop). BENCHMARKS.md "Session 9".
+        sys.setswitchinterval(REPLICA_SWITCH_INTERVAL_S)
         self.scheduler, self.name, self.device = load_scheduler(
             model_dir, device, max_batch=max_batch, max_caches=max_caches, max_batch_tokens=max_batch_tokens,
             max_owner_slots=max_owner_slots)
