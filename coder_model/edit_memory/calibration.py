@@ -5,7 +5,7 @@ A proposal's features (`features`: its pattern's kind; how often and how recentl
 applied; how many of its sites lie between the edit and this one; how far the site is; whether it
 lies in the function the edit was made in; how a rename's site uses the name (`.name` or bare)
 against the edit; how many sites the pattern has in the document; the size of the pattern; a
-site in a comment) go through the trees. Which side of the edit a site lies on is left out on
+site in a comment; how much the site's line resembles the edit's, and its indentation) go through the trees. Which side of the edit a site lies on is left out on
 purpose: the replayed histories apply a commit's hunks top to bottom, so a site above the edit is
 never the next hunk there, and a model that learnt that would hide sites above from a user who
 edits upwards (BENCHMARKS.md "Calibrated next edits").
@@ -44,7 +44,7 @@ FEATURES = (*(f"kind={k}" for k in KINDS), "applied", "edits ago", "sites betwee
             "edit in a function", "rename's use", "site as attribute", "sites in group",
             "sites of the pattern", "old chars", "new chars", "old lines", "new lines",
             "tokens matched", "ambiguous rename", "site in a comment", "log distance from the cursor",
-            "proposals made")
+            "proposals made", "line similarity", "indent change", "edit's lines")
 
 
 def kind_of(p) -> str:
@@ -85,6 +85,7 @@ def features(p) -> list[float]:
         # document taught the model what a proposal without distances is worth)
         math.log1p(g(p, "cursor_distance", 0)) if _near_its_edit(p) else -1.0,
         float(min(g(p, "candidates", 1), 64)),
+        float(g(p, "line_similarity", 0.0)), float(min(g(p, "indent_change", 0), 16)), float(min(g(p, "edit_lines", 1), 40)),
     ]
 
 

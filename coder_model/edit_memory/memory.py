@@ -27,6 +27,7 @@ how often a pattern recurs within its commit, and the pattern keys seen.
 from __future__ import annotations
 
 import bisect
+import difflib
 import logging
 import re
 import subprocess
@@ -84,6 +85,18 @@ class Entry:
     end: int = -1  # the edit's last line + 1 (its own lines are no site of it)
     seq: int = 0  # EditMemory.edits when it was last seen
 
+    @property
+    def shape(self) -> tuple[str, int]:
+        """(the edit's first changed line, its lines changed): the event's first removed line (its
+        first added one for an insertion) and how many lines it removed and added (calibration:
+        a site whose line resembles the edit's is likelier the next edit)."""
+        cached = self.__dict__.get("_shape")
+        if cached is None:
+            old = [x[1:] for x in self.event.split("\n") if x.startswith("-") and not x.startswith("---")]
+            new = [x[1:] for x in self.event.split("\n") if x.startswith("+") and not x.startswith("+++")]
+            cached = self.__dict__["_shape"] = ((old or new or [""])[0], len(old) + len(new))
+        return cached
+
 
 @dataclass(frozen=True)
 class Proposal:
@@ -118,6 +131,9 @@ class Proposal:
     in_comment: bool = False
     cursor_distance: int = 0  # lines between the site and the cursor (this document)
     candidates: int = 1  # proposals made for this request, all patterns (before the limit)
+    line_similarity: float = 0.0  # the site's line against the edit's first changed line (difflib ratio)
+    indent_change: int = 0  # columns of indentation between the two
+    edit_lines: int = 1  # lines the pattern's edit removed and added
 
     @property
     def sites(self) -> tuple[Site, ...]:
@@ -359,7 +375,8 @@ class EditMemory:
                                     edit_in_def=edit_def is not None,
                                     attr_site=any(_after_dot(lines[x.line], x.start) for x in group),
                                     pattern_sites=len(sites), in_comment=_in_comment(lines[s.line], s.start),
-                                    cursor_distance=abs(s.line - cursor_line)))
+                                    cursor_distance=abs(s.line - cursor_line),
+                                    **_resemblance(e, lines[s.line])))
         out = [replace(p, candidates=len(out)) for p in out]
         if self.calibration is not None:
             out = [replace(p, support=self.calibrated(p)) for p in out]
@@ -403,6 +420,16 @@ def _whereabouts(rows: list[int], row: int, lo: int, hi: int) -> tuple[int, int]
     if row >= hi:
         return row - hi + 1, bisect.bisect_left(rows, row) - bisect.bisect_left(rows, hi)
     return row - lo, bisect.bisect_left(rows, lo) - bisect.bisect_right(rows, row)
+
+
+def _resemblance(e: Entry, site_line: str) -> dict:
+    """Proposal's line_similarity, indent_change and edit_lines for a site on `site_line`."""
+    ref, n = e.shape
+    site = site_line.rstrip("\r\n")
+    a, b = ref.strip(), site.strip()
+    similarity = difflib.SequenceMatcher(None, a, b, autojunk=False).ratio() if a or b else 1.0
+    indent = abs((len(ref) - len(ref.lstrip())) - (len(site) - len(site.lstrip())))
+    return {"line_similarity": similarity, "indent_change": indent, "edit_lines": n}
 
 
 def _after_dot(line: str, col: int) -> bool:

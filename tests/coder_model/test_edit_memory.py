@@ -271,17 +271,45 @@ def test_the_shipped_calibration_ranks_what_the_train_split_says_is_usually_righ
     assert cal(prop("rename", 1, 4)) > cal(prop("rename", 1, 4, between=2))
     assert cal(prop("rename", 1, 4)) > cal(prop("append_arg", 1, 4, age=1))
     assert cal(prop("rename", 1, -4)) == cal(prop("rename", 1, 4))  # no side of the edit (calibration.features)
-    # a rename's site inside a longer name (count_rows for count) is its own kind, and less often right
-    part = prop("rename", 2, 4, site=SimpleNamespace(part=True))
-    assert cal(part) < cal(prop("rename", 2, 4)) / 2
-    # a rename of an attribute (self.count) whose site uses the bare name is rarely right
-    assert cal(prop("rename", 1, 4, where="attr", attr_site=False)) < cal(prop("rename", 1, 4, where="attr", attr_site=True))
+    # a rename's site inside a longer name (count_rows for count) is its own kind, and less often
+    # right than a whole name in the same place (real proposals of the memory, one document each)
+    def next_use(use: str):
+        lines = ["def f(rows):\n", "    n = tally(rows)\n", f"    m = {use}(rows)\n", "    return n + m\n"]
+        mem = EditMemory()
+        mem.observe("f.py", Edit(1, ("    n = count(rows)\n",), ("    n = tally(rows)\n",), 0.0), lines)
+        (p,) = mem.propose("f.py", lines, 1, now=1.0, limit=8)
+        return p
+
+    part, whole = next_use("count_rows"), next_use("count")
+    assert part.site.part and not whole.site.part
+    assert cal(part) < 0.75 * cal(whole)
     assert all(0.0 <= cal(prop(k, n, o)) <= 1.0 for k in ("rename", "replace", "append_arg", "insert_line")
                for n in (1, 5) for o in (-200, 1, 200))
     # every block kind has its own feature, and a block made three times at the next site is more
     # likely than one made once
     assert BLOCK_KINDS <= set(KINDS)
     assert cal(prop("lines", 3, 2)) > cal(prop("lines", 1, 2))
+
+
+def test_a_rename_of_an_attribute_is_not_carried_to_the_bare_name_in_its_file():
+    # self.data -> self._enc_data: the local `data` beside it is another thing; another file's
+    # `req.data` and a def of the name are uses of the same thing
+    before = ["class R:\n", "    def prepare(self, data):\n", "        self.data = encode(data)\n",
+              "        send(self.data, data)\n", "\n", "    def data(self):\n", "        return 1\n"]
+    lines = list(before)
+    lines[2] = "        self._enc_data = encode(data)\n"
+    mem = EditMemory()
+    (entry,) = mem.observe("r.py", Edit(2, (before[2],), (lines[2],), 0.0), lines)
+    assert entry.pattern.kind == "rename" and entry.pattern.where == "attr"
+    sites = {(s.line, s.start) for p in mem.propose("r.py", lines, 2, now=1.0, limit=8) for s in p.sites}
+    assert sites == {(3, 18), (5, 8)}  # `self.data` and `def data`, not the parameter nor `data)`
+    other = ["def go(req, data):\n", "    return req.data + data\n"]
+    (p,) = mem.propose("o.py", other, 0, now=1.0, limit=8)
+    assert [(s.line, s.start) for s in p.sites] == [(0, 12), (1, 15), (1, 22)]  # another file: any use
+    # a bare rename (a local) is not carried to an attribute of that name in its file
+    (bare,) = extract(["    n = count(rows)\n"], ["    n = tally(rows)\n"])
+    assert bare.pattern.where == "name"
+    assert [s.start for s in find_sites(bare.pattern, ["    k = self.count + count(rows)\n"], 0)] == [21]
 
 
 def test_boosted_trees_learn_a_rule_and_read_back_what_they_wrote():
