@@ -256,7 +256,6 @@ def _prop(kind, applied, offset, between=0, age=0, **fields):
 
 
 def test_the_shipped_calibration_ranks_what_the_train_split_says_is_usually_right():
-    from types import SimpleNamespace
 
     from dlm.coder_model.edit_memory.calibration import KINDS, load
     from dlm.coder_model.edit_memory.patterns import BLOCK_KINDS
