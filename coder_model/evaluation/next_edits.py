@@ -38,7 +38,7 @@ from pathlib import Path
 from dlm.coder_model.edit_memory import Edit, EditMemory, extract
 from dlm.coder_model.types import CancelToken, MemoryProposal, Prompt, SamplerParams
 
-THRESHOLDS = (0.0, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.7, 0.8)
+THRESHOLDS = (0.0, 0.1, 0.15, 0.175, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5, 0.6, 0.7, 0.8)
 
 
 def git_lines(s: str) -> list[str]:
