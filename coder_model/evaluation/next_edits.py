@@ -340,7 +340,7 @@ def cross_validate(root: Path, limit: int | None, folds: int = 5) -> dict[float,
         shown = [c for c in chosen if c[0] >= t]
         n = max(len(shown), 1)
         out[t] = (len(replay), len(shown), sum(c[1] for c in shown), sum(c[2] for c in shown), sum(c[3] for c in shown))
-        print(f"  {t:.2f} | {100 * len(shown) / max(len(replay), 1):.1f} | {100 * out[t][2] / n:.1f} | "
+        print(f"  {t:.3f} | {100 * len(shown) / max(len(replay), 1):.1f} | {100 * out[t][2] / n:.1f} | "
               f"{100 * out[t][3] / n:.1f} | {100 * out[t][4] / n:.1f}")
     return out
 
@@ -453,10 +453,10 @@ def main(argv: list[str] | None = None) -> None:
         for t in THRESHOLDS:
             shown = [r for r in rs if r[0] >= t]
             if not shown:
-                print(f"  {t:.2f} | 0.0 | - | - | - | -")
+                print(f"  {t:.3f} | 0.0 | - | - | - | -")
                 continue
             pct = [100 * sum(r[i] for r in shown) / len(shown) for i in (2, 3, 1, 4)]
-            print(f"  {t:.2f} | {100 * len(shown) / opportunities:.1f} | {pct[0]:.1f} | {pct[1]:.1f} | {pct[2]:.1f}"
+            print(f"  {t:.3f} | {100 * len(shown) / opportunities:.1f} | {pct[0]:.1f} | {pct[1]:.1f} | {pct[2]:.1f}"
                   f" | {pct[3]:.1f}")
 
 
