@@ -267,25 +267,31 @@ def misses(root: Path, split: str, limit: int | None, gate: float) -> None:
 FIT_PROPOSALS = 64  # proposals per opportunity the calibration is fitted on (all, in practice)
 
 
-def fit_calibration(root: Path, limit: int | None, out: Path) -> None:
-    """Replay the train split into one memory (as `main` does) and fit the calibration model on
-    every proposal it makes, labelled by whether it is the next hunk byte for byte (exact_next)."""
-    from dlm.coder_model.edit_memory.calibration import Calibration
-
+def train_proposals(root: Path, limit: int | None):
+    """The train split replayed into one memory without a calibration (as `main` replays): per
+    opportunity (record, lines, the cursor's line: the edit's, the hunks to come, every proposal)."""
     mem = EditMemory(calibration=None)
-    labelled = []
     clock = 0.0
-    opportunities = 0
     for rec in records(root, "train", limit):
         for lines, edit, rest in cases(rec):
             clock += 1.2
             edit = Edit(edit.start, edit.old, edit.new, clock)
             mem.observe(rec["path"], edit, lines)
-            if not rest:
-                continue
-            opportunities += 1
-            for p in mem.propose(rec["path"], lines, edit.start, now=clock, limit=FIT_PROPOSALS):
-                labelled.append((p, exact_next(lines, p, rest)))
+            if rest:
+                yield rec, lines, edit.start, rest, mem.propose(rec["path"], lines, edit.start, now=clock,
+                                                                limit=FIT_PROPOSALS)
+
+
+def fit_calibration(root: Path, limit: int | None, out: Path) -> None:
+    """Replay the train split into one memory (as `main` does) and fit the calibration model on
+    every proposal it makes, labelled by whether it is the next hunk byte for byte (exact_next)."""
+    from dlm.coder_model.edit_memory.calibration import Calibration
+
+    labelled = []
+    opportunities = 0
+    for _, lines, _, rest, props in train_proposals(root, limit):
+        opportunities += 1
+        labelled += [(p, exact_next(lines, p, rest)) for p in props]
     cal = Calibration.fit(labelled, {
         "command": "python -m dlm.coder_model.evaluation.next_edits --split train --fit-calibration "
                    "coder_model/edit_memory/calibration.json",
@@ -312,20 +318,11 @@ def cross_validate(root: Path, limit: int | None, folds: int = 5) -> dict[float,
     lines), and prints it. Valid and test are never read."""
     from dlm.coder_model.edit_memory.calibration import Calibration
 
-    mem = EditMemory(calibration=None)
     replay: list[tuple[int, list[tuple]]] = []  # (fold, [(proposal, exact, location, deletes kept, distance)])
-    clock = 0.0
-    for rec in records(root, "train", limit):
-        fold = _fold(rec["commit"], folds)
-        for lines, edit, rest in cases(rec):
-            clock += 1.2
-            edit = Edit(edit.start, edit.old, edit.new, clock)
-            mem.observe(rec["path"], edit, lines)
-            if not rest:
-                continue
-            props = mem.propose(rec["path"], lines, edit.start, now=clock, limit=FIT_PROPOSALS)
-            replay.append((fold, [(p, exact_next(lines, p, rest), judge(lines, p, rest)[0],
-                                   deletes_kept(lines, p, rest), abs(p.site.line - edit.start)) for p in props]))
+    for rec, lines, cursor, rest, props in train_proposals(root, limit):
+        replay.append((_fold(rec["commit"], folds), [
+            (p, exact_next(lines, p, rest), judge(lines, p, rest)[0], deletes_kept(lines, p, rest),
+             abs(p.site.line - cursor)) for p in props]))
     chosen: list[tuple[float, bool, bool, bool]] = []
     for k in range(folds):
         cal = Calibration.fit([(r[0], r[1]) for fold, rs in replay if fold != k for r in rs])
