@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import difflib
+import functools
 import logging
 import re
 import subprocess
@@ -85,17 +86,14 @@ class Entry:
     end: int = -1  # the edit's last line + 1 (its own lines are no site of it)
     seq: int = 0  # EditMemory.edits when it was last seen
 
-    @property
+    @functools.cached_property
     def shape(self) -> tuple[str, int]:
         """(the edit's first changed line, its lines changed): the event's first removed line (its
         first added one for an insertion) and how many lines it removed and added (calibration:
         a site whose line resembles the edit's is likelier the next edit)."""
-        cached = self.__dict__.get("_shape")
-        if cached is None:
-            old = [x[1:] for x in self.event.split("\n") if x.startswith("-") and not x.startswith("---")]
-            new = [x[1:] for x in self.event.split("\n") if x.startswith("+") and not x.startswith("+++")]
-            cached = self.__dict__["_shape"] = ((old or new or [""])[0], len(old) + len(new))
-        return cached
+        old = [x[1:] for x in self.event.split("\n") if x.startswith("-") and not x.startswith("---")]
+        new = [x[1:] for x in self.event.split("\n") if x.startswith("+") and not x.startswith("+++")]
+        return (old or new or [""])[0], len(old) + len(new)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ the proposal, an undo forgets the pattern, Copilot's shape), not the model.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 from lsp_helpers import SERVER, change, edit_prediction, open_document, request, server_env, wait_state
@@ -228,10 +229,16 @@ async def start_in(root, env: dict, next_edits: dict):
     return client
 
 
-async def start_for_jumps(root, home, **next_edits):
-    """A server on `root` with the fake engine, every proposal shown (minConfidence 0), no model check."""
-    return await start_in(root, {"HOME": str(home), **ECHO, "FAKE_STEP_S": "0.01"},
-                          {"minConfidence": 0, "checkWithModel": False, **next_edits})
+@contextlib.asynccontextmanager
+async def jump_server(root, home, **next_edits):
+    """A server on `root` with the fake engine, every proposal shown (minConfidence 0), no model
+    check; shut down when the block ends."""
+    client = await start_in(root, {"HOME": str(home), **ECHO, "FAKE_STEP_S": "0.01"},
+                            {"minConfidence": 0, "checkWithModel": False, **next_edits})
+    try:
+        yield client
+    finally:
+        await client.shutdown_session()
 
 
 def stats_and_report(tmp_path):
@@ -259,8 +266,7 @@ async def renamed_in_stats(client, root, times: int = 2) -> str:
 @pytest.mark.asyncio
 async def test_with_no_site_left_here_a_jump_leads_to_a_workspace_file_that_is_not_open(tmp_path):
     root = stats_and_report(tmp_path)
-    client = await start_for_jumps(root, tmp_path)
-    try:
+    async with jump_server(root, tmp_path) as client:
         uri, report = await renamed_in_stats(client, root), (root / "pkg" / "report.py").as_uri()
         res = await edit_prediction(client, uri, 6, 28)  # stats.py has no other use of count: report.py has
         assert res is not None and res["edits"] == [] and res["version"] == 3
@@ -278,36 +284,27 @@ async def test_with_no_site_left_here_a_jump_leads_to_a_workspace_file_that_is_n
         (edit,) = res["edits"]
         assert edit["newText"] == "tally" and edit["range"]["start"] == {"line": 0, "character": 19}
         assert res["confidence"] == pytest.approx(jump_confidence)
-    finally:
-        await client.shutdown_session()
 
 
 @pytest.mark.asyncio
 async def test_a_jump_is_dropped_when_the_other_file_changed_and_never_made_with_other_files_0(tmp_path):
     root = stats_and_report(tmp_path)
-    client = await start_for_jumps(root, tmp_path)
-    try:
+    async with jump_server(root, tmp_path) as client:
         uri = await renamed_in_stats(client, root)
         assert (await edit_prediction(client, uri, 6, 28))["jump"]["position"]["line"] == 0
         # the user (or git) changes report.py on disk: the remembered site no longer holds `count`
         (root / "pkg" / "report.py").write_text("from .stats import tally\n\n\nprint(tally([1, 2]))\n")
         assert await edit_prediction(client, uri, 6, 28) is None
-    finally:
-        await client.shutdown_session()
 
-    client = await start_for_jumps(root, tmp_path / "h2", otherFiles=0)
-    try:
+    async with jump_server(root, tmp_path / "h2", otherFiles=0) as client:
         (root / "pkg" / "report.py").write_text("from .stats import count\n\n\nprint(count([1, 2]))\n")
         assert await edit_prediction(client, await renamed_in_stats(client, root), 6, 28) is None
-    finally:
-        await client.shutdown_session()
 
 
 @pytest.mark.asyncio
 async def test_an_edit_made_once_never_sends_the_user_to_another_file(tmp_path):
     root = stats_and_report(tmp_path)
-    client = await start_for_jumps(root, tmp_path)
-    try:
+    async with jump_server(root, tmp_path) as client:
         uri = (root / "pkg" / "scratch.py").as_uri()  # one use of count, renamed once: nothing left here
         open_document(client, uri, "x = count([1])\n")
         change(client, uri, 2, (0, 4), (0, 9), "tally")
@@ -315,5 +312,3 @@ async def test_an_edit_made_once_never_sends_the_user_to_another_file(tmp_path):
         await asyncio.sleep(1.6)
         change(client, uri, 3, (0, 0), (0, 0), "y = tally([2])\n")  # an unrelated edit; still none
         assert await edit_prediction(client, uri, 0, 9) is None
-    finally:
-        await client.shutdown_session()
