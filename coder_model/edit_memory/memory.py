@@ -15,9 +15,10 @@ its sites lie between the edit and this one, how far, and the other facts of
 calibration.features), scaled by how much more often this
 project's git history repeats the kind than the corpus does (without the model: the older
 support, per-kind priors raised with each application). A rename to a name that already
-existed elsewhere in the document is ambiguous (its other uses may be another variable): only
-sites in the edit's function body whose context resembles the edit's are proposed, until the
-user makes the same rename a second time (a systematic rename).
+existed elsewhere in the document is ambiguous (its other uses may be another variable): it
+proposes in that document only, and the trees see that it is ambiguous and whether a site is in
+the edit's function body, until the user makes the same rename a second time (a systematic
+rename); it never renames a def's parameter into one it already has.
 
 `GitMiner` reads the repository's commits up to HEAD (`git log -p -U0`, capped in commits
 and bytes), in a background thread: the patterns of each commit's hunks give, per kind,
@@ -59,7 +60,6 @@ PRIOR_WEIGHT = 10.0  # pseudo-counts of the corpus rate against the project's ow
 # proposed in unrelated files.
 RECENT_EDITS = 2
 OTHER_FILE = 0.5  # support factor of a pattern learnt in another file
-AMBIGUOUS_SIMILARITY = 0.5  # an ambiguous rename's site needs this much context similarity
 
 
 _SHIPPED: list[Calibration | None] = []
@@ -110,7 +110,7 @@ class Proposal:
     applied: int = 1  # times the pattern was applied (this session, plus git sightings, at most 3 of them)
     age: int = 0  # closed edits since the pattern was last applied (0: the newest edit, or the open one)
     same_file: bool = True  # the pattern was learnt in this document
-    ambiguous: bool = False  # a rename to a name that existed (only like sites in its function body)
+    ambiguous: bool = False  # a rename to a name that existed (proposed in its document only)
     # where the site lies from the edit that made the pattern (from the cursor for a pattern of
     # another document): lines below its last line (> 0), or above its first line (< 0)
     offset: int = 1
@@ -341,22 +341,25 @@ class EditMemory:
             # how the edit used the name (Pattern.where) tells things apart only in its own file
             pattern = e.pattern if e.path == path or not e.pattern.where else replace(e.pattern, where="")
             sites = find_sites(pattern, lines, cursor_line, max_scan)
-            # a rename the user made twice is a systematic one, whatever names existed before it
+            # a rename the user made twice is a systematic one, whatever names existed before it.
+            # An ambiguous rename (to a name that existed: elsewhere the old name may be another
+            # variable) keeps all its sites; the trees know it is ambiguous and whether the site is
+            # in the edit's function (calibration.features), and hold the other uses back: on the
+            # train split's held-out folds, keeping only like uses in the function (as until
+            # session 10) lost more right proposals than it kept wrong ones out (BENCHMARKS.md).
             ambiguous = e.ambiguous and e.count < 2
-            scope = enclosing_def(lines, e.line) if ambiguous and e.path == path else None
+            if ambiguous and e.path != path:
+                continue  # whether the name existed is known in the edit's document only: no jump either
             if e.path == path:  # the edit's own lines are where it was made, not a site
                 sites = [s for s in sites if not e.line <= s.line < max(e.end, e.line + 1)]
-            if ambiguous:
-                # a rename to a name that existed: elsewhere the old name may be another variable;
-                # only its uses in the edit's own function body, in a like context
-                sites = [s for s in sites if scope is not None and scope[0] < s.line < scope[1]
-                         and _site_similarity(s, e) >= AMBIGUOUS_SIMILARITY]
+            if e.pattern.kind == "rename":
+                sites = [s for s in sites if not _repeats_a_parameter(lines[s.line], e.pattern.new)]
             by_line: dict[int, list[Site]] = {}
             for s in sites:
                 by_line.setdefault(s.line, []).append(s)
             rows = sorted(by_line)
             lo, hi = (e.line, max(e.end, e.line + 1)) if e.path == path else (cursor_line, cursor_line)
-            edit_def = (scope if scope is not None else enclosing_def(lines, e.line)) if e.path == path else None
+            edit_def = enclosing_def(lines, e.line) if e.path == path else None
             grouped: set[int] = set()
             for score, s in rank(sites, e.context, cursor_line, e.name, limit=limit * 4):
                 # a block site is one edit of whole lines: never grouped with the next one
@@ -430,6 +433,13 @@ def _resemblance(e: Entry, site_line: str) -> dict:
     return {"line_similarity": similarity, "indent_change": indent, "edit_lines": n}
 
 
+def _repeats_a_parameter(line: str, new_name: str) -> bool:
+    """A rename to `new_name` on this line would name two of a def's parameters alike (a
+    SyntaxError): the line is a def's and already has the name (`def area(width, height):` for
+    width -> height)."""
+    return DEF_RE.match(line) is not None and any(t.text == new_name for t in tokens(line))
+
+
 def _after_dot(line: str, col: int) -> bool:
     """The text before column `col` ends in a `.` (whitespace aside): an attribute."""
     return line[:col].rstrip().endswith(".")
@@ -438,14 +448,6 @@ def _after_dot(line: str, col: int) -> bool:
 def _in_comment(line: str, col: int) -> bool:
     """A `#` token comes before column `col` on the line (not one inside a string literal)."""
     return "#" in line[:col] and any(t.text == "#" and t.start < col for t in tokens(line[:col]))
-
-
-def _site_similarity(s: Site, e: Entry) -> float:
-    from dlm.coder_model.edit_memory.sites import similarity
-
-    ctx = e.context - {e.pattern.old, e.pattern.new}
-    site_ctx = s.context - {e.pattern.old, e.pattern.new}
-    return similarity(Site(s.line, s.start, s.end, s.new_text, s.old_text, site_ctx, s.name), ctx, e.name)
 
 
 def enclosing_def(lines: list[str], row: int) -> tuple[int, int] | None:

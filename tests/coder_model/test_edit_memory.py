@@ -179,7 +179,7 @@ def test_a_pattern_with_5000_sites_is_capped_and_ranked_nearest_first():
     assert order == sorted(order) and abs(props[0].site.line - 2500) <= 8
 
 
-def test_a_rename_to_a_name_that_exists_proposes_only_uses_in_a_like_context():
+def test_a_rename_to_a_name_that_exists_is_flagged_and_never_names_a_parameter_twice():
     text = ("def area(width, height):\n    size = width * height\n    return size\n\n"
             "def volume(width, depth):\n    size = width * depth\n    return size\n")
     doc, mem = Doc(text), EditMemory()
@@ -188,7 +188,13 @@ def test_a_rename_to_a_name_that_exists_proposes_only_uses_in_a_like_context():
     pending = mem.entries_of("f.py", doc.tracker.peek(doc.lines), doc.lines)
     assert pending[0].ambiguous
     props = mem.propose("f.py", doc.lines, 1, now=doc.t, pending=pending)
-    assert all(s.line not in (0, 4, 5) for p in props for s in p.sites)  # the other functions' `width` stay
+    # `def area(height, height)` would be a SyntaxError: never proposed
+    assert props and all(s.line != 0 for p in props for s in p.sites)
+    # the other function's `width` may be another variable: the trees are told (`ambiguous`), and a
+    # proposal there renames that token only
+    assert all(p.ambiguous for p in props)
+    assert all((s.old_text, s.new_text) == ("width", "height") and doc.lines[s.line][s.start : s.end] == "width"
+               for p in props for s in p.sites)
     # the same rename to a fresh name proposes them
     doc2, mem2 = Doc(text), EditMemory()
     doc2.edit(1, 11, 16, "span")
@@ -461,12 +467,25 @@ def test_an_inserted_keyword_argument_line_goes_between_the_same_two_lines_where
 
 @pytest.mark.parametrize("old,new,above,below", [
     ([], ["    log.debug('x')\n"], "\n", "    return x\n"),  # below a blank line: it would go everywhere
-    (["        pass\n"], [], "    def f(self):\n", "\n"),  # a block without a name
+    (["        pass\n"], [], "    def f(self):\n", "\n"),  # a deleted block without a name
+    (["\n"], ["    x = 1\n"], "def f():\n", "    return x\n"),  # a blank line changed: every blank line
     (["    if x:\n", "        y()\n"], ["    if x: y()\n"], "def f(x):\n", "\n"),  # line breaks only: a reformat
     (["    a = 1\n"] * 13, ["    a = 2\n"] * 13, "def f():\n", "\n"),  # over MAX_BLOCK_LINES
 ])
 def test_blocks_that_say_nothing_or_are_reformats_are_not_patterns(old, new, above, below):
     assert block_pattern(old, new, above, below) is None
+
+
+def test_a_changed_line_without_a_name_is_a_block_for_the_trees_to_judge():
+    # rich 89066d9d: `):` closing one signature became `) -> None:`, then the next one's did
+    doc = split_lines("def a(\n    x,\n) -> None:\n    pass\n\ndef b(\n    y,\n):\n    pass\n\n"
+                      "f(\n    z,\n)\n")
+    mem = EditMemory()
+    (e,) = mem.observe("rich/__init__.py", Edit(2, ("):\n",), (") -> None:\n",), 0.0), doc)
+    assert e.pattern.kind == "lines" and e.pattern.before == ("):",)
+    props = mem.propose("rich/__init__.py", doc, 2, now=1.0)
+    assert [(p.site.line, p.site.new_text) for p in props] == [(7, ") -> None:\n")]  # not the call's `)`
+    assert 0.0 < props[0].support < 1.0
 
 
 def test_a_rename_has_no_block_and_an_edit_the_token_patterns_name_keeps_its_block_apart():
