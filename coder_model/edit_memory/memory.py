@@ -59,6 +59,11 @@ PRIOR_WEIGHT = 10.0  # pseudo-counts of the corpus rate against the project's ow
 # the pattern again makes it stale): on the valid split replayed through one server, older patterns
 # proposed in unrelated files.
 RECENT_EDITS = 2
+# The best-ranked sites of each pattern that get a proposal and a confidence, whatever `limit` a
+# caller asks for: the trees choose among the same candidates, and count them (`candidates`), in the
+# server, the replays and the fit (serving = training). Until session 10 this was 4 x `limit`: 32
+# sites in the server, 4 in the library replay, 256 in the fit.
+RANKED_SITES = 32
 OTHER_FILE = 0.5  # support factor of a pattern learnt in another file
 
 
@@ -330,7 +335,8 @@ class EditMemory:
                 limit: int = 8, recent_edits: int = RECENT_EDITS, open_edit: bool | None = None,
                 cursor_here: bool = True) -> list[Proposal]:
         """The best sites in `lines` (the document `path`) for the patterns of the open burst
-        (`pending`) and of the last `recent_edits` edits; at most `limit`, best first. `open_edit`:
+        (`pending`) and of the last `recent_edits` edits (the RANKED_SITES best-ranked sites of each);
+        at most `limit`, best first. `open_edit`:
         an edit is still open (the server's tracker; default: when `pending` has patterns), and it
         is the newest edit: the closed ones are one edit older. `cursor_here` False: the cursor is
         in another document (`cursor_line` is then where the scan starts, 0: the top)."""
@@ -361,7 +367,7 @@ class EditMemory:
             lo, hi = (e.line, max(e.end, e.line + 1)) if e.path == path else (cursor_line, cursor_line)
             edit_def = enclosing_def(lines, e.line) if e.path == path else None
             grouped: set[int] = set()
-            for score, s in rank(sites, e.context, cursor_line, e.name, limit=limit * 4):
+            for score, s in rank(sites, e.context, cursor_line, e.name, limit=RANKED_SITES):
                 # a block site is one edit of whole lines: never grouped with the next one
                 group = (s,) if e.pattern.block else block_of(by_line, s.line)
                 if group[0].line in grouped:
