@@ -38,7 +38,8 @@ class JumpBench(Bench):
         return Path(self.args.root).resolve().as_uri()
 
     def initialization_options(self) -> dict | None:
-        return {"editPredictions": True, "nextEdits": {"gitCommits": 0}}
+        gate = {} if self.args.min_confidence is None else {"minConfidence": self.args.min_confidence}
+        return {"editPredictions": True, "nextEdits": {"gitCommits": 0, **gate}}
 
     async def _wait_ready(self, client, log_file: str) -> None:
         await super()._wait_ready(client, log_file)
@@ -84,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--at", default=".", help="the folder of the scratch buffer, under --root (default: --root)")
     ap.add_argument("--requests", type=int, default=12, help="requests after the renames (default 12)")
     ap.add_argument("--gap-s", type=float, default=0.2, help="pause between two requests (default 0.2 s)")
+    ap.add_argument("--min-confidence", type=float, default=None,
+                    help="nextEdits.minConfidence for the server (default: the server's own, NextEditOptions)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--model", default=None, help="checkpoint directory (default: the embedded one)")
     ap.add_argument("--load-timeout", type=float, default=600.0, help="seconds for the model and the index")
@@ -92,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not Path(args.root).is_dir():
         print(f"dlm-lsp bench_jump: --root {args.root} is not a folder: give the project to index", file=sys.stderr)
+        return 2
+    if args.min_confidence is not None and not 0.0 <= args.min_confidence <= 1.0:
+        print(f"dlm-lsp bench_jump: --min-confidence {args.min_confidence}: give a number in [0, 1]", file=sys.stderr)
         return 2
     if args.requests < 1:
         print(f"dlm-lsp bench_jump: --requests {args.requests}: use at least 1", file=sys.stderr)

@@ -54,13 +54,14 @@ def test_bench_rejects_bad_arguments(tmp_path):
 
 
 def test_bench_jump_finds_the_other_file_and_times_the_scan(tmp_path):
-    # the fake engine: the edit memory needs no model; this checks what the driver reports
+    # the fake engine: the edit memory needs no model; this checks what the driver reports (at a gate
+    # under the site's confidence, whatever a re-fit of the calibration makes of it)
     root = tmp_path / "proj"
     (root / "pkg").mkdir(parents=True)
     (root / "pkg" / "report.py").write_text("from .stats import count\n\nprint(count([1, 2]))\n")
     out = subprocess.run(
         [sys.executable, "-m", "dlm.lsp.bench_jump", "--root", str(root), "--name", "count", "--new", "tally",
-         "--requests", "3", "--gap-s", "0", "--engine-factory", "fake_engine:slow"],
+         "--requests", "3", "--gap-s", "0", "--min-confidence", "0.1", "--engine-factory", "fake_engine:slow"],
         capture_output=True, text=True, timeout=240, check=True,
         env=server_env(FAKE_STEP_S="0.005", HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache")))
     assert "jump: pkg/report.py line 1 (rename count → tally" in out.stdout, out.stdout + out.stderr
@@ -68,3 +69,6 @@ def test_bench_jump_finds_the_other_file_and_times_the_scan(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "dlm.lsp.bench_jump", "--root", str(tmp_path / "nowhere"),
                           "--name", "a", "--new", "b"], capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "is not a folder" in bad.stderr
+    bad = subprocess.run([sys.executable, "-m", "dlm.lsp.bench_jump", "--root", str(root), "--name", "a", "--new", "b",
+                          "--min-confidence", "2"], capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode == 2 and "--min-confidence 2.0: give a number in [0, 1]" in bad.stderr
