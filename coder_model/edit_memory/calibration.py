@@ -81,8 +81,8 @@ def features(p) -> list[float]:
         float(g(pat, "old", "").count("\n")), float(g(pat, "new", "").count("\n")),
         float(min(len(g(pat, "before", ())), 24)), float(g(p, "ambiguous", False)), float(g(p, "in_comment", False)),
         # nor a distance from the cursor: a jump's site, once its file is open and the cursor on it,
-        # keeps the confidence that let the jump through (the train split's patterns of another
-        # document taught the model what a proposal without distances is worth)
+        # keeps the confidence that let the jump through (the train replay has few proposals of
+        # another document, 111 of 69,512 in session 10: what a jump is worth is barely learnt)
         math.log1p(g(p, "cursor_distance", 0)) if _near_its_edit(p) else -1.0,
         float(min(g(p, "candidates", 1), 64)),
         float(g(p, "line_similarity", 0.0)), float(min(g(p, "indent_change", 0), 16)), float(min(g(p, "edit_lines", 1), 40)),
