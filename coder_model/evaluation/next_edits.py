@@ -264,6 +264,66 @@ def misses(root: Path, split: str, limit: int | None, gate: float) -> None:
               + f" | {n} ({100 * n / total:.1f}%) |")
 
 
+def _exact_in_file(lines: list[str], p, hunks) -> bool:
+    """The file after the proposal (every site of its group) is the file after the hunks its sites
+    lie on (a group of two neighbouring uses can be two one-line hunks), and it lies on one."""
+    rows = {s.line for s in p.sites}
+    hit = [(st, d, add) for st, d, add in hunks if any(st <= r < st + max(d, 1) for r in rows)]
+    if not hit:
+        return False
+    want = list(lines)
+    for st, d, add in sorted(hit, reverse=True):
+        want[st : st + d] = add
+    return after(lines, p) == want
+
+
+def jumps(root: Path, split: str, limit: int | None) -> dict[float, tuple[int, int, int, int]]:
+    """How often a jump to another file would be right: for every commit of `split` that changed
+    several files, each file's hunks are replayed into a fresh memory (as the user edits one file,
+    hunk after hunk), and every other file of the commit, as it was before the commit, is asked for
+    its best site as the server's jump scan asks (lsp.next_edits: cursor in another document, the
+    top of the file, made at least JUMP_MIN_APPLIED times). A jump is exact when applying it gives
+    the file after the hunks its sites lie on, byte for byte (`_exact_in_file`), at the right
+    location when it lies on one.
+    Returns threshold -> (pairs, jumps, exact, location), and prints it."""
+    from dlm.lsp.next_edits import JUMP_MIN_APPLIED
+
+    by_commit: dict[str, list[dict]] = {}
+    for rec in records(root, split, limit):
+        by_commit.setdefault(rec["commit"], []).append(rec)
+    made: list[tuple[float, bool, bool]] = []
+    pairs = 0
+    for recs in by_commit.values():
+        if len({r["path"] for r in recs}) < 2:
+            continue
+        for a in recs:
+            mem = EditMemory()
+            clock = 0.0
+            for lines, edit, _ in cases(a):
+                clock += 1.2
+                mem.observe(a["path"], Edit(edit.start, edit.old, edit.new, clock), lines)
+            for b in recs:
+                if b["path"] == a["path"]:
+                    continue
+                pairs += 1
+                lines = git_lines(b["before"])
+                found = mem.propose(b["path"], lines, 0, now=clock + 1.2, limit=1, cursor_here=False)
+                if not found or found[0].applied < JUMP_MIN_APPLIED:
+                    continue
+                hunks = [((h["at"] - 1 if h["del"] else h["at"]), h["del"], git_lines(h["add"])) for h in b["hunks"]]
+                made.append((found[0].support, _exact_in_file(lines, found[0], hunks), judge(lines, found[0], hunks)[0]))
+    out = {}
+    print(f"split {split}: {pairs} (file edited, other file of its commit) pairs")
+    print("threshold | jumps (of pairs) | exact (the hunks it lies on) % | location %")
+    for t in THRESHOLDS:
+        shown = [m for m in made if m[0] >= t]
+        n = max(len(shown), 1)
+        out[t] = (pairs, len(shown), sum(m[1] for m in shown), sum(m[2] for m in shown))
+        print(f"  {t:.3f} | {len(shown)} ({100 * len(shown) / max(pairs, 1):.1f}%) | {100 * out[t][2] / n:.1f} | "
+              f"{100 * out[t][3] / n:.1f}")
+    return out
+
+
 FIT_PROPOSALS = 10_000  # proposals per opportunity the calibration is fitted on: all (memory.RANKED_SITES a pattern)
 
 
@@ -364,6 +424,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cross-validate", type=int, metavar="K", default=0,
                     help="instead: fit the calibration on K-1 of K folds of the train split's commits and judge it "
                          "on the other fold, each in turn (the held-out estimate that chooses the default gate)")
+    ap.add_argument("--jumps", action="store_true",
+                    help="instead: how often a jump to another file of the same commit would be right (commits "
+                         "that changed several files; each file replayed, the others asked as the jump scan asks)")
     ap.add_argument("--no-calibration", action="store_true",
                     help="the memory's own support as the confidence, not the calibration model (an ablation)")
     args = ap.parse_args(argv)
@@ -379,6 +442,9 @@ def main(argv: list[str] | None = None) -> None:
         if args.split != "train" or args.cross_validate < 2:
             ap.error("--cross-validate K cuts the train split (pass --split train) into K >= 2 folds")
         cross_validate(Path(args.data), args.limit, args.cross_validate)
+        return
+    if args.jumps:
+        jumps(Path(args.data), args.split, args.limit)
         return
     if args.misses is not None:
         misses(Path(args.data), args.split, args.limit, args.misses)

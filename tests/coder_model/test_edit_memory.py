@@ -388,6 +388,35 @@ def test_cross_validation_judges_each_fold_by_a_model_fitted_on_the_others(tmp_p
         main(["--data", str(tmp_path), "--split", "valid", "--cross-validate", "3"])
 
 
+def test_the_jump_replay_asks_the_other_files_of_a_commit_and_judges_against_their_hunks(tmp_path, capsys):
+    import gzip
+    import json
+
+    from dlm.coder_model.evaluation.next_edits import jumps, main
+
+    # one commit renames `count` twice in a.py (a jump needs an edit made twice), and in b.py: b.py's
+    # first use is a jump, and exactly one of b.py's hunks; c.py has no use; d.py's use the commit keeps
+    a = "def f(rows):\n    n = count(rows)\n    m = count(rows)\n    return n + m\n"
+    recs = [("a.py", a, [{"at": 2, "del": 1, "add": "    n = tally(rows)\n"},
+                         {"at": 3, "del": 1, "add": "    m = tally(rows)\n"}]),
+            ("b.py", "from a import count\n\nprint(count([1]))\n", [{"at": 1, "del": 1, "add": "from a import tally\n"},
+                                                                   {"at": 3, "del": 1, "add": "print(tally([1]))\n"}]),
+            ("c.py", "x = 1\n", [{"at": 1, "del": 1, "add": "x = 2\n"}]),
+            ("d.py", "y = count\n\n\nz = 1\n", [{"at": 4, "del": 1, "add": "z = 2\n"}])]
+    with gzip.open(tmp_path / "o__r.jsonl.gz", "wt") as f:
+        for path, before, hunks in recs:
+            f.write(json.dumps({"repo": "o/r", "commit": "ab" * 20, "path": path, "split": "valid",
+                                "before": before, "hunks": hunks}) + "\n")
+    pairs, made, exact, location = jumps(tmp_path, "valid", None)[0.0]
+    assert pairs == 12  # 4 files, each asked about the 3 others
+    # a.py's and b.py's renames were made twice: a.py -> b.py (its import line: its first hunk) and b.py
+    # -> a.py (both uses, neighbours: one proposal, the two one-line hunks) are exact; each -> d.py is not
+    assert (made, exact, location) == (4, 2, 2)
+    assert "12 (file edited, other file of its commit) pairs" in capsys.readouterr().out
+    main(["--data", str(tmp_path), "--split", "valid", "--jumps"])
+    assert "| 4 (33.3%) | 50.0 | 50.0" in capsys.readouterr().out
+
+
 def test_a_rename_to_a_name_that_exists_made_twice_is_a_systematic_one():
     text = ("def area(width, height):\n    size = width * height\n    return size\n\n"
             "def volume(width, depth):\n    size = width * depth\n    q = width\n    return size\n")
