@@ -264,6 +264,14 @@ def misses(root: Path, split: str, limit: int | None, gate: float) -> None:
               + f" | {n} ({100 * n / total:.1f}%) |")
 
 
+def sweep(rows: list[tuple], total: int, outcomes: int) -> dict[float, tuple[int, ...]]:
+    """Threshold -> (total, rows at or over it, then the sum of each outcome over those), for rows of
+    (confidence, then `outcomes` 0/1 outcomes)."""
+    return {t: (total, len(over := [r for r in rows if r[0] >= t]),
+                *(sum(r[i] for r in over) for i in range(1, outcomes + 1)))
+            for t in THRESHOLDS}
+
+
 def _exact_in_file(lines: list[str], p, hunks) -> bool:
     """The file after the proposal (every site of its group) is the file after the hunks its sites
     lie on (a group of two neighbouring uses can be two one-line hunks), and it lies on one."""
@@ -312,15 +320,12 @@ def jumps(root: Path, split: str, limit: int | None) -> dict[float, tuple[int, i
                     continue
                 hunks = [((h["at"] - 1 if h["del"] else h["at"]), h["del"], git_lines(h["add"])) for h in b["hunks"]]
                 made.append((found[0].support, _exact_in_file(lines, found[0], hunks), judge(lines, found[0], hunks)[0]))
-    out = {}
+    out = sweep(made, pairs, 2)
     print(f"split {split}: {pairs} (file edited, other file of its commit) pairs")
     print("threshold | jumps (of pairs) | exact (the hunks it lies on) % | location %")
-    for t in THRESHOLDS:
-        shown = [m for m in made if m[0] >= t]
-        n = max(len(shown), 1)
-        out[t] = (pairs, len(shown), sum(m[1] for m in shown), sum(m[2] for m in shown))
-        print(f"  {t:.3f} | {len(shown)} ({100 * len(shown) / max(pairs, 1):.1f}%) | {100 * out[t][2] / n:.1f} | "
-              f"{100 * out[t][3] / n:.1f}")
+    for t, (_, shown, exact, location) in out.items():
+        n = max(shown, 1)
+        print(f"  {t:.3f} | {shown} ({100 * shown / max(pairs, 1):.1f}%) | {100 * exact / n:.1f} | {100 * location / n:.1f}")
     return out
 
 
@@ -390,15 +395,12 @@ def cross_validate(root: Path, limit: int | None, folds: int = 5) -> dict[float,
             if fold == k and rs:
                 conf, best = max(((min(0.95, cal(r[0])), r) for r in rs), key=lambda x: (x[0], -x[1][4]))
                 chosen.append((conf, best[1], best[2], best[3]))
-    out = {}
+    out = sweep(chosen, len(replay), 3)
     print(f"train split, {folds} folds by commit: {len(replay)} opportunities")
     print("threshold | shown % | exact (next hunk) % | location % | deletes kept lines %")
-    for t in THRESHOLDS:
-        shown = [c for c in chosen if c[0] >= t]
-        n = max(len(shown), 1)
-        out[t] = (len(replay), len(shown), sum(c[1] for c in shown), sum(c[2] for c in shown), sum(c[3] for c in shown))
-        print(f"  {t:.3f} | {100 * len(shown) / max(len(replay), 1):.1f} | {100 * out[t][2] / n:.1f} | "
-              f"{100 * out[t][3] / n:.1f} | {100 * out[t][4] / n:.1f}")
+    for t, (total, shown, *counts) in out.items():
+        print(f"  {t:.3f} | {100 * shown / max(total, 1):.1f} | "
+              + " | ".join(f"{100 * c / max(shown, 1):.1f}" for c in counts))
     return out
 
 
