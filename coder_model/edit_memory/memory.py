@@ -343,10 +343,6 @@ class EditMemory:
         edits, live = self._live(pending, open_edit, now, max_patterns, recent_edits)
         out: list[Proposal] = []
         for e in live:
-            # in another file a module-level name is used as an attribute (stats.count for count):
-            # how the edit used the name (Pattern.where) tells things apart only in its own file
-            pattern = e.pattern if e.path == path or not e.pattern.where else replace(e.pattern, where="")
-            sites = find_sites(pattern, lines, cursor_line, max_scan)
             # a rename the user made twice is a systematic one, whatever names existed before it.
             # An ambiguous rename (to a name that existed: elsewhere the old name may be another
             # variable) keeps all its sites; the trees know it is ambiguous and whether the site is
@@ -356,6 +352,10 @@ class EditMemory:
             ambiguous = e.ambiguous and e.count < 2
             if ambiguous and e.path != path:
                 continue  # whether the name existed is known in the edit's document only: no jump either
+            # in another file a module-level name is used as an attribute (stats.count for count):
+            # how the edit used the name (Pattern.where) tells things apart only in its own file
+            pattern = e.pattern if e.path == path or not e.pattern.where else replace(e.pattern, where="")
+            sites = find_sites(pattern, lines, cursor_line, max_scan)
             if e.path == path:  # the edit's own lines are where it was made, not a site
                 sites = [s for s in sites if not e.line <= s.line < max(e.end, e.line + 1)]
             if e.pattern.kind == "rename":

@@ -59,16 +59,18 @@ def records(root: Path, split: str, limit: int | None):
                     return
 
 
+def hunk_spans(rec: dict) -> list[tuple[int, int, list[str]]]:
+    """The record's hunks as (first line replaced, 0-based in `before`, or the line an insertion goes
+    before; lines removed; lines added)."""
+    return [((h["at"] - 1 if h["del"] else h["at"]), h["del"], git_lines(h["add"])) for h in rec["hunks"]]
+
+
 def cases(rec: dict):
     """(lines after hunks 0..k, the edit of hunk k, the hunks to come as (start, old_n, new lines))
     for k = 0..n-2, in current-text coordinates."""
     lines = git_lines(rec["before"])
-    hunks = rec["hunks"]
     offset = 0  # lines added minus removed by the hunks applied so far
-    spans = []
-    for h in hunks:
-        start = (h["at"] - 1 if h["del"] else h["at"])
-        spans.append([start, h["del"], git_lines(h["add"])])
+    spans = hunk_spans(rec)
     for k, (start, deln, add) in enumerate(spans):
         s = start + offset
         old = lines[s : s + deln]
@@ -318,7 +320,7 @@ def jumps(root: Path, split: str, limit: int | None) -> dict[float, tuple[int, i
                 found = mem.propose(b["path"], lines, 0, now=clock + 1.2, limit=1, cursor_here=False)
                 if not found or found[0].applied < JUMP_MIN_APPLIED:
                     continue
-                hunks = [((h["at"] - 1 if h["del"] else h["at"]), h["del"], git_lines(h["add"])) for h in b["hunks"]]
+                hunks = hunk_spans(b)
                 made.append((found[0].support, _exact_in_file(lines, found[0], hunks), judge(lines, found[0], hunks)[0]))
     out = sweep(made, pairs, 2)
     print(f"split {split}: {pairs} (file edited, other file of its commit) pairs")
