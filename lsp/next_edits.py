@@ -24,8 +24,10 @@ history up to HEAD for support, in the background. `propose` answers dlm/editPre
    documents, then in the workspace's indexed files (read from disk), at most
    `nextEdits.otherFiles` files within the request's deadline; the first file with a proposal
    over the gate is answered as a jump to its best site, with no edits (`jump: {uri, path,
-   position, label}`). The client opens the file there, and asks again: the edit itself is then
-   proposed in that document. The scan runs on the pool and is kept while the patterns stay the same.
+   position, label}`). The scan judges a site by the trees fitted on jumps (edit_memory.calibration,
+   `elsewhere`). The client opens the file there, and asks again: the edit itself is then
+   proposed in that document, at the jump's confidence or above (`Landing`). The scan runs on the
+   pool and is kept while the patterns stay the same.
 """
 
 from __future__ import annotations
@@ -72,6 +74,31 @@ class Elsewhere:
     found: tuple[str, Proposal] | None
 
 
+@dataclass
+class Landing:
+    """The last jump answered: its file, its site (the pattern's key, line, column) and confidence.
+    When the client opens the file there and asks again, that site is the same proposal and keeps
+    the jump's confidence: the scan's confidence comes from the trees fitted on jumps (`elsewhere`,
+    edit_memory.calibration), the in-document one from the trees fitted on next edits in a file
+    (`here`), and the two may disagree about one site; a jump that leads to nothing shown would be
+    the worst of both."""
+
+    uri: str
+    site: tuple
+    confidence: float
+
+    def apply(self, uri: str, found: list[Proposal]) -> list[Proposal]:
+        """`found` (best first) with the jump's site at the jump's confidence, when it is there."""
+        if uri != self.uri:
+            return found
+        out = [replace(p, support=max(p.support, self.confidence)) if _site_key(p) == self.site else p for p in found]
+        return sorted(out, key=lambda p: -p.support)  # stable: the memory's order among equals
+
+
+def _site_key(p: Proposal) -> tuple:
+    return (p.pattern.key, p.site.line, p.site.start)
+
+
 class NextEdits:
     """The server's edit memory and one burst tracker per open document."""
 
@@ -84,6 +111,7 @@ class NextEdits:
         # a user carries to the next file, was never remembered)
         self.documents: dict[str, tuple[Document, str]] = {}
         self.elsewhere: Elsewhere | None = None  # the last scan of the other files (propose_elsewhere)
+        self.landing: Landing | None = None  # the last jump answered (propose_elsewhere)
 
     def configure(self, opts) -> None:
         self.memory.max_patterns = opts.max_patterns
@@ -234,6 +262,8 @@ async def propose(ls: DlmServer, doc: Document, row: int, col: int) -> dict | No
         ls.pool, lambda: memory.propose(path, lines, row, pending=pending, max_scan=opts.max_scan_lines,
                                         limit=opts.max_proposals, open_edit=open_edit))
     ls.stats.stage("next_edit_sites_ms", (time.monotonic() - t0) * 1000)
+    if ls.next_edits.landing is not None:
+        found = ls.next_edits.landing.apply(uri, found)
     chosen: tuple[Proposal, float] | None = None
     deadline = t0 + opts.deadline_ms / 1000.0
     windows = ls.windows(ls.holder.engine.budget) if ls.holder.ready() else None
@@ -315,6 +345,7 @@ async def propose_elsewhere(ls: DlmServer, doc: Document, pending: list, open_ed
         return None
     row, col = there.to_position(p.site.line, p.site.start)
     ls.stats.add("jump_elsewhere")
+    ne.landing = Landing(target, _site_key(p), p.support)
     return {"id": ls.next_id(), "version": doc.version, "edits": [], "confidence": p.support,
             "rewritesRecent": False, "source": "editMemory", "label": p.pattern.label(),
             "jump": {"uri": target, "path": ls.path_of(target), "position": {"line": row, "character": col},
@@ -324,18 +355,20 @@ async def propose_elsewhere(ls: DlmServer, doc: Document, pending: list, open_ed
 def nearest_files(ls: DlmServer, uri: str, skip: set[str]) -> list[str]:
     """The workspace's indexed files but `skip`, nearest `uri`'s folder first: by the folders
     between the two (up to the common one, then down), then by path."""
-    here = os.path.dirname(file_path(uri) or "").split("/")
+    here = file_path(uri) or ""
+    return sorted((f for f in ls.workspace_index.indexed_files() if f not in skip),
+                  key=lambda f: (folders_between(here, f), f))
 
-    def rank(f: str) -> tuple[int, str]:
-        there = f.split("/")[:-1]
-        common = 0
-        for a, b in zip(here, there):
-            if a != b:
-                break
-            common += 1
-        return (len(here) - common) + (len(there) - common), f
 
-    return sorted((f for f in ls.workspace_index.indexed_files() if f not in skip), key=rank)
+def folders_between(a: str, b: str) -> int:
+    """Folders from file a's up to the one the two share, then down to file b's."""
+    here, there = a.split("/")[:-1], b.split("/")[:-1]
+    common = 0
+    for x, y in zip(here, there):
+        if x != y:
+            break
+        common += 1
+    return (len(here) - common) + (len(there) - common)
 
 
 def scan_elsewhere(ls: DlmServer, uri: str, opened: list[tuple[str, list[str]]], needles: list[str],

@@ -10,13 +10,25 @@ purpose: the replayed histories apply a commit's hunks top to bottom, so a site 
 never the next hunk there, and a model that learnt that would hide sites above from a user who
 edits upwards (BENCHMARKS.md "Calibrated next edits").
 
+Two sets of trees, one per place (`place`): `elsewhere` for a jump's site (a pattern learnt in
+another document, asked about by the jump scan in a document without the cursor), `here` for
+the rest. They are fitted apart
+because the two are different questions: a site near the edit just made, or a use of the same
+name in a file the user has not touched. Fitted together, the few proposals of another document
+in the in-file replay (111 of 69,512) taught the trees almost nothing about jumps (a rename made
+twice scored 0.14-0.20, under the gate); fitted on the jump replay's own proposals (commits that
+changed several files), the train split's held-out folds make about twice the jumps at the same
+precision (BENCHMARKS.md "Session 11").
+
 The model (`calibration.json` beside this file) is data: made by
 
     python -m dlm.coder_model.evaluation.next_edits --split train --fit-calibration \\
         coder_model/edit_memory/calibration.json
 
 which replays the train split into the memory and labels every proposal by whether it was the
-next hunk byte for byte. Never fitted on valid or test (the driver refuses them). The server and
+next hunk byte for byte (`here`), and replays each file of the train split's multi-file commits
+and asks the commit's other files as the jump scan does, labelling every proposal by whether it
+gives the file after the hunks it lies on (`elsewhere`). Never fitted on valid or test (the driver refuses them). The server and
 the library read it at import; without it (a broken install) the memory's own support is used.
 """
 
@@ -33,7 +45,8 @@ from dlm.coder_model.edit_memory.boosting import Trees
 log = logging.getLogger(__name__)
 
 TABLE_PATH = Path(__file__).with_name("calibration.json")
-FORMAT = 2
+FORMAT = 3  # 3: two sets of trees, `here` and `elsewhere` (module doc)
+PLACES = ("here", "elsewhere")
 # the kinds the features name (a kind not here, from a newer pattern set, has none of them on:
 # re-fit); rename~part is a rename's site inside a longer name (sites.Site.part)
 KINDS = ("rename", "rename~part", "replace", "same_lines", "lines", "delete_lines", "insert_lines",
@@ -81,36 +94,52 @@ def features(p) -> list[float]:
         float(g(pat, "old", "").count("\n")), float(g(pat, "new", "").count("\n")),
         float(min(len(g(pat, "before", ())), 24)), float(g(p, "ambiguous", False)), float(g(p, "in_comment", False)),
         # nor a distance from the cursor: a jump's site, once its file is open and the cursor on it,
-        # keeps the confidence that let the jump through (the train replay has few proposals of
-        # another document, 111 of 69,512 in session 10: what a jump is worth is barely learnt)
+        # is judged without it too (and keeps the jump's confidence: lsp.next_edits.Landing)
         math.log1p(g(p, "cursor_distance", 0)) if _near_its_edit(p) else -1.0,
         float(min(g(p, "candidates", 1), 64)),
         float(g(p, "line_similarity", 0.0)), float(min(g(p, "indent_change", 0), 16)), float(min(g(p, "edit_lines", 1), 40)),
     ]
 
 
-class Calibration:
-    """P(exact next edit) from the fitted trees (module doc)."""
+def place(p) -> str:
+    """Which trees judge the proposal: `elsewhere` for a site the jump scan looks for in a document
+    without the cursor, `here` for the rest. The two sets are fitted on exactly these (the jump
+    replay asks with the cursor elsewhere, the in-file replay with it in the document). A site of
+    another document's pattern in the cursor's document is `here`'s question (is it the next edit
+    after the one just made here?): on the valid split, the `elsewhere` trees passed such sites
+    that were 12% exact and cost a point of exact (BENCHMARKS.md "Session 11"). The edit a jump
+    has led to keeps the jump's confidence by the server's memory of it (lsp.next_edits.Landing)."""
+    return "here" if getattr(p, "cursor_here", True) else "elsewhere"
 
-    def __init__(self, trees: Trees, meta: dict | None = None) -> None:
+
+class Calibration:
+    """P(exact next edit) from the fitted trees of the proposal's place (module doc)."""
+
+    def __init__(self, trees: dict[str, Trees], meta: dict | None = None) -> None:
+        if set(trees) != set(PLACES):
+            raise ValueError(f"edit-memory calibration: trees for {sorted(trees)}, need {list(PLACES)}")
         self.trees = trees
         self.meta = meta or {}
 
     def __call__(self, p) -> float:
-        return self.trees(features(p))
+        return self.trees[place(p)](features(p))
 
     # ---- fitting (coder_model.evaluation.next_edits --fit-calibration) ------------------------
     @classmethod
-    def fit(cls, labelled, meta: dict | None = None, **params) -> Calibration:
-        """From (proposal, exact) pairs; `params` go to boosting.fit."""
-        rows, labels = [], []
-        for p, exact in labelled:
-            rows.append(features(p))
-            labels.append(1.0 if exact else 0.0)
-        return cls(boosting.fit(rows, labels, **params), meta)
+    def fit(cls, labelled: dict[str, list], meta: dict | None = None, **params) -> Calibration:
+        """From (proposal, exact) pairs per place (`here`, `elsewhere`); `params` go to boosting.fit."""
+        trees = {}
+        for where in PLACES:
+            if not labelled[where]:
+                raise ValueError(f"edit-memory calibration: no proposals {where} to fit on (`elsewhere` comes from "
+                                 "commits that changed several files): replay more of the train split (a larger --limit)")
+            rows = [features(p) for p, _ in labelled[where]]
+            trees[where] = boosting.fit(rows, [1.0 if exact else 0.0 for _, exact in labelled[where]], **params)
+        return cls(trees, meta)
 
     def to_json(self) -> dict:
-        return {"format": FORMAT, "features": list(FEATURES), "meta": self.meta, **self.trees.to_json()}
+        return {"format": FORMAT, "features": list(FEATURES), "meta": self.meta,
+                **{where: self.trees[where].to_json() for where in PLACES}}
 
     @classmethod
     def from_json(cls, data: dict) -> Calibration:
@@ -119,7 +148,7 @@ class Calibration:
                              f"{data.get('features')!r}; this code reads format {FORMAT} with {len(FEATURES)} "
                              "features: re-fit it (python -m dlm.coder_model.evaluation.next_edits --split train "
                              "--fit-calibration coder_model/edit_memory/calibration.json)")
-        return cls(Trees.from_json(data), data.get("meta"))
+        return cls({where: Trees.from_json(data[where]) for where in PLACES}, data.get("meta"))
 
 
 def load(path: Path = TABLE_PATH) -> Calibration | None:

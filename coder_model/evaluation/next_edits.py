@@ -287,47 +287,87 @@ def _exact_in_file(lines: list[str], p, hunks) -> bool:
     return after(lines, p) == want
 
 
-def jumps(root: Path, split: str, limit: int | None) -> dict[float, tuple[int, int, int, int]]:
-    """How often a jump to another file would be right: for every commit of `split` that changed
-    several files, each file's hunks are replayed into a fresh memory (as the user edits one file,
-    hunk after hunk), and every other file of the commit, as it was before the commit, is asked for
-    its best site as the server's jump scan asks (lsp.next_edits: cursor in another document, the
-    top of the file, made at least JUMP_MIN_APPLIED times). A jump is exact when applying it gives
-    the file after the hunks its sites lie on, byte for byte (`_exact_in_file`), at the right
-    location when it lies on one.
-    Returns threshold -> (pairs, jumps, exact, location), and prints it."""
-    from dlm.lsp.next_edits import JUMP_MIN_APPLIED
+UNTOUCHED = 4  # files of the repository the commit did not change, asked too per edited file (jump_pairs)
+
+
+def jump_pairs(root: Path, split: str, limit: int | None, calibration=True, proposals: int = 1,
+               untouched: int = UNTOUCHED):
+    """The jump replay's pairs: for every commit of `split` that changed several files, each file's
+    hunks are replayed into a fresh memory (as the user edits one file, hunk after hunk), and every
+    other file of the commit, as it was before the commit, is asked for its sites as the server's
+    jump scan asks (lsp.next_edits: cursor in another document, the top of the file). So are the
+    `untouched` files of the same repository that the commit did not change, nearest the edited
+    file's folder first as the scan orders them (lsp.next_edits.nearest_files), each as its latest
+    record up to the commit's date left it: a jump there is never right, and the scan meets such
+    files too (without them, the replay would ask only files that were about to change).
+    Yields (commit, the other file's lines, its hunks, its best `proposals` proposals) per pair;
+    the memory's `calibration` as EditMemory takes it (None: the memory's own support, to fit on)."""
+    from dlm.lsp.next_edits import folders_between
 
     by_commit: dict[str, list[dict]] = {}
     for rec in records(root, split, limit):
         by_commit.setdefault(rec["commit"], []).append(rec)
-    made: list[tuple[float, bool, bool]] = []
-    pairs = 0
+    # per repository, (date, path, before) of every record, oldest first: the untouched files' text
+    seen: dict[str, list[tuple[str, str, str]]] = {}
     for recs in by_commit.values():
+        for r in recs:
+            seen.setdefault(r["repo"], []).append((r.get("date", ""), r["path"], r["before"]))
+    for files in seen.values():
+        files.sort(key=lambda f: f[0])
+    for commit, recs in by_commit.items():
         if len({r["path"] for r in recs}) < 2:
             continue
+        changed = {r["path"] for r in recs}
+        latest: dict[str, str] = {}
+        for date, path, before in seen[recs[0]["repo"]]:
+            if date <= recs[0].get("date", "") and path not in changed:
+                latest[path] = before
         for a in recs:
-            mem = EditMemory()
+            mem = EditMemory(calibration=calibration)
             clock = 0.0
             for lines, edit, _ in cases(a):
                 clock += 1.2
                 mem.observe(a["path"], Edit(edit.start, edit.old, edit.new, clock), lines)
-            for b in recs:
-                if b["path"] == a["path"]:
-                    continue
-                pairs += 1
-                lines = git_lines(b["before"])
-                found = mem.propose(b["path"], lines, 0, now=clock + 1.2, limit=1, cursor_here=False)
-                if not found or found[0].applied < JUMP_MIN_APPLIED:
-                    continue
-                hunks = hunk_spans(b)
-                made.append((found[0].support, _exact_in_file(lines, found[0], hunks), judge(lines, found[0], hunks)[0]))
-    out = sweep(made, pairs, 2)
-    print(f"split {split}: {pairs} (file edited, other file of its commit) pairs")
+            others = [(b["path"], b["before"], hunk_spans(b)) for b in recs if b["path"] != a["path"]]
+            near = sorted(latest, key=lambda f: (folders_between(a["path"], f), f))[:untouched]
+            for path, before, hunks in others + [(f, latest[f], []) for f in near]:
+                lines = git_lines(before)
+                yield commit, lines, hunks, mem.propose(path, lines, 0, now=clock + 1.2, limit=proposals,
+                                                        cursor_here=False)
+
+
+def jump_made(found: list, lines: list[str], hunks) -> tuple | None:
+    """The server's jump for a pair's proposals, best first: (confidence, exact, location), or None
+    when the best was made fewer than JUMP_MIN_APPLIED times (the server makes no jump then). A
+    jump is exact when applying it gives the file after the hunks its sites lie on, byte for byte
+    (`_exact_in_file`), at the right location when it lies on one."""
+    from dlm.lsp.next_edits import JUMP_MIN_APPLIED
+
+    if not found or found[0].applied < JUMP_MIN_APPLIED:
+        return None
+    return found[0].support, _exact_in_file(lines, found[0], hunks), judge(lines, found[0], hunks)[0]
+
+
+def print_jumps(out: dict, pairs: int) -> None:
     print("threshold | jumps (of pairs) | exact (the hunks it lies on) % | location %")
     for t, (_, shown, exact, location) in out.items():
         n = max(shown, 1)
         print(f"  {t:.3f} | {shown} ({100 * shown / max(pairs, 1):.1f}%) | {100 * exact / n:.1f} | {100 * location / n:.1f}")
+
+
+def jumps(root: Path, split: str, limit: int | None) -> dict[float, tuple[int, int, int, int]]:
+    """How often a jump to another file would be right, with the shipped calibration (`jump_pairs`,
+    `jump_made`). Returns threshold -> (pairs, jumps, exact, location), and prints it."""
+    made: list[tuple[float, bool, bool]] = []
+    pairs = 0
+    for _, lines, hunks, found in jump_pairs(root, split, limit):
+        pairs += 1
+        if (jump := jump_made(found, lines, hunks)) is not None:
+            made.append(jump)
+    out = sweep(made, pairs, 2)
+    print(f"split {split}: {pairs} (file edited, other file: of its commit, or one of the {UNTOUCHED} nearest "
+          "it did not change) pairs")
+    print_jumps(out, pairs)
     return out
 
 
@@ -350,24 +390,32 @@ def train_proposals(root: Path, limit: int | None):
 
 
 def fit_calibration(root: Path, limit: int | None, out: Path) -> None:
-    """Replay the train split into one memory (as `main` does) and fit the calibration model on
-    every proposal it makes, labelled by whether it is the next hunk byte for byte (exact_next)."""
+    """Fit the calibration model (edit_memory/calibration.py) on the train split: the `here` trees
+    on every proposal of the in-file replay (`train_proposals`, as `main` replays), labelled by
+    whether it is the next hunk byte for byte (exact_next); the `elsewhere` trees on every proposal
+    of the jump replay (`jump_pairs`), labelled by whether it gives the other file after the hunks
+    it lies on (`_exact_in_file`)."""
     from dlm.coder_model.edit_memory.calibration import Calibration
 
-    labelled = []
-    opportunities = 0
+    labelled: dict[str, list] = {"here": [], "elsewhere": []}
+    opportunities = pairs = 0
     for _, lines, _, rest, props in train_proposals(root, limit):
         opportunities += 1
-        labelled += [(p, exact_next(lines, p, rest)) for p in props]
+        labelled["here"] += [(p, exact_next(lines, p, rest)) for p in props]
+    for _, lines, hunks, props in jump_pairs(root, "train", limit, calibration=None, proposals=FIT_PROPOSALS):
+        pairs += 1
+        labelled["elsewhere"] += [(p, _exact_in_file(lines, p, hunks)) for p in props]
+    counts = {where: {"proposals": len(rows), "exact": sum(e for _, e in rows)} for where, rows in labelled.items()}
     cal = Calibration.fit(labelled, {
         "command": "python -m dlm.coder_model.evaluation.next_edits --split train --fit-calibration "
                    "coder_model/edit_memory/calibration.json",
-        "split": "train", "opportunities": opportunities, "proposals": len(labelled),
-        "exact": sum(e for _, e in labelled), "date": time.strftime("%Y-%m-%d", time.gmtime())})
+        "split": "train", "opportunities": opportunities, "jump pairs": pairs, **counts,
+        "date": time.strftime("%Y-%m-%d", time.gmtime())})
     out.write_text(json.dumps(cal.to_json(), separators=(",", ":")) + "\n", encoding="utf-8")
-    rate = sum(e for _, e in labelled) / max(len(labelled), 1)
-    print(f"calibration: {opportunities} opportunities, {len(labelled)} proposals ({100 * rate:.1f}% exact), "
-          f"{len(cal.trees.trees)} trees -> {out}")
+    for where, c in counts.items():
+        print(f"calibration ({where}): {c['proposals']} proposals ({100 * c['exact'] / max(c['proposals'], 1):.1f}% "
+              f"exact), {len(cal.trees[where].trees)} trees")
+    print(f"{opportunities} opportunities, {pairs} jump pairs -> {out}")
 
 
 def _fold(commit: str, folds: int) -> int:
@@ -379,30 +427,46 @@ def _fold(commit: str, folds: int) -> int:
 
 def cross_validate(root: Path, limit: int | None, folds: int = 5) -> dict[float, tuple[int, int, int, int, int]]:
     """How the calibration does on commits it was not fitted on: the train split replayed into one
-    memory (as `fit_calibration`), its commits cut into `folds` folds; for each fold a model fitted
-    on the others chooses each opportunity's proposal (the most confident, then the nearest the
-    cursor). Returns threshold -> (opportunities, shown, exact next hunk, right location, deletes kept
-    lines), and prints it. Valid and test are never read."""
+    memory (as `fit_calibration`) and its jump replay, its commits cut into `folds` folds; for each
+    fold a model fitted on the others chooses each opportunity's proposal (the most confident, then
+    the nearest the cursor), and each jump pair's (the most confident, then the nearest the top, as
+    the server's scan). Returns threshold -> (opportunities, shown, exact next hunk, right location,
+    deletes kept lines), and prints it and the jumps' table. Valid and test are never read."""
     from dlm.coder_model.edit_memory.calibration import Calibration
+    from dlm.lsp.next_edits import JUMP_MIN_APPLIED
 
     replay: list[tuple[int, list[tuple]]] = []  # (fold, [(proposal, exact, location, deletes kept, distance)])
     for rec, lines, cursor, rest, props in train_proposals(root, limit):
         replay.append((_fold(rec["commit"], folds), [
             (p, exact_next(lines, p, rest), judge(lines, p, rest)[0], deletes_kept(lines, p, rest),
              abs(p.site.line - cursor)) for p in props]))
+    jump_replay: list[tuple[int, list[tuple]]] = []  # (fold, [(proposal, exact, location, None, line)])
+    for commit, lines, hunks, props in jump_pairs(root, "train", limit, calibration=None, proposals=FIT_PROPOSALS):
+        jump_replay.append((_fold(commit, folds), [
+            (p, _exact_in_file(lines, p, hunks), judge(lines, p, hunks)[0], None, p.site.line) for p in props]))
     chosen: list[tuple[float, bool, bool, bool]] = []
+    jumped: list[tuple[float, bool, bool]] = []
     for k in range(folds):
-        cal = Calibration.fit([(r[0], r[1]) for fold, rs in replay if fold != k for r in rs])
+        cal = Calibration.fit({"here": [(r[0], r[1]) for fold, rs in replay if fold != k for r in rs],
+                               "elsewhere": [(r[0], r[1]) for fold, rs in jump_replay if fold != k for r in rs]})
         for fold, rs in replay:
             if fold == k and rs:
                 conf, best = max(((min(0.95, cal(r[0])), r) for r in rs), key=lambda x: (x[0], -x[1][4]))
                 chosen.append((conf, best[1], best[2], best[3]))
+        for fold, rs in jump_replay:
+            if fold == k and rs:
+                conf, best = max(((min(0.95, cal(r[0])), r) for r in rs), key=lambda x: (x[0], -x[1][4]))
+                if best[0].applied >= JUMP_MIN_APPLIED:  # as jump_made
+                    jumped.append((conf, best[1], best[2]))
     out = sweep(chosen, len(replay), 3)
     print(f"train split, {folds} folds by commit: {len(replay)} opportunities")
     print("threshold | shown % | exact (next hunk) % | location % | deletes kept lines %")
     for t, (total, shown, *counts) in out.items():
         print(f"  {t:.3f} | {100 * shown / max(total, 1):.1f} | "
               + " | ".join(f"{100 * c / max(shown, 1):.1f}" for c in counts))
+    print(f"\njumps, the same folds: {len(jump_replay)} (file edited, other file: of its commit, or one of the "
+          f"{UNTOUCHED} nearest it did not change) pairs")
+    print_jumps(sweep(jumped, len(jump_replay), 2), len(jump_replay))
     return out
 
 

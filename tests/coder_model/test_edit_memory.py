@@ -341,7 +341,7 @@ def test_boosted_trees_learn_a_rule_and_read_back_what_they_wrote():
 
 def test_a_site_in_a_file_without_the_cursor_is_calibrated_without_its_distance():
 
-    from dlm.coder_model.edit_memory.calibration import load
+    from dlm.coder_model.edit_memory.calibration import load, place
 
     cal = load()
 
@@ -351,9 +351,39 @@ def test_a_site_in_a_file_without_the_cursor_is_calibrated_without_its_distance(
     near, far = cal(prop(2)), cal(prop(400))
     assert near > far
     # another file (a pattern of this document, a site there): the same confidence wherever its
-    # site lies, under that of the near site here
+    # site lies, from the trees fitted on the jump replay (calibration.place)
     elsewhere = {cal(_prop("rename", 1, o, cursor_here=False, same_file=False)) for o in (2, 40, 400)}
-    assert len(elsewhere) == 1 and 0.0 < elsewhere.pop() < near
+    assert len(elsewhere) == 1 and 0.0 < elsewhere.pop() < 1.0
+    assert place(_prop("rename", 1, 40, cursor_here=False, same_file=False)) == "elsewhere"
+    # in the cursor's document, a site of another document's pattern is a next edit like the others
+    assert place(_prop("rename", 1, 5, same_file=False)) == place(prop(5)) == "here"
+
+
+def test_the_shipped_elsewhere_trees_let_a_rename_made_twice_jump_at_the_default_gate():
+    # session 10's single set of trees had seen 111 proposals of another document and gave this
+    # jump 0.14-0.20, under the gate: the `elsewhere` trees are fitted on the jump replay's own
+    from dlm.coder_model.edit_memory.calibration import load, place
+    from dlm.lsp.next_edits import JUMP_MIN_APPLIED
+    from dlm.lsp.options import NextEditOptions
+
+    stats = ["def total(rows):\n", "    n = count(rows)\n", "    return n\n", "\n", "\n", "def mean(rows):\n",
+             "    return sum(rows) / count(rows)\n"]
+    report = ["from .stats import count\n", "\n", "\n", "print(count([1, 2]))\n"]
+
+    def jump_after(renames: int):
+        mem, lines = EditMemory(), list(stats)
+        for k, row in enumerate((1, 6)[:renames]):
+            old = lines[row]
+            lines[row] = old.replace("count", "tally")
+            mem.observe("stats.py", Edit(row, (old,), (lines[row],), 2.0 * k), lines)
+        (p,) = mem.propose("report.py", report, 0, now=5.0, limit=1, cursor_here=False)
+        return p
+
+    twice = jump_after(2)
+    assert place(twice) == "elsewhere" and load().meta["elsewhere"]["proposals"] > 10_000
+    assert twice.applied == 2 and report[twice.site.line][twice.site.start :].startswith("count")
+    assert twice.support >= NextEditOptions().min_confidence
+    assert jump_after(1).applied < JUMP_MIN_APPLIED  # made once: no jump, whatever its confidence
 
 
 def test_calibration_is_never_fitted_on_valid_or_test(tmp_path):
@@ -371,19 +401,36 @@ def test_cross_validation_judges_each_fold_by_a_model_fitted_on_the_others(tmp_p
     from dlm.coder_model.evaluation.next_edits import cross_validate, main
 
     # commits that each rename `count` on one line and then on the next use: the second hunk is the
-    # proposal's, byte for byte
+    # proposal's, byte for byte; and the import in a second file of the commit (one hunk: no
+    # opportunity of its own), where the rename made twice is a jump, and an exact one; the files
+    # of earlier commits, which this one leaves alone, are asked too: a jump there is wrong
     body = "".join(f"def f{i}(rows):\n    n = count(rows)\n    m = count(rows)\n    return n + m\n\n" for i in range(3))
     with gzip.open(tmp_path / "o__r.jsonl.gz", "wt") as f:
         for c in range(40):
-            rec = {"repo": "o/r", "commit": f"{c:040x}", "path": f"m{c}.py", "split": "train" if c < 36 else "valid",
+            split = "train" if c < 36 else "valid"
+            rec = {"repo": "o/r", "commit": f"{c:040x}", "path": f"m{c}.py", "split": split, "date": f"2024-{c:04d}",
                    "before": body, "hunks": [{"at": 2, "del": 1, "add": "    n = tally(rows)\n"},
                                              {"at": 3, "del": 1, "add": "    m = tally(rows)\n"}]}
             f.write(json.dumps(rec) + "\n")
+            f.write(json.dumps({**rec, "path": f"x{c}.py", "before": f"from m{c} import count\n",
+                                "hunks": [{"at": 1, "del": 1, "add": f"from m{c} import tally\n"}]}) + "\n")
     out = cross_validate(tmp_path, None, folds=3)
     opportunities, shown, exact, location, _ = out[0.0]
     assert opportunities == 36  # the train records only, one opportunity each
     assert shown == 36 and exact == location == 36  # the nearest use is the next hunk, every time
-    assert "3 folds by commit: 36 opportunities" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "3 folds by commit: 36 opportunities" in printed
+    # each file is asked about the other and the 4 nearest untouched files (commit 0 has none, commit
+    # 1 two): 2 + 2 * 3 + 34 * 2 * 5 pairs. m -> x is an exact jump (made twice in m), m -> an earlier
+    # m or x a wrong one, x -> anything none (made once in x): 1 + 3 + 34 * 5 jumps, 36 exact
+    assert "jumps, the same folds: 348 (file edited, other file: of its commit, or one of the 4 nearest it did " \
+           "not change) pairs" in printed
+    assert "  0.000 | 174 (50.0%) | 20.7 | 20.7" in printed
+    # the elsewhere trees, fitted on the other folds, tell the import to come from the files left
+    # alone (min_leaf 40 on 200-odd proposals a fold: not perfectly)
+    jump_rows = printed.split("jumps, the same folds")[1]
+    at_half = next(line for line in jump_rows.splitlines() if line.startswith("  0.500 |"))
+    assert float(at_half.split("|")[2]) >= 80.0
     with pytest.raises(SystemExit):
         main(["--data", str(tmp_path), "--split", "valid", "--cross-validate", "3"])
 
@@ -412,7 +459,9 @@ def test_the_jump_replay_asks_the_other_files_of_a_commit_and_judges_against_the
     # a.py's and b.py's renames were made twice: a.py -> b.py (its import line: its first hunk) and b.py
     # -> a.py (both uses, neighbours: one proposal, the two one-line hunks) are exact; each -> d.py is not
     assert (made, exact, location) == (4, 2, 2)
-    assert "12 (file edited, other file of its commit) pairs" in capsys.readouterr().out
+    # (no file of the repository is left out of the commit: no untouched file to ask)
+    assert "12 (file edited, other file: of its commit, or one of the 4 nearest it did not change) pairs" \
+        in capsys.readouterr().out
     main(["--data", str(tmp_path), "--split", "valid", "--jumps"])
     assert "| 4 (33.3%) | 50.0 | 50.0" in capsys.readouterr().out
 

@@ -64,7 +64,7 @@ def test_bench_jump_finds_the_other_file_and_times_the_scan(tmp_path):
          "--requests", "3", "--gap-s", "0", "--min-confidence", "0.1", "--engine-factory", "fake_engine:slow"],
         capture_output=True, text=True, timeout=240, check=True,
         env=server_env(FAKE_STEP_S="0.005", HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache")))
-    assert "jump: pkg/report.py line 1 (rename count → tally" in out.stdout, out.stdout + out.stderr
+    assert "jump: pkg/report.py line 3 (rename count → tally" in out.stdout, out.stdout + out.stderr
     assert "| the first (the scan) | 1 |" in out.stdout and "| the next (the scan kept) | 2 |" in out.stdout
     bad = subprocess.run([sys.executable, "-m", "dlm.lsp.bench_jump", "--root", str(tmp_path / "nowhere"),
                           "--name", "a", "--new", "b"], capture_output=True, text=True, timeout=60, check=False)

@@ -271,18 +271,19 @@ async def test_with_no_site_left_here_a_jump_leads_to_a_workspace_file_that_is_n
         res = await edit_prediction(client, uri, 6, 28)  # stats.py has no other use of count: report.py has
         assert res is not None and res["edits"] == [] and res["version"] == 3
         assert res["label"] == "rename count → tally" and 0 <= res["confidence"] <= 1
-        assert res["jump"] == {"uri": report, "path": "pkg/report.py", "position": {"line": 0, "character": 19},
+        # its best site: the call (the `elsewhere` trees, fitted on the jump replay, rate it over the import)
+        assert res["jump"] == {"uri": report, "path": "pkg/report.py", "position": {"line": 3, "character": 6},
                                "label": "rename count → tally"}
         assert (await request(client, "dlm/stats", {}))["jump_elsewhere"] >= 1
 
         # the client opens the file there and asks again: the edit itself, in that document, as sure
-        # as the jump was (the gate that let the jump through lets the edit through: both are
-        # calibrated without a distance, the pattern having been learnt in stats.py)
+        # as the jump was (the gate that let the jump through lets the edit through: the server
+        # remembers the jump it answered, lsp.next_edits.Landing)
         jump_confidence = res["confidence"]
         open_document(client, report, (root / "pkg" / "report.py").read_text())
-        res = await edit_prediction(client, report, 0, 19)
+        res = await edit_prediction(client, report, 3, 6)
         (edit,) = res["edits"]
-        assert edit["newText"] == "tally" and edit["range"]["start"] == {"line": 0, "character": 19}
+        assert edit["newText"] == "tally" and edit["range"]["start"] == {"line": 3, "character": 6}
         assert res["confidence"] == pytest.approx(jump_confidence)
 
 
@@ -291,7 +292,7 @@ async def test_a_jump_is_dropped_when_the_other_file_changed_and_never_made_with
     root = stats_and_report(tmp_path)
     async with jump_server(root, tmp_path) as client:
         uri = await renamed_in_stats(client, root)
-        assert (await edit_prediction(client, uri, 6, 28))["jump"]["position"]["line"] == 0
+        assert (await edit_prediction(client, uri, 6, 28))["jump"]["position"]["line"] == 3
         # the user (or git) changes report.py on disk: the remembered site no longer holds `count`
         (root / "pkg" / "report.py").write_text("from .stats import tally\n\n\nprint(tally([1, 2]))\n")
         assert await edit_prediction(client, uri, 6, 28) is None
