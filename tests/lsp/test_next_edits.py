@@ -313,3 +313,27 @@ async def test_an_edit_made_once_never_sends_the_user_to_another_file(tmp_path):
         await asyncio.sleep(1.6)
         change(client, uri, 3, (0, 0), (0, 0), "y = tally([2])\n")  # an unrelated edit; still none
         assert await edit_prediction(client, uri, 0, 9) is None
+
+
+def test_a_landing_raises_only_the_jumps_own_site_in_the_jumps_own_file():
+    # lsp.next_edits.Landing: the site a jump led to keeps the jump's confidence; nothing else moves
+    from dlm.coder_model.edit_memory import Edit, EditMemory
+    from dlm.lsp.next_edits import Landing
+
+    mem = EditMemory()
+    stats = ["n = count(rows)\n", "m = count(rows)\n"]
+    for k in range(2):
+        old, stats[k] = stats[k], stats[k].replace("count", "tally")
+        mem.observe("stats.py", Edit(k, (old,), (stats[k],), 2.0 * k), stats)
+    report = ["from .stats import count\n", "\n", "\n", "print(count([1, 2]))\n", "x = count(3)\n"]
+    found = mem.propose("report.py", report, 4, now=5.0, limit=8)
+    assert len(found) >= 2
+    last = found[-1]
+    landing = Landing("file:///report.py", (last.pattern.key, last.site.line, last.site.start), 0.99)
+    assert landing.apply("file:///other.py", found) == found  # another file: untouched
+    raised = landing.apply("file:///report.py", found)
+    assert raised[0].site == last.site and raised[0].support == 0.99
+    assert [p.support for p in raised[1:]] == [p.support for p in found[:-1]]
+    # a jump less sure than the site already is never lowers it
+    low = Landing("file:///report.py", (last.pattern.key, last.site.line, last.site.start), 0.0)
+    assert [p.support for p in low.apply("file:///report.py", found)] == [p.support for p in found]
