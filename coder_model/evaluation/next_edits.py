@@ -3,6 +3,7 @@
     python -m dlm.coder_model.evaluation.next_edits --split valid [--limit N] [--model-check]
     python -m dlm.coder_model.evaluation.next_edits --split train --fit-calibration coder_model/edit_memory/calibration.json
     python -m dlm.coder_model.evaluation.next_edits --split train --cross-validate 5
+    python -m dlm.coder_model.evaluation.next_edits --split valid --jumps
 
 A library-level replay (the LSP-level one is `dlm-lsp eval`'s next-edit mode): each record's
 hunks are applied one by one to its `before` text, each hunk observed as one closed edit; after
