@@ -494,8 +494,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="instead: fit the calibration on K-1 of K folds of the train split's commits and judge it "
                          "on the other fold, each in turn (the held-out estimate that chooses the default gate)")
     ap.add_argument("--jumps", action="store_true",
-                    help="instead: how often a jump to another file of the same commit would be right (commits "
-                         "that changed several files; each file replayed, the others asked as the jump scan asks)")
+                    help="instead: how often a jump to another file would be right (commits that changed several "
+                         "files; each file replayed, the commit's other files and the nearest files it left alone "
+                         "asked as the jump scan asks)")
     ap.add_argument("--no-calibration", action="store_true",
                     help="the memory's own support as the confidence, not the calibration model (an ablation)")
     args = ap.parse_args(argv)
