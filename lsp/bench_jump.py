@@ -38,7 +38,8 @@ class JumpBench(Bench):
         return Path(self.args.root).resolve().as_uri()
 
     def initialization_options(self) -> dict | None:
-        gate = {} if self.args.min_confidence is None else {"minConfidence": self.args.min_confidence}
+        gate = {} if self.args.min_confidence is None else {"minConfidence": self.args.min_confidence,
+                                                             "minConfidenceJump": self.args.min_confidence}
         return {"editPredictions": True, "nextEdits": {"gitCommits": 0, **gate}}
 
     async def _wait_ready(self, client, log_file: str) -> None:
@@ -86,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=12, help="requests after the renames (default 12)")
     ap.add_argument("--gap-s", type=float, default=0.2, help="pause between two requests (default 0.2 s)")
     ap.add_argument("--min-confidence", type=float, default=None,
-                    help="nextEdits.minConfidence for the server (default: the server's own, NextEditOptions)")
+                    help="nextEdits.minConfidence and minConfidenceJump for the server (default: the server's own, "
+                         "NextEditOptions)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--model", default=None, help="checkpoint directory (default: the embedded one)")
     ap.add_argument("--load-timeout", type=float, default=600.0, help="seconds for the model and the index")

@@ -94,6 +94,11 @@ class Landing:
         out = [replace(p, support=max(p.support, self.confidence)) if _site_key(p) == self.site else p for p in found]
         return sorted(out, key=lambda p: -p.support)  # stable: the memory's order among equals
 
+    def holds(self, uri: str, p: Proposal) -> bool:
+        """`p` is the jump's site: it passes the jump's gate (nextEdits.minConfidenceJump), the one
+        that let the jump through, not the document's."""
+        return uri == self.uri and _site_key(p) == self.site
+
 
 def _site_key(p: Proposal) -> tuple:
     return (p.pattern.key, p.site.line, p.site.start)
@@ -277,7 +282,8 @@ async def propose(ls: DlmServer, doc: Document, row: int, col: int) -> dict | No
         else:
             prompt = check_prompt(ls, doc, lines, p, path, windows)
             conf = await check(ls, prompt, region_of(lines, p)[2], deadline)
-        if conf is not None and conf >= opts.min_confidence:
+        landed = ls.next_edits.landing is not None and ls.next_edits.landing.holds(uri, p)
+        if conf is not None and conf >= (opts.min_confidence_jump if landed else opts.min_confidence):
             chosen = (p, conf)
             break
     if chosen is None:
@@ -373,7 +379,7 @@ def folders_between(a: str, b: str) -> int:
 
 def scan_elsewhere(ls: DlmServer, uri: str, opened: list[tuple[str, list[str]]], needles: list[str],
                    pending: list, open_edit: bool, deadline: float) -> tuple[str, Proposal] | None:
-    """On the pool: the first file, in order, with a proposal at `nextEdits.minConfidence` or
+    """On the pool: the first file, in order, with a proposal at `nextEdits.minConfidenceJump` or
     above (that file's best): the other open documents (`opened`: snapshots), then the indexed
     files nearest `uri`, at most `nextEdits.otherFiles` files, until the deadline. A file on disk
     is read only when it holds one of the patterns' key texts (`needles`)."""
@@ -402,7 +408,7 @@ def scan_elsewhere(ls: DlmServer, uri: str, opened: list[tuple[str, list[str]]],
                                    limit=1, open_edit=open_edit, cursor_here=False)
         except (OSError, UnicodeDecodeError, ValueError):
             continue  # unreadable, not text, or gone: not a place for a next edit
-        if found and found[0].support >= opts.min_confidence and found[0].applied >= JUMP_MIN_APPLIED:
+        if found and found[0].support >= opts.min_confidence_jump and found[0].applied >= JUMP_MIN_APPLIED:
             return target, found[0]  # the nearest file with a site over the gate
     return None
 

@@ -50,14 +50,14 @@ PLACES = ("here", "elsewhere")
 # the kinds the features name (a kind not here, from a newer pattern set, has none of them on:
 # re-fit); rename~part is a rename's site inside a longer name (sites.Site.part)
 KINDS = ("rename", "rename~part", "replace", "same_lines", "lines", "delete_lines", "insert_lines",
-         "append_arg", "insert_line")
+         "append_arg", "insert_line", "adapted")
 WHERE = {"attr": 0.0, "name": 1.0, "": 2.0}  # patterns.Pattern.where of a rename
 FEATURES = (*(f"kind={k}" for k in KINDS), "applied", "edits ago", "sites between", "log distance",
             "same document", "cursor here", "context similarity", "in the edit's function",
             "edit in a function", "rename's use", "site as attribute", "sites in group",
             "sites of the pattern", "old chars", "new chars", "old lines", "new lines",
             "tokens matched", "ambiguous rename", "site in a comment", "log distance from the cursor",
-            "proposals made", "line similarity", "indent change", "edit's lines")
+            "proposals made", "line similarity", "indent change", "edit's lines", "names substituted")
 
 
 def kind_of(p) -> str:
@@ -98,6 +98,7 @@ def features(p) -> list[float]:
         math.log1p(g(p, "cursor_distance", 0)) if _near_its_edit(p) else -1.0,
         float(min(g(p, "candidates", 1), 64)),
         float(g(p, "line_similarity", 0.0)), float(min(g(p, "indent_change", 0), 16)), float(min(g(p, "edit_lines", 1), 40)),
+        float(g(g(p, "site", None), "holes", 0)),
     ]
 
 

@@ -2,8 +2,9 @@
 the proposals they make (DESIGN §10: edits -> patterns -> sites -> the denoiser writes).
 
 `EditMemory.observe` takes a closed edit (bursts.Edit) of a document; its patterns (the
-token-level ones of patterns.extract and the edit's whole-line block, patterns.block_pattern, read
-with the lines around it from the document) are remembered, newest first, at most `max_patterns`. An edit that reverts a remembered
+token-level ones of patterns.extract, the edit's whole-line block, patterns.block_pattern, read
+with the lines around it from the document, and a changed block's adapted twin,
+patterns.adapted_pattern, proposed in its own document only) are remembered, newest first, at most `max_patterns`. An edit that reverts a remembered
 pattern (an undo) makes the memory forget that pattern, and is not a pattern itself.
 
 `EditMemory.propose` finds, for the newest patterns (and the open burst's, passed in by
@@ -41,7 +42,15 @@ from dataclasses import dataclass, field, replace
 from dlm.coder_model.edit_history import render_event
 from dlm.coder_model.edit_memory.bursts import Edit
 from dlm.coder_model.edit_memory.calibration import Calibration, load
-from dlm.coder_model.edit_memory.patterns import DEF_RE, Pattern, block_pattern, extract, is_name, tokens
+from dlm.coder_model.edit_memory.patterns import (
+    DEF_RE,
+    Pattern,
+    adapted_pattern,
+    block_pattern,
+    extract,
+    is_name,
+    tokens,
+)
 from dlm.coder_model.edit_memory.sites import Site, find_sites, rank
 
 log = logging.getLogger(__name__)
@@ -201,6 +210,9 @@ class EditMemory:
                 if any(e.pattern.kind != "delete_line" for e in out):
                     block.pattern = replace(block.pattern, kind="same_lines")
                 out.append(block)
+                # the same change where the lines differ in a name or two (patterns.adapted_pattern)
+                if (adapted := adapted_pattern(block.pattern)) is not None:
+                    out.append(replace(block, pattern=adapted))
         return out
 
     def _block_entry(self, path: str, edit: Edit, lines: list[str], skip: tuple[int, int] | None) -> Entry | None:
@@ -352,6 +364,8 @@ class EditMemory:
             ambiguous = e.ambiguous and e.count < 2
             if ambiguous and e.path != path:
                 continue  # whether the name existed is known in the edit's document only: no jump either
+            if e.pattern.kind == "adapted" and e.path != path:
+                continue  # a look-alike of the edit's lines: a sibling in its document, not a jump's reason
             # in another file a module-level name is used as an attribute (stats.count for count):
             # how the edit used the name (Pattern.where) tells things apart only in its own file
             pattern = e.pattern if e.path == path or not e.pattern.where else replace(e.pattern, where="")

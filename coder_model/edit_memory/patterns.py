@@ -18,7 +18,10 @@ tokens, with as little context as identifies them, become a `Pattern`:
   docstring line, a guard of two lines), `delete_lines` (a block deleted: a decorator, a
   debug print) and `insert_lines` (a block inserted between two given lines: a guard, an
   import, a keyword-argument line, a docstring `:param` line); `same_lines` is the block of
-  an edit the token-level patterns name too (memory.py: calibrated apart). A site holds the same lines,
+  an edit the token-level patterns name too (memory.py: calibrated apart); `adapted`
+  (`adapted_pattern`) is a changed block carried to lines of the same shape that differ from
+  its old lines in one or two names or literals, the new lines taking the site's names
+  (`def test_a(self):` -> `def test_a(self) -> None:` gives `def test_b(self) -> None:`). A site holds the same lines,
   compared without their indentation (for an insertion: the two lines the block went
   between, next to each other); the new lines keep their indentation relative to the
   block's first line (the line above, for an insertion). On the edit-histories train split,
@@ -48,7 +51,13 @@ MAX_CONTEXT = 3  # context tokens on each side of the change, at most
 # one token were never right, those of two right 25% of the time, three or more 56-70%.
 MIN_REPLACE_TOKENS = 3
 MAX_LINE_CHARS = 400  # longer lines are neither edits nor sites (minified code, data)
-BLOCK_KINDS = frozenset({"lines", "delete_lines", "insert_lines", "same_lines"})
+BLOCK_KINDS = frozenset({"lines", "delete_lines", "insert_lines", "same_lines", "adapted"})
+# An adapted block's site differs from the block's old lines in at most this many names or
+# literals (each always the same way); the old lines need ADAPTED_MIN_SAME other tokens (keywords,
+# operators, brackets) that every site holds as they are: with one (`x,` -> `abs(x),`) every line
+# of a list would be a site.
+ADAPTED_MAX_HOLES = 2
+ADAPTED_MIN_SAME = 3
 MAX_BLOCK_LINES = 12  # lines of a block pattern on either side, at most
 DEF_RE = re.compile(r"^(\s*)(?:async\s+def|def|class)\s+(\w+)")
 KEYWORDS = frozenset(keyword.kwlist) | {"self", "cls", "True", "False", "None"}
@@ -82,7 +91,7 @@ class Pattern:
     `text`. For `append_arg` `before` is the call's name and `text` the argument text
     (", b"); for `insert_line`, `before` is the anchor keyword and `text` the line."""
 
-    kind: str  # rename | append_arg | insert_line | replace | lines | same_lines | delete_lines | insert_lines
+    kind: str  # rename | append_arg | insert_line | replace | lines | same_lines | delete_lines | insert_lines | adapted
     before: tuple[str, ...]
     core_from: int
     core_to: int
@@ -124,7 +133,8 @@ class Pattern:
             first = _short(new[0] if self.kind != "delete_lines" else old[0])
             more = len(new if self.kind != "delete_lines" else old) - 1
             lines = f" (+{more} line{'s' * (more > 1)})" if more else ""
-            verb = {"insert_lines": "add", "delete_lines": "delete", "lines": "change to", "same_lines": "change to"}[self.kind]
+            verb = {"insert_lines": "add", "delete_lines": "delete", "lines": "change to", "same_lines": "change to",
+                    "adapted": "change like"}[self.kind]
             return f"{verb} {first}{lines}"
         return f"{self.old.strip() or '∅'} → {self.new.strip() or '∅'}"
 
@@ -373,3 +383,27 @@ def block_pattern(old_lines: list[str], new_lines: list[str], above: str | None,
     pattern = Pattern("insert_lines", (a, b), 1, 1, "\n".join(stripped_new), "", "\n".join(stripped_new),
                       tuple(indent_of(x) - ref if x.strip() else 0 for x in new))
     return pattern, head, len(new)
+
+
+def is_literal(text: str) -> bool:
+    """A number or a one-line string literal (TOKEN_RE's; a prefix like `r` lexes as its own token)."""
+    return bool(text) and (text[0].isdigit() or text[0] in "'\"")
+
+
+def hole(text: str) -> bool:
+    """A token an adapted block's site may hold in its place: a name or a literal."""
+    return is_name(text) or is_literal(text)
+
+
+def adapted_pattern(block: Pattern) -> Pattern | None:
+    """The `adapted` pattern of a changed block (`lines` or `same_lines`): the same old and new
+    lines, matched at sites up to a substitution of names and literals (sites.py). None for a
+    deleted or inserted block (a wrong deletion at a look-alike line, an `import` the user keeps, is
+    the worst guess to show), or one whose old lines hold too few other tokens to say where."""
+    if block.kind not in ("lines", "same_lines") or not block.before or not block.text:
+        return None
+    toks = [t.text for x in block.before for t in tokens(x)]
+    if not any(hole(t) for t in toks) or sum(not hole(t) for t in toks) < ADAPTED_MIN_SAME:
+        return None
+    return Pattern("adapted", block.before, block.core_from, block.core_to, block.text, block.old, block.new,
+                   block.indents)

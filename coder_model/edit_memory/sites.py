@@ -11,13 +11,16 @@ lines costs one `str.find` per line), lexed only where the word occurs, capped a
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
 from dlm.coder_model.edit_memory.patterns import (
+    ADAPTED_MAX_HOLES,
     DEF_RE,
     MAX_LINE_CHARS,
     Pattern,
+    hole,
     indent_of,
     is_attribute,
     is_definition,
@@ -39,6 +42,8 @@ class Site:
     # a rename's site that is a part of a longer name (foo_count for count): calibrated apart, as
     # on the train split such sites were the next edit about half as often as whole names
     part: bool = False
+    # an adapted block's site: how many names or literals of the block it holds in their place (1-2)
+    holes: int = 0
 
     @property
     def last_line(self) -> int:
@@ -69,6 +74,8 @@ def key_text(p: Pattern) -> str:
         return ""
     if p.kind == "insert_line":
         return "class" if p.before[0] == "class" else "def"
+    if p.kind == "adapted":
+        return ""  # its sites hold other names: proposed in its own document only (memory.propose)
     if p.block:
         return max(p.before, key=len) if p.before else ""
     return _key_word(p)
@@ -81,6 +88,8 @@ def find_sites(p: Pattern, lines: list[str], cursor_line: int, max_scan: int = 2
         return _line_sites(p, lines, cursor_line, max_scan)
     if p.kind == "delete_line":
         return []
+    if p.kind == "adapted":
+        return _adapted_sites(p, lines, cursor_line, max_scan)
     if p.block:
         return _block_sites(p, lines, cursor_line, max_scan)
     word = _key_word(p)
@@ -270,6 +279,74 @@ def _block_sites(p: Pattern, lines: list[str], cursor_line: int, max_scan: int) 
         ctx = frozenset(t.text for k in range(max(0, row - 1), min(len(lines), end_row + 1))
                         for t in tokens(lines[k]) if is_name(t.text))
         out.append(Site(row, 0, 0, text, old_text, ctx, end_line=end_row))
+    return out
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _shape(text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(a line's token texts, the same with each name or literal as "") -- cached: a document's
+    lines are the same from one request to the next."""
+    texts = tuple(t.text for t in tokens(text))
+    return texts, tuple("" if hole(t) else t for t in texts)
+
+
+def _substitution(old: list[str], site: list[str]) -> dict[str, str] | None:
+    """The names and literals of the old lines (token texts) that the site's lines hold in their
+    place, each always the same way and none two ways, or None (other tokens, or more than
+    ADAPTED_MAX_HOLES of them; {} when the lines are the same)."""
+    sub: dict[str, str] = {}
+    back: dict[str, str] = {}
+    for a, b in zip(old, site):  # (the shapes are equal: a name or literal faces a name or literal)
+        if sub.setdefault(a, b) != b or back.setdefault(b, a) != a:
+            return None
+    changed = {a: b for a, b in sub.items() if a != b}
+    return changed if len(changed) <= ADAPTED_MAX_HOLES else None
+
+
+def _substituted(line: str, sub: dict[str, str]) -> str:
+    out = line
+    for t in reversed(tokens(line)):
+        if t.text in sub:
+            out = out[: t.start] + sub[t.text] + out[t.end :]
+    return out
+
+
+def _adapted_sites(p: Pattern, lines: list[str], cursor_line: int, max_scan: int) -> list[Site]:
+    """Where an adapted block's old lines are, up to one or two names or literals
+    (`_substitution`): the same tokens otherwise, line by line; the new lines with the site's
+    names and literals in place of the old ones, at the site's indentation. The literal block's
+    own sites (nothing substituted) are the `lines` pattern's, not these."""
+    old = [_shape(x) for x in p.before]
+    new_lines = p.text.split("\n")
+    out: list[Site] = []
+    scanned = 0
+    for row in _nearest(len(lines), cursor_line, 4 * max_scan):
+        end_row = row + len(old)
+        if end_row > len(lines) or len(lines[row]) > MAX_LINE_CHARS:
+            continue
+        first = _shape(lines[row].strip())
+        if first[1] != old[0][1]:
+            continue
+        scanned += 1
+        if scanned > max_scan:
+            break
+        site = [first] + [_shape(lines[k].strip()) for k in range(row + 1, end_row)]
+        if any(s[1] != o[1] for s, o in zip(site, old)) or not lines[end_row - 1].endswith("\n"):
+            continue
+        sub = _substitution([t for o in old for t in o[0]], [t for s in site for t in s[0]])
+        if not sub:
+            continue
+        ref_line = next((lines[k] for k in range(row, end_row) if lines[k].strip()), lines[row])
+        if "\t" in ref_line[: indent_of(ref_line)] or any(len(lines[k]) > MAX_LINE_CHARS for k in range(row, end_row)):
+            continue
+        ref = indent_of(ref_line)
+        if any(ref + d < 0 for d in p.indents):
+            continue
+        eol = "\r\n" if ref_line.endswith("\r\n") else "\n"
+        text = "".join((" " * (ref + d) + _substituted(x, sub) if x else "") + eol for x, d in zip(new_lines, p.indents))
+        ctx = frozenset(t for k in range(max(0, row - 1), min(len(lines), end_row + 1))
+                        for t in _shape(lines[k].strip())[0] if is_name(t))
+        out.append(Site(row, 0, 0, text, "".join(lines[row:end_row]), ctx, end_line=end_row, holes=len(sub)))
     return out
 
 

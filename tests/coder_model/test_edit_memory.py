@@ -573,10 +573,57 @@ def test_a_rename_has_no_block_and_an_edit_the_token_patterns_name_keeps_its_blo
                                                 doc)] == ["rename"]
     kinds = [e.pattern.kind for e in mem.observe("a.py", Edit(0, ("x = load(path)\n",),
                                                               ("x = load(path, strict=True)\n",), 5.0), doc)]
-    assert kinds == ["append_arg", "same_lines"]
+    assert kinds == ["append_arg", "same_lines", "adapted"]  # adapted: the same change at `y = load(path)`
     # a one-line deletion: its undo marker (delete_line) names nothing, the block is a deletion
     kinds = [e.pattern.kind for e in mem.observe("a.py", Edit(1, ("y = load(path)\n",), (), 9.0), doc[:1])]
     assert kinds == ["delete_lines"]
+
+
+def test_an_adapted_block_carries_the_change_to_a_line_that_differs_in_a_name_or_two():
+    # aiohttp's tests: `def test_x(self):` -> `def test_x(self) -> None:`, then the next test's
+    doc = split_lines("class T:\n    def test_a(self):\n        pass\n\n    def test_b(self):\n        pass\n\n"
+                      "    def test_c(self, loop):\n        pass\n\n    async def test_d(self):\n        pass\n")
+    doc[1] = "    def test_a(self) -> None:\n"
+    mem = EditMemory(calibration=None)
+    kinds = [e.pattern.kind for e in mem.observe("t.py", Edit(1, ("    def test_a(self):\n",), (doc[1],), 0.0), doc)]
+    assert kinds == ["lines", "adapted"]
+    props = [p for p in mem.propose("t.py", doc, 1, now=1.0, limit=10) if p.pattern.kind == "adapted"]
+    # test_b only: test_c has another parameter (another shape), test_d is async, test_a is the edit itself
+    assert [(p.site.line, p.site.end_line, p.site.new_text, p.site.holes) for p in props] == \
+        [(4, 5, "    def test_b(self) -> None:\n", 1)]
+    assert props[0].site.old_text == "    def test_b(self):\n"
+    # a look-alike in another document is no reason to jump there: proposed in its own document only
+    assert not [p for p in mem.propose("other.py", doc, 0, now=1.0, limit=10) if p.pattern.kind == "adapted"]
+
+
+def test_an_adapted_block_substitutes_each_name_one_way_and_at_most_two():
+    doc = split_lines("        resp.release()\n"
+                      "        other.release()\n"          # one name: a site
+                      "        other.release(other)\n"     # another shape: not a site
+                      "        a.b(c)\n")
+    mem = EditMemory(calibration=None)
+    new = "        yield from resp.release()\n"
+    edited = [new] + doc[1:]
+    entries = mem.observe("t.py", Edit(0, (doc[0],), (new,), 0.0), edited)
+    (adapted,) = [e.pattern for e in entries if e.pattern.kind == "adapted"]
+    assert [(s.line, s.new_text) for s in find_sites(adapted, edited, 0)] == [(1, "        yield from other.release()\n")]
+    # two lines of the block: `x` must become the same name on both, and three names are too many
+    block, _, _ = block_pattern(["    x = f(a)\n", "    g(x)\n"], ["    x = f(a, 1)\n", "    g(x, 1)\n"], "def k():", None)
+    from dlm.coder_model.edit_memory.patterns import adapted_pattern
+    p = adapted_pattern(block)
+    text = split_lines("    y = f(a)\n    g(y)\n\n    y = f(a)\n    g(z)\n\n    y = u(v)\n    g(y)\n")
+    assert [(s.line, s.end_line, s.new_text) for s in find_sites(p, text, 0)] == [(0, 2, "    y = f(a, 1)\n    g(y, 1)\n")]
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    (["    import string\n"], []),                 # a deletion: a wrong one at a look-alike is the worst guess
+    (["    x,\n"], ["    abs(x),\n"]),             # one other token: every line of a list would be a site
+    (["):\n"], [") -> None:\n"]),                 # no name or literal to stand for another
+])
+def test_no_adapted_pattern_where_it_would_say_too_little(old, new):
+    from dlm.coder_model.edit_memory.patterns import adapted_pattern
+    found = block_pattern(old, new, "def f(", None)
+    assert found is None or adapted_pattern(found[0]) is None
 
 
 def test_an_undone_block_is_forgotten():
