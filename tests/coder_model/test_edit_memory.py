@@ -497,8 +497,9 @@ def test_a_signature_split_over_lines_is_replayed_at_the_same_signature_at_its_o
                       "options: ConsoleOptions) -> RenderResult:\n            yield self.inner\n\n"
                       "    def __console__(self, console: Console, options: ConsoleOptions):\n        pass\n")
     mem = EditMemory()
-    (e,) = mem.observe("rich/panel.py", Edit(1, tuple(old), tuple(new), 0.0), doc)
+    e, adapted = mem.observe("rich/panel.py", Edit(1, tuple(old), tuple(new), 0.0), doc)
     assert e.pattern.kind == "lines" and e.pattern.label() == "change to def __rich_console__( (+2 lines)"
+    assert adapted.pattern.kind == "adapted"  # it has no site here: no look-alike signature
     (p,) = mem.propose("rich/panel.py", doc, 3, now=1.0)
     s = p.site
     assert (s.line, s.end_line) == (9, 10) and p.sites == (s,)  # the other signature (no return type) is no site
