@@ -233,6 +233,19 @@ def _line_sites(p: Pattern, lines: list[str], cursor_line: int, max_scan: int) -
     return out
 
 
+def _block_text(p: Pattern, lines: list[str], row: int, end_row: int, ref_line: str, new_lines: list[str]) -> str | None:
+    """A block's new lines (stripped) as they go in at a site on lines [row, end_row): each at the
+    site's indentation (`ref_line`'s) plus the pattern's relative one, with the site's line ending;
+    None where that cannot be done (a tab indentation, an overlong line, an indentation below 0)."""
+    if "\t" in ref_line[: indent_of(ref_line)] or any(len(lines[k]) > MAX_LINE_CHARS for k in range(row, end_row)):
+        return None
+    ref = indent_of(ref_line)
+    if any(ref + d < 0 for d in p.indents):
+        return None
+    eol = "\r\n" if ref_line.endswith("\r\n") else "\n"
+    return "".join((" " * (ref + d) + x if x else "") + eol for x, d in zip(new_lines, p.indents))
+
+
 def _block_sites(p: Pattern, lines: list[str], cursor_line: int, max_scan: int) -> list[Site]:
     """Where a block pattern's lines are (lines / delete_lines: the old lines, stripped, in a row;
     insert_lines: the line above and the line below next to each other, and the block not there),
@@ -267,14 +280,10 @@ def _block_sites(p: Pattern, lines: list[str], cursor_line: int, max_scan: int) 
             if not lines[end_row - 1].endswith("\n"):
                 continue  # the file's last line without a terminator: the span would end nowhere
             ref_line = next((lines[k] for k in range(row, end_row) if lines[k].strip()), lines[row])
-        if "\t" in ref_line[: indent_of(ref_line)] or any(len(lines[k]) > MAX_LINE_CHARS for k in range(row, end_row)):
+        text = _block_text(p, lines, row, end_row, ref_line, new_lines)
+        if text is None:
             continue
-        ref = indent_of(ref_line)
-        if any(ref + d < 0 for d in p.indents):
-            continue
-        eol = "\r\n" if ref_line.endswith("\r\n") else "\n"
-        text = "".join((" " * (ref + d) + x if x else "") + eol for x, d in zip(new_lines, p.indents)) \
-            if p.kind != "delete_lines" else ""
+        text = text if p.kind != "delete_lines" else ""
         old_text = "".join(lines[row:end_row])
         ctx = frozenset(t.text for k in range(max(0, row - 1), min(len(lines), end_row + 1))
                         for t in tokens(lines[k]) if is_name(t.text))
@@ -337,13 +346,9 @@ def _adapted_sites(p: Pattern, lines: list[str], cursor_line: int, max_scan: int
         if not sub:
             continue
         ref_line = next((lines[k] for k in range(row, end_row) if lines[k].strip()), lines[row])
-        if "\t" in ref_line[: indent_of(ref_line)] or any(len(lines[k]) > MAX_LINE_CHARS for k in range(row, end_row)):
+        text = _block_text(p, lines, row, end_row, ref_line, [_substituted(x, sub) for x in new_lines])
+        if text is None:
             continue
-        ref = indent_of(ref_line)
-        if any(ref + d < 0 for d in p.indents):
-            continue
-        eol = "\r\n" if ref_line.endswith("\r\n") else "\n"
-        text = "".join((" " * (ref + d) + _substituted(x, sub) if x else "") + eol for x, d in zip(new_lines, p.indents))
         ctx = frozenset(t for k in range(max(0, row - 1), min(len(lines), end_row + 1))
                         for t in _shape(lines[k].strip())[0] if is_name(t))
         out.append(Site(row, 0, 0, text, "".join(lines[row:end_row]), ctx, end_line=end_row, holes=len(sub)))
