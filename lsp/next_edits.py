@@ -91,7 +91,7 @@ class Landing:
         """`found` (best first) with the jump's site at the jump's confidence, when it is there."""
         if uri != self.uri:
             return found
-        out = [replace(p, support=max(p.support, self.confidence)) if _site_key(p) == self.site else p for p in found]
+        out = [replace(p, support=max(p.support, self.confidence)) if self.holds(uri, p) else p for p in found]
         return sorted(out, key=lambda p: -p.support)  # stable: the memory's order among equals
 
     def holds(self, uri: str, p: Proposal) -> bool:
