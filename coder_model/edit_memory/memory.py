@@ -316,12 +316,15 @@ class EditMemory:
 
     # ---- proposing --------------------------------------------------------------------------
     def live_patterns(self, pending: list[Entry] = (), open_edit: bool | None = None, now: float | None = None,
-                      max_patterns: int = 4, recent_edits: int = RECENT_EDITS) -> list[Entry]:
-        """The patterns `propose` looks for, in its order (the open burst's, then the newest)."""
-        return self._live(pending, open_edit, now, max_patterns, recent_edits)[1]
+                      max_patterns: int = 4, recent_edits: int = RECENT_EDITS, path: str | None = None) -> list[Entry]:
+        """The patterns `propose` looks for in the document `path`, in its order (the open burst's,
+        then the newest); `path` None: in a document no edit was made in (a jump's target)."""
+        return self._live(pending, open_edit, now, max_patterns, recent_edits, path)[1]
 
-    def _live(self, pending, open_edit, now, max_patterns, recent_edits) -> tuple[int, list[Entry]]:
-        """(edits counted, the open edit included; the patterns that propose), see `propose`."""
+    def _live(self, pending, open_edit, now, max_patterns, recent_edits, path) -> tuple[int, list[Entry]]:
+        """(edits counted, the open edit included; the patterns that propose in `path`), see `propose`.
+        A pattern that cannot propose in `path` (`_proposes_in`) takes none of the `max_patterns`
+        places: in another file the one behind it is looked for instead."""
         now = time.monotonic() if now is None else now
         with self._lock:
             edits = self.edits + (1 if (bool(pending) if open_edit is None else open_edit) else 0)
@@ -334,7 +337,7 @@ class EditMemory:
         seen: set[tuple] = set()
         live: list[Entry] = []
         for e in candidates:
-            if e.pattern.key in seen or e.pattern.kind == "delete_line":
+            if e.pattern.key in seen or e.pattern.kind == "delete_line" or not _proposes_in(e, path):
                 continue
             seen.add(e.pattern.key)
             if len(seen) > max_patterns:
@@ -352,7 +355,7 @@ class EditMemory:
         an edit is still open (the server's tracker; default: when `pending` has patterns), and it
         is the newest edit: the closed ones are one edit older. `cursor_here` False: the cursor is
         in another document (`cursor_line` is then where the scan starts, 0: the top)."""
-        edits, live = self._live(pending, open_edit, now, max_patterns, recent_edits)
+        edits, live = self._live(pending, open_edit, now, max_patterns, recent_edits, path)
         out: list[Proposal] = []
         for e in live:
             # a rename the user made twice is a systematic one, whatever names existed before it.
@@ -361,11 +364,8 @@ class EditMemory:
             # in the edit's function (calibration.features), and hold the other uses back: on the
             # train split's held-out folds, keeping only like uses in the function (as until
             # session 10) lost more right proposals than it kept wrong ones out (BENCHMARKS.md).
+            # (An ambiguous one and an adapted one propose in their edit's document only: _proposes_in.)
             ambiguous = e.ambiguous and e.count < 2
-            if ambiguous and e.path != path:
-                continue  # whether the name existed is known in the edit's document only: no jump either
-            if e.pattern.kind == "adapted" and e.path != path:
-                continue  # a look-alike of the edit's lines: a sibling in its document, not a jump's reason
             # in another file a module-level name is used as an attribute (stats.count for count):
             # how the edit used the name (Pattern.where) tells things apart only in its own file
             pattern = e.pattern if e.path == path or not e.pattern.where else replace(e.pattern, where="")
@@ -407,6 +407,16 @@ class EditMemory:
     # ---- git --------------------------------------------------------------------------------
     def learn_git(self, stats: GitStats) -> None:
         self.git = stats
+
+
+def _proposes_in(e: Entry, path: str | None) -> bool:
+    """Whether `e` may propose in the document `path` (None: a document no edit was made in). An
+    ambiguous rename made once (whether the name existed is known in the edit's document only: no
+    jump either) and an adapted block (a look-alike of the edit's lines: a sibling in its document,
+    not a jump's reason) propose in their edit's document only."""
+    if e.path == path:
+        return True
+    return not (e.ambiguous and e.count < 2) and e.pattern.kind != "adapted"
 
 
 def _merged(new: Pattern, old: Pattern) -> Pattern:

@@ -597,6 +597,18 @@ def test_an_adapted_block_carries_the_change_to_a_line_that_differs_in_a_name_or
     assert not [p for p in mem.propose("other.py", doc, 0, now=1.0, limit=10) if p.pattern.kind == "adapted"]
 
 
+def test_a_pattern_that_cannot_propose_in_another_document_leaves_its_place_to_an_older_one():
+    doc = split_lines("x = load(path)\ny = load(path)\nsize = count(items)\n")
+    mem = EditMemory(calibration=None)
+    mem.observe("a.py", Edit(2, ("size = total(items)\n",), ("size = count(items)\n",), 0.0), doc)  # a rename
+    mem.observe("a.py", Edit(0, ("x = load(path)\n",), ("x = load(path, strict=True)\n",), 5.0), doc)
+    kinds = {p: [e.pattern.kind for e in mem.live_patterns(now=6.0, max_patterns=3, path=p)]
+             for p in ("a.py", "other.py", None)}
+    assert kinds["a.py"] == ["adapted", "same_lines", "append_arg"]  # the 3 newest, in the edit's document
+    # elsewhere the adapted block proposes nothing, so the older rename takes its place (a jump's target too)
+    assert kinds["other.py"] == kinds[None] == ["same_lines", "append_arg", "rename"]
+
+
 def test_an_adapted_block_substitutes_each_name_one_way_and_at_most_two():
     doc = split_lines("        resp.release()\n"
                       "        other.release()\n"          # one name: a site
