@@ -86,6 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "just over the server's history idleS, so each hunk is its own edit event)")
     nxt.add_argument("--session", default="repository", help="what one server process replays, so that what it "
                      "learns from edits stays in one project: repository (default: its commits oldest first) or commit")
+    nxt.add_argument("--jobs", type=int, default=1, metavar="N", help="sessions replayed side by side, one server "
+                     "each (default 1). A replay mostly waits --edit-gap-s between hunks, so N > 1 makes a whole split "
+                     "feasible; the figures are the same, only the latencies share the CPU")
     nxt.add_argument("--records", metavar="FILE", help="write one JSON line per opportunity (the proposal, the truth, "
                      "the judgement) to FILE")
     nxt.add_argument("--from-records", metavar="FILE", help="report from a --records file without a replay (other "

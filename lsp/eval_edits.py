@@ -23,7 +23,9 @@ a user who takes a few seconds per edit makes them). After hunk k (k = 1 .. n-1)
 is asked with the cursor at the end of the text hunk k wrote (at the end of its last new line; for
 a pure deletion, where its lines were). That request is one next-edit *opportunity*; the truth is
 the hunks k+1 .. n not applied yet (the "remaining hunks"). Replaying in file order makes the
-first remaining hunk both the next one and the nearest to the cursor: the *next hunk*.
+first remaining hunk both the next one and the nearest to the cursor: the *next hunk*. Hunk n is
+typed too, and not asked about: the user makes the whole commit, and a later record of the session
+(a later commit, or another file of this one) may use what the server learnt from it.
 
 A proposal is judged by what it does to the document (the proposal applied, then a line diff of
 before and after, so that how the server cut its edits does not matter):
@@ -63,6 +65,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -276,12 +279,15 @@ def apply_spans(lines: list[str], spans: list[Span]) -> str:
 
 
 def replay_steps(rec: EditRecord):
-    """For k = 1 .. n-1: (the change that applies hunk k-1 as (start line, end line, new text)
-    in the document before it, the document after it, the cursor (line, code-point column) at
-    the end of what it wrote, the remaining hunks as Spans of that document)."""
+    """For k = 1 .. n, every hunk: (the change that applies hunk k-1 as (start line, end line, new
+    text) in the document before it, the document after it, the cursor (line, code-point column) at
+    the end of what it wrote, the remaining hunks as Spans of that document). The first
+    `rec.opportunities` steps are opportunities; the rest (the last hunk, and a cut record's steps
+    past the cut) are typed and not asked about: the user makes the whole commit, and what a later
+    record of the session may learn from them, an edit memory learns, as from an editor."""
     lines = git_lines(rec.before)
     delta = 0
-    for k, h in enumerate(rec.hunks[: rec.opportunities]):
+    for k, h in enumerate(rec.hunks):
         start = h.start + delta
         change = (start, start + h.n_del, h.add)
         added = git_lines(h.add)
@@ -554,6 +560,8 @@ class NextEditReplay(Bench):
             if text != "".join(lines):
                 raise RuntimeError(f"{rec.repo} {rec.commit[:12]} {rec.path}: the replayed document and the "
                                    "record's hunks disagree; the record is damaged")
+            if k > rec.opportunities:
+                continue  # typed, not asked about (replay_steps)
             line_text = lines[row].rstrip("\n") if row < len(lines) else ""
             cursor = (row, to_character(line_text, col))
             opp = Opportunity(rec.split, rec.repo, rec.commit, rec.path, k, len(rec.hunks), cursor)
@@ -788,9 +796,10 @@ def run_next_edits(args: argparse.Namespace, thresholds: list[float]) -> int:
                                         "records": len({(o.commit, o.path) for o in opps}), "opportunities": len(opps)})
         return 0
     cases = args.cases if args.cases is not None else DEFAULT_CASES
-    if cases < 1 or args.edit_gap_s < 0 or args.deadline_ms < 1 or args.git_commits < 1:
-        raise SystemExit("dlm-lsp eval --next-edits: --cases, --git-commits and --deadline-ms must be >= 1 and "
-                         "--edit-gap-s >= 0")
+    jobs = args.jobs
+    if cases < 1 or args.edit_gap_s < 0 or args.deadline_ms < 1 or args.git_commits < 1 or jobs < 1:
+        raise SystemExit("dlm-lsp eval --next-edits: --cases, --git-commits, --deadline-ms and --jobs must be >= 1 "
+                         "and --edit-gap-s >= 0")
     splits = _splits(args)
     records: list[EditRecord] = []
     material = []
@@ -831,10 +840,17 @@ def run_next_edits(args: argparse.Namespace, thresholds: list[float]) -> int:
     server: dict = {}
     index_status = None
     server_runs = 0
-    for session in sessions(records, args.session):
-        replay = NextEditReplay(args, session)
+
+    def replay_session(session: list[EditRecord]):
+        replay = NextEditReplay(args, session)  # its own server, and its own event loop in this thread
         res = asyncio.run(replay.run())
-        opps += replay.results
+        return replay.results, res
+
+    # sessions share nothing (a server each), so --jobs replays them side by side; map keeps their order
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        done = list(pool.map(replay_session, sessions(records, args.session)))
+    for results, res in done:
+        opps += results
         server_runs += 1
         status = res.status or status
         server = {k: (server.get(k) or 0) + (res.server.get(k) or 0) for k in SERVER_COUNTS}
@@ -851,7 +867,7 @@ def run_next_edits(args: argparse.Namespace, thresholds: list[float]) -> int:
             workspace.close()
     meta = {"model": status.get("model", ""), "device": status.get("device", ""),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "material": " ".join(material),
-            "records": len(records) + len(git_records), "opportunities": len(opps), "seed": args.seed,
+            "records": len(records) + len(git_records), "opportunities": len(opps), "seed": args.seed, "jobs": jobs,
             "edit_gap_s": args.edit_gap_s, "deadline_ms": args.deadline_ms, "wall_s": round(time.monotonic() - t0, 1),
             "index": index_status, "session": args.session, "server_runs": server_runs, "server": server}
     report(opps, thresholds, args, meta)

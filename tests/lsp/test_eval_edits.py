@@ -110,7 +110,8 @@ def test_replay_steps_file_order_cursor_and_remaining_truth():
     # line 0 -> two lines; delete line 2; line 4 -> "e = 50"; (start, n_del, add) in before's coordinates
     rec = _record(before, [(0, 1, "a = 1\na2 = 1\n"), (2, 1, ""), (4, 1, "e = 50\n")])
     steps = list(replay_steps(rec))
-    assert len(steps) == 2
+    assert len(steps) == 3 and rec.opportunities == 2  # the last hunk is typed, not asked about
+    assert steps[2][0] == (4, 5, "e = 50\n") and steps[2][3] == []  # nothing remains after it
     change, lines, cursor, remaining = steps[0]
     assert change == (0, 1, "a = 1\na2 = 1\n") and cursor == (1, 6)  # end of the last line it wrote
     assert [(s.start, s.n_del) for s in remaining] == [(3, 1), (5, 1)]  # shifted by the added line
@@ -132,7 +133,8 @@ def test_select_records_cuts_steps_not_the_truth_and_covers_repositories():
     assert [r.opportunities for r in got] == [5, 5, 2]  # one record per repository, the last cut to 2 steps
     assert all(len(r.hunks) == 6 for r in got)  # the truth keeps every hunk
     last = got[-1]
-    assert len(list(replay_steps(last))) == 2 and len(list(replay_steps(last))[-1][3]) == 4  # 4 hunks remain
+    steps = list(replay_steps(last))  # every hunk typed; the first 2 are the opportunities
+    assert len(steps) == 6 and len(steps[last.opportunities - 1][3]) == 4  # 4 hunks remain after the 2nd
 
 
 def test_sessions_never_cross_a_repository():
@@ -236,13 +238,14 @@ def test_next_edits_through_the_server_with_the_embedded_checkpoint(tmp_path):
            "hunks": [{"at": 1, "del": 1, "add": "def area(width, h):\n"},
                      {"at": 5, "del": 1, "add": "def volume(width, h, d):\n"},
                      {"at": 9, "del": 1, "add": "print(area(20, 3))\n"}]}
+    other = dict(rec, repo="o/s", path="s.py", hunks=rec["hunks"][:2])  # another repository: its own session
     with gzip.open(data / "o__r.jsonl.gz", "wt") as f:
-        f.write(json.dumps(rec) + "\n")
+        f.write(json.dumps(rec) + "\n" + json.dumps(other) + "\n")
     repo, _ = _git_repo(tmp_path)
     out, records = tmp_path / "out", tmp_path / "records.jsonl"
     proc = subprocess.run(
         [sys.executable, "-m", "dlm.lsp.cli", "eval", "--next-edits", "--device", "cpu", "--edit-histories", str(data),
-         "--split", "valid", "--git", str(repo), "--cases", "5", "--edit-gap-s", "0", "--thresholds", "0,0.5",
+         "--split", "valid", "--git", str(repo), "--cases", "5", "--edit-gap-s", "0", "--thresholds", "0,0.5", "--jobs", "2",
          "--rewrite-recent", "0", "--records", str(records), "--out", str(out)],
         env=server_env(), capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
@@ -252,16 +255,18 @@ def test_next_edits_through_the_server_with_the_embedded_checkpoint(tmp_path):
     assert "| **valid** |" in md and "| **git** |" in md and "| git: proj |" in md
     assert (out / "eval-edits.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     rows = [json.loads(x) for x in records.read_text().splitlines()]
-    # 2 steps of the 3-hunk record, 1 of the last commit (2 hunks); the first commit changes 1 line in 1 hunk
-    assert [(r["split"], r["step"]) for r in rows] == [("valid", 1), ("valid", 2), ("git", 1)]
+    # 2 steps of the 3-hunk record, 1 of the other repository's (2 hunks; its session ran beside the first, and
+    # its rows still come in session order), 1 of the last commit (2 hunks); the first commit changes 1 line in 1 hunk
+    assert [(r["split"], r["repo"], r["step"]) for r in rows] == [("valid", "o/r", 1), ("valid", "o/r", 2),
+                                                                   ("valid", "o/s", 1), ("git", "proj", 1)]
     assert all(r["latency_ms"] is not None and not r["error"] for r in rows)
     assert rows[0]["cursor"] == [0, len("def area(width, h):")]
     assert rows[0]["next_hunk"] == {"line": 4, "del": "def volume(w, h, d):\n", "add": "def volume(width, h, d):\n"}
     report = json.loads((out / "eval-edits.json").read_text())
-    assert report["meta"]["server_runs"] == 2  # one session for the records' repository, one for the git walk
+    assert report["meta"]["server_runs"] == 3  # one session per records' repository, one for the git walk
     assert report["meta"]["index"]["files"] == 1  # the git walk's workspace (m.py at the parent) was indexed
     summary = report["summary"]
-    assert summary["rows"][0]["opportunities"] == 3 and summary["latency"]["requests"] == 3
+    assert summary["rows"][0]["opportunities"] == 4 and summary["latency"]["requests"] == 4
     shown_at_0 = sum(1 for r in rows if r["judgement"]["changes"])  # --rewrite-recent 0: every change shows
     assert summary["rows"][0]["shown"]["k"] == shown_at_0
     # the same proposals reported again without a replay, with the server's rewrite-recent bar
@@ -273,7 +278,7 @@ def test_next_edits_through_the_server_with_the_embedded_checkpoint(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     summary = json.loads((tmp_path / "again" / "eval-edits.json").read_text())["summary"]
     unsure = sum(1 for r in rows if r["judgement"]["changes"] and (not r["rewrites_recent"] or r["confidence"] is None))
-    assert summary["rows"][0]["opportunities"] == 3 and summary["rows"][0]["shown"]["k"] == unsure
+    assert summary["rows"][0]["opportunities"] == 4 and summary["rows"][0]["shown"]["k"] == unsure
 
 
 def test_next_edits_refuses_a_bad_split_and_a_folder_that_is_not_a_repository(tmp_path):
