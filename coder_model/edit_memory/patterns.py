@@ -20,7 +20,8 @@ tokens, with as little context as identifies them, become a `Pattern`:
   import, a keyword-argument line, a docstring `:param` line); `same_lines` is the block of
   an edit the token-level patterns name too (memory.py: calibrated apart); `adapted`
   (`adapted_pattern`) is a changed block carried to lines of the same shape that differ from
-  its old lines in one or two names or literals, the new lines taking the site's names
+  its old lines in one or two names or literals that the edit kept (not the value it changed),
+  the new lines taking the site's names
   (`def test_a(self):` -> `def test_a(self) -> None:` gives `def test_b(self) -> None:`). A site holds the same lines,
   compared without their indentation (for an insertion: the two lines the block went
   between, next to each other); the new lines keep their indentation relative to the

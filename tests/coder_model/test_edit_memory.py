@@ -628,6 +628,18 @@ def test_an_adapted_block_substitutes_each_name_one_way_and_at_most_two():
     assert [(s.line, s.end_line, s.new_text) for s in find_sites(p, text, 0)] == [(0, 2, "    y = f(a, 1)\n    g(y, 1)\n")]
 
 
+def test_an_adapted_block_is_no_site_where_the_line_differs_in_the_value_the_edit_changed():
+    # `beat(20)` -> `beat(10)` says nothing of `beat(30)` (another setting), and `beat(10)` is done
+    doc = split_lines("    with beat(20):\n    with beat(30):\n    with beat(10):\n    with pace(20):\n")
+    new = "    with beat(10):\n"
+    edited = [new] + doc[1:]
+    mem = EditMemory(calibration=None)
+    (adapted,) = [e.pattern for e in mem.observe("t.py", Edit(0, (doc[0],), (new,), 0.0), edited)
+                  if e.pattern.kind == "adapted"]
+    # the site that differs in a name the edit kept (`beat` -> `pace`) is one
+    assert [(s.line, s.new_text) for s in find_sites(adapted, edited, 0)] == [(3, "    with pace(10):\n")]
+
+
 @pytest.mark.parametrize(("old", "new"), [
     (["    import string\n"], []),                 # a deletion: a wrong one at a look-alike is the worst guess
     (["    x,\n"], ["    abs(x),\n"]),             # one other token: every line of a list would be a site
