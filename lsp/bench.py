@@ -48,7 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "throughput with --clients 1,4,16,32 (use --keystrokes 40 for a short run)",
     )
     parser.add_argument(
-        "--files", nargs="*", metavar="FILE", help="source files to type (default: dlm's own)"
+        "--files", nargs="*", metavar="FILE",
+        help="source files to type (default: the --workspace's Python files, else dlm's own)",
+    )
+    parser.add_argument(
+        "--workspace", metavar="DIR",
+        help="open DIR as the workspace: the server indexes it (the repository memory on) and the replay "
+        "starts once the index is ready",
     )
     parser.add_argument("--keystrokes", type=int, default=400, help="keystrokes to replay (default 400)")
     parser.add_argument("--cps", type=float, default=8.0, help="typing speed, characters per second")
@@ -85,7 +91,13 @@ class Result:
     log_messages: list[tuple[int, str]] = field(default_factory=list)  # window/logMessage (type, text)
 
 
-def default_files() -> list[Path]:
+def default_files(workspace: str | None = None) -> list[Path]:
+    """The Python files of the workspace (at most 200, in path order), else dlm's own."""
+    if workspace:
+        root = Path(workspace).resolve()
+        files = sorted(p for p in root.rglob("*.py") if p.is_file() and not p.is_symlink()
+                       and not any(part.startswith(".") for part in p.relative_to(root).parts))
+        return [f for f in files if f.stat().st_size > 2000][:200]
     import dlm.lsp
 
     root = Path(dlm.lsp.__file__).resolve().parent.parent
@@ -177,8 +189,10 @@ class Bench:
         return self.res
 
     def root_uri(self) -> str | None:
-        """The workspace root the server indexes (None: no workspace); `dlm-lsp eval --repo` sets it."""
-        return None
+        """The workspace root the server indexes (None: no workspace): --workspace here, the held-in copy
+        of the repository for `dlm-lsp eval --repo`."""
+        ws = getattr(self.args, "workspace", None)
+        return Path(ws).resolve().as_uri() if ws else None
 
     def initialization_options(self) -> dict | None:
         """The server's initializationOptions (None: its defaults); `dlm-lsp eval` sets the gate."""
@@ -189,20 +203,36 @@ class Bench:
         while time.monotonic() < deadline:
             st = await request(client, "dlm/stats", {})
             if st["state"] == "ready":
-                return
+                break
             if st["state"] == "failed":
                 raise SystemExit(
                     f"dlm-lsp bench: the model failed to load: {self.res.status.get('message')} "
                     f"(server log: {log_file})"
                 )
             await asyncio.sleep(0.2)
-        raise SystemExit(
-            f"dlm-lsp bench: the model was not ready after {self.args.load_timeout:.0f} s; "
-            f"raise --load-timeout (server log: {log_file})"
-        )
+        else:
+            raise SystemExit(
+                f"dlm-lsp bench: the model was not ready after {self.args.load_timeout:.0f} s; "
+                f"raise --load-timeout (server log: {log_file})"
+            )
+        if getattr(self.args, "workspace", None):
+            await self._wait_index(client, log_file, deadline)
+
+    async def _wait_index(self, client, log_file: str, deadline: float) -> None:
+        """--workspace: replay only once the repository memory has indexed it, as a user who waits for it."""
+        while time.monotonic() < deadline:
+            index = (await request(client, "dlm/stats", {})).get("index") or {}
+            if index.get("state") == "ready":
+                return
+            if index.get("state") in ("failed", "off"):
+                raise SystemExit(f"dlm-lsp bench: the workspace index is {index.get('state')}: "
+                                 f"{index.get('message', '')} (server log: {log_file})")
+            await asyncio.sleep(0.5)
+        raise SystemExit(f"dlm-lsp bench: the workspace index was not ready after {self.args.load_timeout:.0f} s; "
+                         f"raise --load-timeout (server log: {log_file})")
 
     async def _replay(self, client, types) -> None:
-        files = [Path(f) for f in (self.args.files or [])] or default_files()
+        files = [Path(f) for f in (self.args.files or [])] or default_files(getattr(self.args, "workspace", None))
         if not files:
             raise SystemExit("dlm-lsp bench: no source files to type; pass --files")
         left = self.args.keystrokes
@@ -385,6 +415,7 @@ def summarize(res: Result, args: argparse.Namespace, wall_s: float) -> dict:
                 "requests",
                 "tokens_per_step",
                 "stages_p50_ms",
+                "stages_p99_ms",
                 "p50_ms",
                 "p95_ms",
                 "p99_ms",
@@ -424,6 +455,10 @@ def render(summary: dict) -> str:
         (
             "server stage p50 (ms)",
             ", ".join(f"{k[:-3]} {v}" for k, v in (srv["stages_p50_ms"] or {}).items()),
+        ),
+        (
+            "  model's part (queue + prefill + denoise) p50 / p99",
+            " / ".join(f"{(srv.get(k) or {}).get('model_ms')}" for k in ("stages_p50_ms", "stages_p99_ms")) + " ms",
         ),
         ("jumps / typos", f"{summary['jumps']} / {summary['typos']}"),
         ("log messages to the editor (errors / warnings / other)",

@@ -282,6 +282,8 @@ class DlmServer(LanguageServer):
             self.stats.stage("queue_ms", pred.queue_ms)
             self.stats.stage("prefill_ms", pred.prefill_ms)
             self.stats.stage("denoise_ms", pred.denoise_ms)
+            # the model's part of the answer (the latency Target's quantity): queue, prefill, denoising
+            self.stats.stage("model_ms", pred.queue_ms + pred.prefill_ms + pred.denoise_ms)
             self.stats.stage("wait_ms", (t_model - t0) * 1000 - t_ctx_ms - pred.total_ms)
             self.stats.stage("postprocess_ms", (t_post - t_model) * 1000)
             # the server's own time on the request: all but the model's queue, prefill and denoising

@@ -49,9 +49,10 @@ class Stats:
     def snapshot(self) -> dict:
         out: dict = dict(self.counts)
         out["p50_ms"], out["p95_ms"], out["p99_ms"] = self.p(50), self.p(95), self.p(99)
-        out["stages_p50_ms"] = {
-            k: round(percentile(list(v), 50) or 0.0, 2) for k, v in sorted(self.stage_ms.items())
-        }
+        for q in (50, 99):
+            out[f"stages_p{q}_ms"] = {
+                k: round(percentile(list(v), q) or 0.0, 2) for k, v in sorted(self.stage_ms.items())
+            }
         steps = self.counts["steps"]
         out["tokens_per_step"] = round(self.counts["tokens"] / steps, 3) if steps else None
         return out

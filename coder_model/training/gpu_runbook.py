@@ -1,27 +1,31 @@
-"""The GPU runbook: CUDA tests, GPU benchmarks and a training run in three device calls.
+"""The GPU runbook: CUDA tests, GPU benchmarks and a training run in two device calls.
 
     python -m dlm.coder_model.training.gpu_runbook prepare --corpus data/corpus   # here, on the CPU
     # then, with the device tool, back to back, the `run` arguments prepare printed:
-    #   call1: bash coder_model/training/gpu_runbook.sh call1   carry .carry/run .carry/whl .carry/corpus
+    #   call1: bash coder_model/training/gpu_runbook.sh call1   carry .carry/run .carry/whl .carry/corpus [.carry/edits]
     #   call2: bash coder_model/training/gpu_runbook.sh call2   carry .carry/run .carry/whl
-    #   call3: bash coder_model/training/gpu_runbook.sh call3   carry .carry/run
-    python -m dlm.coder_model.training.gpu_runbook collect DIR1 DIR2 DIR3 --into runs/gpu   # the fetched $OUTs
+    python -m dlm.coder_model.training.gpu_runbook collect DIR1 DIR2 --into runs/gpu   # the fetched $OUTs
     python -m dlm.coder_model.training.gpu_runbook --rehearse --corpus DIR   # all of it on this CPU, tiny
 
-The device machine (a lent H100/H200: torch and triton, 16 cores, no network)
-takes commands of at most 10 minutes and 2,000 characters, a session gets 30
-minutes of it, what travels is the checkout plus the git-ignored paths named in
-`carry` (64 MiB in all), and results come back only through $OUT (at most 8
-files of at most 16 MiB, 64 MiB together). The agenda is cut to fit:
+The device machine (a lent H200: torch and triton, 16 cores, no network) takes
+commands of at most 10 minutes and 2,000 characters; a session gets 15 minutes
+of it in all, the machine's start (a minute or two) and every idle second
+included, and the machine goes back 30 s after a call. What travels is the
+checkout plus the git-ignored paths named in `carry` (64 MiB in all), and
+results come back only through $OUT (at most 8 files of at most 16 MiB, 64 MiB
+together). The agenda is cut to two calls of at most 6 minutes each, issued
+back to back, with the rest of the 15 minutes as margin for a slow start:
 
 prepare (CPU, before any device call) fills `.carry/` (git-ignored):
   .carry/corpus  the corpus packed by `corpus pack` (xz parts, <= 35 MiB each)
+  .carry/edits   the edit-histories data set's train split, when it fits beside
+                 the corpus (the real_edit examples of the training mix)
   .carry/whl     wheels of what the server and its tests need and the machine
-                 lacks (pygls, lsprotocol, cattrs, attrs, tree-sitter and its
+                 lacks (pygls, lsprotocol, cattrs, tree-sitter and its
                  grammars, pytest-lsp, pytest-asyncio; cp312 x86-64, the
                  versions installed here); torch, triton, safetensors,
                  tokenizers, msgpack, numpy, pytest and transformers are there
-  .carry/run     plan.json: every setting of the three calls
+  .carry/run     plan.json: every setting of the two calls
 It counts what each call sends (the checkout as git sees it plus its carry) and
 refuses a plan over the limit, and prints the exact `run` arguments.
 
@@ -31,35 +35,36 @@ and makes the checkout importable as `dlm` by linking lsp/, coder_model/ and
 kernels/ into a namespace folder on PYTHONPATH (what the package-dir mapping
 of an install does), so no build step or `pip install -e .` is needed.
 
-call1 (~8.5 min) carries all three. It reports torch/triton/GPU, runs the CUDA
-  tests (tests/cuda; a failure stops the agenda: nothing is trained on wrong
-  kernels), unpacks the corpus into the work folder /tmp/dlm-gpu (outside the
-  checkout), starts training as a new process session (`setsid`: a command's
-  other processes are killed when it returns, a session leader runs on while
-  the machine stays warm) with bf16 autocast, torch.compile, fused AdamW, 14
-  example-building workers, a big batch, at least 1B tokens planned and a
-  checkpoint every few minutes (if it dies before its first checkpoint with
-  torch.compile, it is started once more without), and copies the first
-  intermediate checkpoint and the logs into $OUT before it returns.
-call2 (~8 min) carries the plan and the wheels: while training runs on, the
-  measurements (kernel table, model step table, `dlm-lsp bench --device cuda`,
-  `dlm-lsp serve` with 1/8/32 loopback clients through the remote bench) into
-  $OUT/*.txt (they share the GPU with the training run, and say so), then the
-  latest checkpoint.
-call3 (~8 min) carries the plan: waits for training to finish (its --minutes
-  ends it inside this call) and copies the final checkpoint (bf16 weights in
-  shards < 16 MiB), its training.json and the loss log into $OUT.
+call1 (<= 6 min) reports torch/triton/GPU, unpacks the corpus into the work
+  folder /tmp/dlm-gpu (outside the checkout), starts training as a new process
+  session (`setsid`: a command's other processes are killed when it returns, a
+  session leader runs on while the machine stays warm) with bf16 autocast,
+  torch.compile, fused AdamW and a cosine schedule sized to the minutes left,
+  and runs the CUDA tests (tests/cuda) while the first steps compile. The
+  training network is the plain PyTorch one (impl="reference"); the tests
+  check the Triton kernels and the CUDA serving path against it. A failure
+  stops training (its process group is ended): nothing trained beside wrong
+  kernels is brought back as a result. If training dies before its first
+  checkpoint with torch.compile, it is started once more without. The call
+  returns with the first checkpoint, the logs and the test report.
+call2 (<= 6 min) carries the plan and the wheels. While training runs on, it
+  measures (kernel table, model step table, `dlm-lsp bench --device cuda` with
+  a workspace indexed (the repository memory on), `dlm-lsp serve` with 1/8/32
+  loopback clients through the remote bench) into $OUT/*.txt (they share the
+  GPU with the training run, and say so); then it stops training (SIGTERM: the
+  step in flight ends and the final checkpoint is written) and brings back the
+  final checkpoint (bf16 weights in shards < 16 MiB), training.json and the
+  loss log.
 collect (CPU, afterwards) takes the fetched $OUT folders, rebuilds the most
   advanced checkpoint, converts it to fp32 shards and prints the commands that
   evaluate it side by side with the embedded one.
 
-The machine stays warm for only ~30 s after a call: issue call2 and call3 back
-to back, or the machine is given back and the training run dies with it. Every
-call copies the newest checkpoint it finds into its own $OUT, so a call that is
-cut short, a machine that is lost, or a call3 that never runs still leaves the
-checkpoint of an earlier call: `collect` takes whichever is most advanced. A
-call that finds no training run (a fresh machine) says so and still does the
-rest of its agenda.
+Issue call2 as soon as call1 returns and give the machine back after call2:
+the machine stays warm only ~30 s, and a machine given back takes the training
+run with it. Every call copies the newest checkpoint it finds into its own $OUT,
+so a call2 that is cut short or a machine that is lost still leaves call1's
+checkpoint: `collect` takes whichever is most advanced. A call2 that finds no
+training run (a fresh machine) says so and still does its measurements.
 
 In $OUT each call leaves `callN.log` (what it printed), `callN-files.tar.xz`
 (configs, tokenizer, logs, benchmark outputs) and the weight shards as plain
@@ -74,7 +79,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import signal
@@ -109,66 +113,64 @@ WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_
 
 @dataclass
 class Plan:
-    """Every setting of the three calls (prepare writes it to .carry/run/plan.json)."""
+    """Every setting of the two calls (prepare writes it to .carry/run/plan.json)."""
 
     device: str = "cuda"
     work: str = DEFAULT_WORK
-    # seconds each call may run (the tool's limit is 600; the rest is start-up and transfers)
-    call_seconds: tuple[int, int, int] = (510, 480, 480)
-    copy_margin_s: int = 45  # left at the end of a call to copy the checkpoint into $OUT
+    # seconds each call may run: two of at most 6 minutes (the issue's budget: 15 minutes of device
+    # time in all, the machine's start and the transfers included); timeout_s adds a margin on top
+    call_seconds: tuple[int, int] = (300, 300)
+    call_margin_s: int = 30  # timeout_s = call_seconds + this, at most 360
+    copy_margin_s: int = 35  # left at the end of a call to copy the checkpoint into $OUT
     tests: list[str] = field(default_factory=lambda: ["tests/cuda", "-m", "cuda"])
-    tests_timeout_s: int = 240
-    # training (python -m dlm.coder_model.training.train)
+    tests_timeout_s: int = 200
+    # training (python -m dlm.coder_model.training.train): the schedule is sized to the minutes left in
+    # call1 (--steps 0: the trainer times steps 10-30, after compilation, and fits the cosine to the rest)
     preset: str = "cpu-base"
     tokenizer: str = "coder_model/checkpoints/default/tokenizer.json"  # the embedded model's vocabulary
     context: int = 512
     block: int = 32
     batch: int = 256
-    tokens: int = 1_050_000_000  # planned; --minutes stops the run if the GPU is slower
-    workers: int = 14  # of 16 cores: example building and tokenisation
+    workers: int = 12  # of 16 cores: example building and tokenisation (the CUDA tests use the rest)
     dtype: str = "bf16"
     compile: bool = True
-    save_every_minutes: float = 2.0
+    save_every_minutes: float = 1.5
     save_dtype: str = "bf16"
-    eval_every: int = 500
+    eval_every: int = 250
     valid_examples: int = 512
     extra_train_args: list[str] = field(default_factory=list)
-    train_end_margin_s: int = 60  # training ends this long before call3's copy must begin
-    # the measurements of call2: (file name in $OUT, command, timeout s)
+    stop_wait_s: int = 30  # after SIGTERM: the step in flight ends and the final checkpoint is written
+    # the measurements of call2, with the GPU to themselves: (file name in $OUT, command, timeout s)
     benches: list[tuple[str, list[str], int]] = field(default_factory=lambda: [
-        ("bench_kernels.txt", ["-m", "dlm.kernels.bench", "--reps", "100"], 150),
-        ("bench_step.txt", ["-m", "dlm.coder_model.bench.step", "--device", "cuda"], 150),
-        ("bench_lsp.txt", ["-m", "dlm.lsp.cli", "bench", "--device", "cuda", "--keystrokes", "200"], 90),
+        ("bench_kernels.txt", ["-m", "dlm.kernels.bench", "--reps", "100"], 60),
+        ("bench_step.txt", ["-m", "dlm.coder_model.bench.step", "--device", "cuda", "--quick"], 75),
+        ("bench_lsp.txt", ["-m", "dlm.lsp.cli", "bench", "--device", "cuda", "--keystrokes", "240",
+                           "--workspace", "."], 75),
         ("bench_remote.txt", ["-m", "dlm.coder_model.bench.remote", "--device", "cuda", "--clients", "1,8,32",
-                              "--requests", "20", "--keystrokes", "40"], 120),
+                              "--requests", "16", "--keystrokes", "40"], 75),
     ])
 
     @property
     def tokens_per_step(self) -> int:
         return self.batch * (self.context + self.block)
 
-    @property
-    def steps(self) -> int:
-        return math.ceil(self.tokens / self.tokens_per_step)
-
     def train_minutes(self, started_in_call1_s: float) -> float:
-        """Wall minutes the run may take so that it ends inside call3, before its copy margin."""
-        c1, c2, c3 = self.call_seconds
-        left = (c1 - started_in_call1_s) + c2 + c3 - self.copy_margin_s - self.train_end_margin_s
+        """Wall minutes the run may take so that its final checkpoint is written inside call1."""
+        left = self.call_seconds[0] - started_in_call1_s - self.copy_margin_s - self.stop_wait_s
         return max(0.2, left / 60)
 
-    def train_args(self, corpus: str, out: str, minutes: float) -> list[str]:
+    def train_args(self, corpus: str, out: str, minutes: float, edits: str) -> list[str]:
         return ["-m", "dlm.coder_model.training.train", "--corpus", corpus, "--out", out,
                 "--preset", self.preset, "--tokenizer", self.tokenizer, "--device", self.device,
                 "--dtype", self.dtype, "--compile", "true" if self.compile else "false",
                 "--workers", str(self.workers), "--batch", str(self.batch), "--context", str(self.context),
-                "--block", str(self.block), "--steps", str(self.steps), "--minutes", f"{minutes:.2f}",
+                "--block", str(self.block), "--steps", "0", "--minutes", f"{minutes:.2f}",
                 "--save-every", str(10**9), "--save-every-minutes", str(self.save_every_minutes),
                 "--save-dtype", self.save_dtype, "--eval-every", str(self.eval_every),
                 "--valid-examples", str(self.valid_examples),
-                # real edits are not carried (19 MiB of edit histories do not fit beside the corpus): a path
-                # that is absent on the device and here, so the rehearsal trains the same mix
-                "--edit-histories", str(CARRY / "edit-histories"), *self.extra_train_args]
+                # the carried edit histories (train and valid splits), or a path that is absent when they
+                # were not carried: the trainer then leaves the real_edit examples out of the mix
+                "--edit-histories", edits, *self.extra_train_args]
 
     @classmethod
     def load(cls, path: Path) -> Plan:
@@ -185,16 +187,16 @@ class Plan:
 def rehearsal_plan(work: str) -> Plan:
     """The same agenda on this CPU in seconds: a tiny model, tiny benches, CUDA tests collected and skipped."""
     return Plan(
-        device="cpu", work=work, call_seconds=(100, 150, 45), copy_margin_s=5,
+        device="cpu", work=work, call_seconds=(110, 200), copy_margin_s=5, stop_wait_s=10,
         tests=["tests/cuda", "-m", "cuda"], tests_timeout_s=120,
-        preset="test-tiny", context=64, block=16, batch=4, tokens=4 * 80 * 40, workers=1, dtype="fp32",
+        preset="test-tiny", context=64, block=16, batch=4, workers=1, dtype="fp32",
         compile=False, save_every_minutes=0.05, save_dtype="bf16", eval_every=20, valid_examples=8,
-        train_end_margin_s=0,
         benches=[
             ("bench_kernels.txt", ["-m", "dlm.kernels.bench", "--quick"], 120),
             ("bench_step.txt", ["-m", "dlm.coder_model.bench.step", "--device", "cpu", "--context", "64",
                                 "--slots", "8", "--reps", "1"], 60),
-            ("bench_lsp.txt", ["-m", "dlm.lsp.cli", "bench", "--device", "cpu", "--keystrokes", "6"], 90),
+            ("bench_lsp.txt", ["-m", "dlm.lsp.cli", "bench", "--device", "cpu", "--keystrokes", "6",
+                               "--workspace", "kernels"], 90),
             ("bench_remote.txt", ["-m", "dlm.coder_model.bench.remote", "--device", "cpu", "--clients", "1,2",
                                   "--requests", "2", "--keystrokes", "4"], 90),
         ],
@@ -230,7 +232,8 @@ def checkout_bytes(root: Path) -> int:
     return total
 
 
-CALL_CARRY = {"call1": ("run", "whl", "corpus"), "call2": ("run", "whl"), "call3": ("run",)}
+CALLS = ("call1", "call2")
+CALL_CARRY = {"call1": ("run", "whl", "corpus", "edits"), "call2": ("run", "whl")}
 
 
 def carry_dir() -> Path:
@@ -239,18 +242,18 @@ def carry_dir() -> Path:
 
 def carry_paths() -> dict[str, Path]:
     c = carry_dir()
-    return {"run": c / "run", "whl": c / "whl", "corpus": c / "corpus"}
+    return {"run": c / "run", "whl": c / "whl", "corpus": c / "corpus", "edits": c / "edits"}
 
 
 def run_arguments(plan: Plan) -> dict[str, dict]:
     """The device tool's `run` arguments for each call."""
     args = {}
-    for i, name in enumerate(("call1", "call2", "call3")):
+    for i, name in enumerate(CALLS):
         cmd = f"bash {SCRIPT} {name}"
         if plan.work != DEFAULT_WORK:
             cmd = f"DLM_GPU_WORK={plan.work} {cmd}"
         carry = [str(carry_paths()[k]) for k in CALL_CARRY[name]]
-        args[name] = {"command": cmd, "carry": carry, "timeout_s": min(600, plan.call_seconds[i] + 60)}
+        args[name] = {"command": cmd, "carry": carry, "timeout_s": min(600, plan.call_seconds[i] + plan.call_margin_s)}
     return args
 
 
@@ -294,7 +297,31 @@ def download_wheels(dest: Path, python_version: str = "3.12") -> list[Path]:
     return sorted(dest.glob("*.whl"))
 
 
-def prepare(root: Path, corpus: Path, plan: Plan, wheels: bool, part_mib: float) -> int:
+def pack_edit_histories(src: Path, dest: Path) -> list[Path]:
+    """The edit histories' train and valid records (the test split stays here: it is held out), one
+    gzip file per repository as in the data set, so that training reads them where they land."""
+    import gzip
+
+    from dlm.coder_model.training.commit_edits import split_of_commit
+
+    files = sorted(src.glob("*.jsonl.gz"))
+    if not files:
+        raise SystemExit(f"prepare: {src} holds no *.jsonl.gz edit records; pass --edit-histories with the "
+                         "edit-histories data set's folder, or --no-edits")
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    written = []
+    for f in files:
+        with gzip.open(f, "rt", encoding="utf-8") as fin, gzip.open(dest / f.name, "wt", encoding="utf-8",
+                                                                    compresslevel=9) as fout:
+            for line in fin:
+                if line.strip() and split_of_commit(json.loads(line)["commit"]) != "test":
+                    fout.write(line)
+        written.append(dest / f.name)
+    return written
+
+
+def prepare(root: Path, corpus: Path, plan: Plan, wheels: bool, part_mib: float, edits: Path | None = None) -> int:
     from dlm.coder_model.training import corpus as corpus_mod
 
     if not hasattr(corpus_mod, "pack"):
@@ -305,6 +332,10 @@ def prepare(root: Path, corpus: Path, plan: Plan, wheels: bool, part_mib: float)
     paths = {k: root / v for k, v in carry_paths().items()}
     parts = corpus_mod.pack(corpus, paths["corpus"], int(part_mib * MIB))
     print(f"corpus: {len(parts)} part(s), {tree_bytes(parts) / MIB:.1f} MiB in {paths['corpus']}")
+    if edits is not None:
+        written = pack_edit_histories(edits, paths["edits"])
+        print(f"edit histories: {len(written)} file(s), {tree_bytes(written) / MIB:.1f} MiB (train and valid "
+              f"splits) in {paths['edits']}")
     if wheels:
         got = download_wheels(paths["whl"])
         print(f"wheels: {len(got)} in {paths['whl']}, {tree_bytes(got) / MIB:.1f} MiB")
@@ -312,19 +343,20 @@ def prepare(root: Path, corpus: Path, plan: Plan, wheels: bool, part_mib: float)
         print(f"wheels: not downloaded (--no-wheels); the device's LSP tests and benches need {', '.join(WHEELS)}")
     plan.save(paths["run"] / "plan.json")
     print(f"plan: {paths['run'] / 'plan.json'}: preset {plan.preset}, batch {plan.batch} x "
-          f"{plan.context}+{plan.block} tokens, {plan.steps} steps = {plan.steps * plan.tokens_per_step / 1e9:.2f}B "
-          f"tokens planned, checkpoint every {plan.save_every_minutes} min, work folder {plan.work}")
+          f"{plan.context}+{plan.block} tokens, training to the end of call1 (about "
+          f"{plan.train_minutes(30):.1f} min), checkpoint every {plan.save_every_minutes} min, work folder {plan.work}")
     lines, ok = carry_report(root, plan)
     print("\n".join(lines))
     if not ok:
         print("prepare: a call would send more than the device tool takes; carry a smaller corpus "
               "(or fewer wheels) and prepare again", file=sys.stderr)
         return 1
-    print("\nDevice tool `run` arguments, issued back to back (the machine stays warm ~30 s after a call):")
+    print("\nDevice tool `run` arguments, issued back to back (the machine stays warm ~30 s after a call), "
+          "then give_back:")
     for name, a in run_arguments(plan).items():
         print(f"  {name}: {json.dumps(a)}")
     print("then: python -m dlm.coder_model.training.gpu_runbook collect <call1 files_at> <call2 files_at> "
-          "<call3 files_at> --into runs/gpu")
+          "--into runs/gpu")
     return 0
 
 
@@ -544,65 +576,107 @@ def _add_logs(call: Call) -> None:
         call.bundle["train.log"] = call.work / "train.log"
 
 
-def call1(call: Call) -> int:
+def _stop(call: Call, why: str) -> None:
+    """SIGTERM the training run's process group and wait for it: the step in flight ends and the trainer
+    writes run/final before it exits (train._StopOnSignal)."""
+    pid = call.train_pid()
+    if pid is None or not call.training_alive():
+        return
+    call.say(f"stopping training (pid {pid}): {why}")
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    end = time.monotonic() + call.plan.stop_wait_s
+    while call.training_alive() and time.monotonic() < end:
+        time.sleep(0.5)
+    if call.training_alive():
+        call.say(f"training did not stop within {call.plan.stop_wait_s} s: SIGKILL (its last checkpoint stands)")
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _run_tests(call: Call, env: dict) -> tuple[int | None, str]:
     plan = call.plan
-    _env_report(call)
-    call.say(f"CUDA tests: pytest {' '.join(plan.tests)} (a failure stops the agenda)")
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DLM_KERNELS")}
-    rc, text = call.python(["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-rs", *plan.tests],
+    call.say(f"CUDA tests: pytest {' '.join(plan.tests)} (beside the first training steps; a failure stops training)")
+    rc, text = call.python(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *plan.tests],
                            plan.tests_timeout_s, call.work / "tests_cuda.txt", env=env)
     call.loose["tests_cuda.txt"] = call.work / "tests_cuda.txt"
     summary = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["(no output)"]
     call.say(f"CUDA tests: rc {rc}: {summary[0]}")
-    if rc is None:
-        call.say("CUDA tests ran out of their time: correctness unknown; training starts anyway (see tests_cuda.txt)")
-    elif rc not in (0, 5):
-        call.say("CUDA tests FAILED: agenda stopped; nothing trained on wrong kernels. Read tests_cuda.txt, fix, "
-                 "and start again with call1 (do not issue call2/call3).")
-        call.finish()
-        return 1
+    return rc, text
+
+
+def call1(call: Call) -> int:
+    plan = call.plan
+    _env_report(call)
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DLM_KERNELS")}
     corpus_dir = call.work / "corpus"
     if (corpus_dir / "manifest.json").is_file() and (corpus_dir / "train.jsonl.gz").is_file():
         call.say(f"corpus already unpacked in {corpus_dir}")
     else:
-        rc, text = call.python(["-m", "dlm.coder_model.training.corpus", "unpack", "--parts", str(carry_paths()["corpus"]),
-                                "--out", str(corpus_dir)], 180, call.work / "unpack.txt")
+        rc, text = call.python(["-m", "dlm.coder_model.training.corpus", "unpack", "--parts",
+                                str(carry_paths()["corpus"]), "--out", str(corpus_dir)], 120, call.work / "unpack.txt")
         if rc != 0:
             call.say(f"corpus unpack failed (rc {rc}): {text[-500:]}")
             call.finish()
             return 1
         call.say(f"corpus unpacked into {corpus_dir}")
+    edits = call.root / carry_paths()["edits"]
+    call.say(f"edit histories: {'carried' if any(edits.glob('*.jsonl.gz')) else 'not carried (no real_edit examples)'}")
     if call.training_alive():
         call.say(f"training already running (pid {call.train_pid()}): not starting another")
     else:
-        _start_training(call, corpus_dir, env, plan.compile)
-    # wait for the first intermediate checkpoint, then bring it back
+        _start_training(call, corpus_dir, env, plan.compile, edits)
+    rc, _text = _run_tests(call, env)
+    if rc is None:
+        call.say("CUDA tests ran out of their time: correctness unknown (see tests_cuda.txt); training goes on, "
+                 "and its checkpoint must not be used before the tests pass")
+    elif rc not in (0, 5):
+        _stop(call, "the CUDA tests failed")
+        call.say("CUDA tests FAILED: training stopped. Read tests_cuda.txt, fix, and start again with call1 "
+                 "(do not issue call2).")
+        _add_logs(call)
+        call.finish()
+        return 1
+    # training runs to its --minutes (sized to end inside this call); it is started once more without
+    # torch.compile if it dies before its first checkpoint (the compiler is what most likely fails on a
+    # new image), rather than losing the lease's training run
     retried = False
-    while call.left() > plan.copy_margin_s:
-        if (call.run_dir / "last" / "trainer_state.json").is_file() or (call.run_dir / "final").is_dir():
-            break
-        if not call.training_alive():
-            tail = (call.work / "train.log").read_text(errors="replace")[-1500:]
-            call.say(f"training exited early; the end of train.log:\n{tail}")
-            if plan.compile and not retried:
-                # torch.compile is the part most likely to fail on a new image (compiler, inductor): once more
-                # without it rather than losing the session's training run
-                retried = True
-                _start_training(call, corpus_dir, env, compile_model=False)
-                continue
-            break
+    while call.training_alive() and call.left() > plan.copy_margin_s + plan.stop_wait_s:
         time.sleep(1)
+    if not call.training_alive() and not (call.run_dir / "final").is_dir():
+        tail = (call.work / "train.log").read_text(errors="replace")[-1500:]
+        call.say(f"training exited early; the end of train.log:\n{tail}")
+        if plan.compile and not retried and not (call.run_dir / "last" / "trainer_state.json").is_file():
+            retried = True
+            _start_training(call, corpus_dir, env, False, edits)
+            while call.training_alive() and call.left() > plan.copy_margin_s + plan.stop_wait_s:
+                time.sleep(1)
+    _stop(call, "the call's copy margin is reached")
     call.say(f"training: {call.progress()}")
     _copy_latest(call, prefer_final=True)
+    _report_final(call)
     _add_logs(call)
     call.finish()
     return 0
 
 
-def _start_training(call: Call, corpus_dir: Path, env: dict, compile_model: bool) -> None:
+def _report_final(call: Call) -> None:
+    info_path = call.run_dir / "final" / "training.json"
+    if info_path.is_file():
+        info = json.loads(info_path.read_text())
+        call.say(f"final: {info.get('steps')} steps, {info.get('tokens_seen', 0) / 1e6:.1f}M tokens, "
+                 f"{info.get('wall_minutes')} min, dtype {info.get('dtype')}, "
+                 f"{(info.get('tokens_per_s') or 0) / 1e3:.0f}k tokens/s over the training steps")
+
+
+def _start_training(call: Call, corpus_dir: Path, env: dict, compile_model: bool, edits: Path) -> None:
     plan = call.plan
     minutes = plan.train_minutes(call.elapsed())
-    args = plan.train_args(str(corpus_dir), str(call.run_dir), minutes)
+    args = plan.train_args(str(corpus_dir), str(call.run_dir), minutes, str(edits))
     if not compile_model:
         args[args.index("--compile") + 1] = "false"
     (call.work / "train_command.txt").write_text(" ".join([sys.executable, *args]) + "\n")
@@ -612,59 +686,33 @@ def _start_training(call: Call, corpus_dir: Path, env: dict, compile_model: bool
         proc = subprocess.Popen([sys.executable, *args], cwd=call.root, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True, env=env)
     (call.work / "train.pid").write_text(str(proc.pid))
-    call.say(f"training started (pid {proc.pid}, setsid, compile {compile_model}): {plan.steps} steps x "
-             f"{plan.tokens_per_step} tokens = {plan.steps * plan.tokens_per_step / 1e9:.2f}B tokens planned, "
-             f"--minutes {minutes:.1f}")
+    call.say(f"training started (pid {proc.pid}, setsid, compile {compile_model}): batch {plan.batch} x "
+             f"{plan.tokens_per_step // plan.batch} tokens, the cosine sized to --minutes {minutes:.1f}")
 
 
 def call2(call: Call) -> int:
     plan = call.plan
-    alive = call.training_alive()
-    call.say(f"training {'running' if alive else 'NOT running'} (pid {call.train_pid()}): {call.progress()}")
-    if not alive and call.train_pid() is None:
+    if call.training_alive():
+        # call1 ends its run; one still alive here (call1 cut short) would share the GPU with the timings
+        _stop(call, "the measurements need the GPU to themselves")
+        _copy_latest(call, prefer_final=True)
+        _add_logs(call)
+    elif call.train_pid() is None:
         call.say("no training run on this machine (a fresh machine: the warm one was given back); "
-                 "the checkpoint of call1's $OUT is the one to collect")
+                 "call1's $OUT holds the checkpoint to collect")
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DLM_KERNELS")}
     for fname, args, timeout in plan.benches:
-        if call.left() < plan.copy_margin_s + 15:
+        if call.left() < 20:
             call.say(f"{fname}: skipped, the call is out of time")
             continue
         path = call.work / "bench" / fname
         t = time.monotonic()
         rc, text = call.python(args, timeout, None, env=env)
-        header = (f"# python {' '.join(args)}\n# rc {rc}; {time.monotonic() - t:.0f} s; "
-                  f"{'measured while the training run shares the ' + plan.device if alive else 'no training run alongside'}\n")
+        header = f"# python {' '.join(args)}\n# rc {rc}; {time.monotonic() - t:.0f} s; the GPU to itself\n"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(header + text)
         call.loose[fname] = path
         call.say(f"{fname}: rc {rc} in {time.monotonic() - t:.0f} s")
-    call.say(f"training: {call.progress()}")
-    _copy_latest(call, prefer_final=True)
-    _add_logs(call)
-    call.finish()
-    return 0
-
-
-def call3(call: Call) -> int:
-    plan = call.plan
-    if call.training_alive():
-        call.say(f"training running (pid {call.train_pid()}): {call.progress()}; waiting for it to end")
-    while call.training_alive() and call.left() > plan.copy_margin_s:
-        time.sleep(2)
-    if call.training_alive():
-        call.say("training still running at the copy deadline: stopping it (SIGTERM) and taking its last checkpoint")
-        pid = call.train_pid()
-        try:
-            os.killpg(pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError, TypeError):
-            pass
-    call.say(f"training: {call.progress()}")
-    got = _copy_latest(call, prefer_final=True)
-    if got == "final" and (call.run_dir / "final" / "training.json").is_file():
-        info = json.loads((call.run_dir / "final" / "training.json").read_text())
-        call.say(f"final: {info.get('steps')} steps, {info.get('tokens_seen', 0) / 1e9:.2f}B tokens, "
-                 f"{info.get('wall_minutes')} min, dtype {info.get('dtype')}")
-    _add_logs(call)
     call.finish()
     return 0
 
@@ -758,15 +806,15 @@ def check_out_dir(out: Path) -> list[str]:
     return problems
 
 
-def rehearse(root: Path, corpus: Path, base: Path | None, keep: bool = False) -> int:
-    """prepare, call1, call2, call3 and collect on this CPU, with the rehearsal plan; checks every $OUT."""
+def rehearse(root: Path, corpus: Path, base: Path | None, keep: bool = False, edits: Path | None = None) -> int:
+    """prepare, call1, call2 and collect on this CPU, with the rehearsal plan; checks every $OUT."""
     base = Path(tempfile.mkdtemp(prefix="dlm-rehearsal-")) if base is None else base
     base.mkdir(parents=True, exist_ok=True)
     work = base / "work"
     before = os.environ.get("DLM_RUNBOOK_CARRY")
     os.environ["DLM_RUNBOOK_CARRY"] = str(base / "carry")  # not the checkout's .carry: a real plan stays
     try:
-        return _rehearse(root, corpus, base, work, keep)
+        return _rehearse(root, corpus, base, work, keep, edits)
     finally:
         if before is None:
             os.environ.pop("DLM_RUNBOOK_CARRY", None)
@@ -774,14 +822,14 @@ def rehearse(root: Path, corpus: Path, base: Path | None, keep: bool = False) ->
             os.environ["DLM_RUNBOOK_CARRY"] = before
 
 
-def _rehearse(root: Path, corpus: Path, base: Path, work: Path, keep: bool) -> int:
+def _rehearse(root: Path, corpus: Path, base: Path, work: Path, keep: bool, edits: Path | None) -> int:
     plan = rehearsal_plan(str(work))
     print(f"== rehearsal in {base}: device cpu, preset {plan.preset}, calls of {plan.call_seconds} s")
-    rc = prepare(root, corpus, plan, wheels=False, part_mib=35)
+    rc = prepare(root, corpus, plan, wheels=False, part_mib=35, edits=edits)
     if rc:
         return rc
     outs = []
-    for name in ("call1", "call2", "call3"):
+    for name in CALLS:
         out = base / f"out-{name}"
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir()
@@ -791,8 +839,10 @@ def _rehearse(root: Path, corpus: Path, base: Path, work: Path, keep: bool) -> i
         print(f"== {name}: bash {SCRIPT} {name}  (OUT={out})", flush=True)
         p = subprocess.run(["bash", SCRIPT, name], cwd=root, env=env, check=False)
         problems = check_out_dir(out)
-        if not list(out.glob("*.safetensors")):
+        if name == "call1" and not list(out.glob("*.safetensors")):
             problems.append(f"{name} brought back no checkpoint weights")
+        if name == "call2":
+            problems += [f"call2 brought back no {b}" for b, _, _ in plan.benches if not (out / b).is_file()]
         listing = ", ".join(f"{f.name} ({f.stat().st_size / 1024:.0f} KiB)" for f in sorted(out.iterdir()))
         print(f"== {name}: rc {p.returncode}; $OUT: {listing}")
         if p.returncode != 0 or problems:
@@ -830,20 +880,22 @@ def main(argv: list[str] | None = None) -> int:
                                  epilog="The module docstring (python -c 'import dlm.coder_model.training.gpu_runbook "
                                         "as m; print(m.__doc__)') explains the calls.")
     ap.add_argument("--rehearse", action="store_true",
-                    help="run prepare, call1-3 and collect on this CPU with a tiny model (needs --corpus)")
+                    help="run prepare, call1, call2 and collect on this CPU with a tiny model (needs --corpus)")
     ap.add_argument("--rehearsal-dir", type=Path, default=None, help="where the rehearsal works (default: a temp dir)")
     sub = ap.add_subparsers(dest="stage")
     pp = sub.add_parser("prepare", help="pack .carry/ and print the device tool's run arguments (on the CPU)")
     for p in (ap, pp):
         p.add_argument("--corpus", type=Path, default=Path("data/corpus"), help="built corpus folder")
+        p.add_argument("--edit-histories", type=Path, default=None, metavar="DIR",
+                       help="the edit-histories data set: its train and valid splits travel to the device for "
+                            "the real_edit examples (default: none carried)")
     pp.add_argument("--no-wheels", action="store_true", help="do not pip download the server's wheels")
     pp.add_argument("--part-mib", type=float, default=35.0, help="corpus part size")
     pp.add_argument("--preset", default=Plan.preset)
     pp.add_argument("--batch", type=int, default=Plan.batch)
     pp.add_argument("--context", type=int, default=Plan.context)
-    pp.add_argument("--tokens", type=float, default=Plan.tokens, help="tokens planned (default 1.05e9)")
     pp.add_argument("--workers", type=int, default=Plan.workers)
-    for name in ("call1", "call2", "call3"):
+    for name in CALLS:
         sub.add_parser(name, help=f"{name} on the device (via {SCRIPT}); reads .carry/run/plan.json")
     cp = sub.add_parser("collect", help="rebuild the fetched checkpoint as fp32 shards (on the CPU)")
     cp.add_argument("out_dirs", nargs="+", type=Path, help="the fetched $OUT folder of each call")
@@ -852,16 +904,16 @@ def main(argv: list[str] | None = None) -> int:
     root = Path.cwd()
 
     if args.rehearse:
-        return rehearse(root, args.corpus, args.rehearsal_dir)
+        return rehearse(root, args.corpus, args.rehearsal_dir, edits=args.edit_histories)
     if args.stage == "prepare":
-        plan = Plan(preset=args.preset, batch=args.batch, context=args.context, tokens=int(args.tokens),
-                    workers=args.workers)
+        plan = Plan(preset=args.preset, batch=args.batch, context=args.context, workers=args.workers)
         err = _check_preset_fits(plan.preset, plan.save_dtype)
         if err:
             print(f"prepare: {err}", file=sys.stderr)
             return 2
-        return prepare(root, args.corpus, plan, wheels=not args.no_wheels, part_mib=args.part_mib)
-    if args.stage in ("call1", "call2", "call3"):
+        return prepare(root, args.corpus, plan, wheels=not args.no_wheels, part_mib=args.part_mib,
+                       edits=args.edit_histories)
+    if args.stage in CALLS:
         plan_path = root / carry_paths()["run"] / "plan.json"
         if not plan_path.is_file():
             print(f"{args.stage}: {plan_path} is missing; run `prepare` on the CPU and carry {carry_paths()['run']}",
@@ -874,7 +926,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         call = Call(args.stage, plan, Path(out), root)
-        return {"call1": call1, "call2": call2, "call3": call3}[args.stage](call)
+        return {"call1": call1, "call2": call2}[args.stage](call)
     if args.stage == "collect":
         collect(args.out_dirs, args.into)
         return 0

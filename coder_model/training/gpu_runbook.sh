@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One stage of the GPU runbook on the device machine (see gpu_runbook.py's docstring):
 #
-#     bash coder_model/training/gpu_runbook.sh call1|call2|call3
+#     bash coder_model/training/gpu_runbook.sh call1|call2
 #
 # run from the repository root. The machine has torch and triton but not the
 # packages the language server needs, and no network: carried wheels
@@ -12,7 +12,7 @@
 # folder, default /tmp/dlm-gpu: outside the checkout, it outlives the call while
 # the machine stays warm), DLM_PYTHON (default python3), DLM_RUNBOOK_CARRY (default .carry).
 set -u
-stage=${1:?usage: bash coder_model/training/gpu_runbook.sh call1|call2|call3}
+stage=${1:?usage: bash coder_model/training/gpu_runbook.sh call1|call2}
 shift
 root=$(pwd)
 if [ ! -f "$root/coder_model/training/gpu_runbook.py" ]; then

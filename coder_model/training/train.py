@@ -64,6 +64,8 @@ from dlm.coder_model.training.corpus import read_split
 from dlm.coder_model.training.objective import Objective, diffusion_loss
 from dlm.coder_model.training.precision import choose_dtype
 
+# --steps 0 fits the cosine to --minutes from the time of these steps (after compilation and warm-up)
+SIZE_FROM, SIZE_TO = 10, 30
 SHARD_BYTES = 16 << 20  # checkpoint shards stay under 16 MiB (git- and review-friendly files)
 
 
@@ -350,6 +352,7 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
 
     stop = _StopOnSignal()
     step_start, train_s = step, 0.0
+    sized_from = t_start
     with stop, open(out / "loss_log.jsonl", "a") as log:
         while step < total:
             t0 = time.time()
@@ -371,12 +374,15 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
             dt = time.time() - t0
             train_s += dt
             tokens_seen += tokens_per_step
-            if cfg.steps == 0 and total == 10**9 and step - step_start == 10:
+            if cfg.steps == 0 and total == 10**9 and step - step_start == SIZE_FROM:
+                sized_from = time.time()
+            if cfg.steps == 0 and total == 10**9 and step - step_start == SIZE_TO:
                 # size the cosine schedule to the time budget (what is left of it, when a run that
-                # was paused before this point resumes)
-                per_step = (time.time() - t_start) / 10
-                total = max(20, step + int((deadline - time.time()) / per_step * 0.97))
-                print(f"\n[train] {per_step:.2f}s/step -> schedule of {total} steps", file=sys.stderr)
+                # was paused before this point resumes), timed on steps SIZE_FROM..SIZE_TO: the
+                # first steps carry torch.compile's compilation and the workers' start
+                per_step = (time.time() - sized_from) / (SIZE_TO - SIZE_FROM)
+                total = max(step + 10, step + int((deadline - time.time()) / per_step * 0.97))
+                print(f"\n[train] {per_step:.3f}s/step -> schedule of {total} steps", file=sys.stderr)
             rec = {"step": step, "loss": round(loss.item(), 4), "acc": round(acc.item(), 4), "lr": lr,
                    "gnorm": round(gnorm, 3), "s_per_step": round(dt, 3),
                    "tokens_per_s": round(tokens_per_step / max(dt, 1e-9)), "t": round(time.time() - t_start, 1)}
