@@ -14,9 +14,18 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future
+from dataclasses import replace
 from pathlib import Path
 
-from dlm.coder_model.types import CancelToken, EngineStatus, LayoutBudget, Prediction, Prompt, SamplerParams
+from dlm.coder_model.types import (
+    CancelToken,
+    EngineStatus,
+    LayoutBudget,
+    MemoryProposal,
+    Prediction,
+    Prompt,
+    SamplerParams,
+)
 
 log = logging.getLogger("dlm.engine")
 
@@ -149,7 +158,6 @@ def verify_prediction(model, tok, prompt: Prompt, params: SamplerParams, ids: li
     """The memory's proposals checked by the denoiser (coder_model.verify): the region with the
     chosen insertion, or unchanged when the model vetoes them all."""
     import torch
-
     from dlm.coder_model.verify import Mix, region_after, verify
 
     t0 = time.perf_counter()
@@ -180,7 +188,33 @@ def load_engine(model: str | Path | None = None, device: str = "auto", impl: str
     m, tok, calibration = load_native(d, dev, impl)
     log.info("loaded %s on %s (confidence: %s)", d, dev,
              "identity" if calibration.is_identity else f"calibrated {calibration.kind}")
-    return LocalEngine(m, tok, device=dev, name=d.name, calibration=calibration)
+    engine = LocalEngine(m, tok, device=dev, name=d.name, calibration=calibration)
+    if dev.startswith("cuda"):
+        warm_up(engine)
+    return engine
+
+
+WARM_UP_PROMPT = Prompt(prefix="import os\n\n\ndef list_files(path):\n    ", region="return ", cursor=7,
+                        suffix="\n\n\ndef main():\n    pass\n", language="python", path="<warm-up>", insert=True)
+
+
+def warm_up(engine: LocalEngine, params: SamplerParams | None = None) -> float:
+    """Run one free decode and one check of a memory proposal before the engine says it is ready.
+
+    On a GPU the first call of each Triton kernel compiles it, which takes seconds: without this the
+    first requests after "ready" run out of their deadline with no model step (seen on an H200), and
+    the status would be untrue. Runs in the loading thread, before any request can reach the engine.
+    Returns the seconds it took."""
+    t0 = time.monotonic()
+    params = params or SamplerParams()
+    engine._run(WARM_UP_PROMPT, params, CancelToken(), 0.0)
+    engine._run(replace(WARM_UP_PROMPT, proposals=(MemoryProposal("[name for name in os.listdir(path)]", 0.5),)),
+                params, CancelToken(), 0.0)
+    engine._caches.pop(WARM_UP_PROMPT.path, None)
+    engine.runs = 0
+    took = time.monotonic() - t0
+    log.info("warmed up on %s in %.1f s (the GPU kernels compiled)", engine.device, took)
+    return took
 
 
 def open_checkpoint(model: str | Path | None, device: str) -> tuple[Path, str, str]:

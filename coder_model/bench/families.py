@@ -71,15 +71,18 @@ def build_random(shape: str, device: str, dtype, impl: str, seed: int = 0):
         shift_logits=True,
         **SHAPES[shape],
     )
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = BidirectionalLM(arch, impl=impl).to(dtype)
+    # weights drawn on the CPU, then moved: the CUDA generator stays out of it, so a CUDA graph capture
+    # that failed earlier in the same process (its generator left mid-capture) cannot break this build
+    gen = torch.Generator().manual_seed(seed)
+    with torch.device("meta"):
+        model = BidirectionalLM(arch, impl=impl)
+    model = model.to_empty(device=device).to(dtype)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.fill_(1.0)
             else:
-                p.normal_(0.0, 0.02)
+                p.copy_(torch.empty(p.shape, dtype=torch.float32).normal_(0.0, 0.02, generator=gen))
     model.eval()
     V = arch.vocab_size
     tokens = FamilyTokens(mask_id=V - 2, eos_ids=(V - 3,), pad_id=V - 3, bos_id=None)

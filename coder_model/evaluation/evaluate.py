@@ -43,7 +43,7 @@ from dlm.coder_model.devices import add_device_argument
 from dlm.coder_model.evaluation.metrics import edit_similarity, location_correct
 from dlm.coder_model.evaluation.safim import iter_safim, score_safim
 from dlm.coder_model.languages import language_name
-from dlm.coder_model.training.examples import KINDS, completion_example, fim_example
+from dlm.coder_model.training.examples import KINDS, completion_example, fim_example, typing_example
 from dlm.coder_model.types import CancelToken, Prompt, SamplerParams
 
 AR_PARAMS = {"threshold": 1.0, "order": "left_to_right"}
@@ -71,6 +71,7 @@ def corpus_cases(corpus: Path, kind: str, limit: int, seed: int = 0) -> list[Cas
     from dlm.coder_model.training.synthetic_edits import noop_example, synthetic_edit_example
 
     builders: dict[str, Callable] = {
+        "typing": typing_example,
         "completion": completion_example,
         "fim": fim_example,
         "synthetic_edit": synthetic_edit_example,

@@ -165,7 +165,7 @@ class InfillDecoder:
         """Full pass. Returns slot logits (L, V) and the context K/V (outside the window) if wanted."""
         N = ids.shape[1]
         pos = torch.arange(N, device=self.device)
-        hidden, kv = self.model(ids, pos, want_kv=want_kv)  # (1, N, d)
+        hidden, kv = self.model(ids, pos, want_kv=want_kv, max_pos=N - 1)  # (1, N, d)
         w0 = P - self.shift
         logits = self._slot_logits(hidden, slice(w0, w0 + L))
         ctx: KVCache | None = None
@@ -183,7 +183,7 @@ class InfillDecoder:
     def _window(self, ids: torch.Tensor, P: int, L: int, ctx: KVCache) -> torch.Tensor:
         w0 = P - self.shift
         pos = torch.arange(w0, P + L, device=self.device)  # (L + shift,)
-        hidden, _ = self.model(ids[:, w0 : P + L], pos, kv_cache=ctx)  # (1, L + shift, d)
+        hidden, _ = self.model(ids[:, w0 : P + L], pos, kv_cache=ctx, max_pos=P + L - 1)  # (1, L + shift, d)
         return self._slot_logits(hidden, slice(0, L))
 
     # -- decoding -------------------------------------------------------------------------------

@@ -73,6 +73,7 @@ class BidirectionalLM(nn.Module):
         positions: torch.Tensor,
         kv_cache: KVCache | None = None,
         want_kv: bool = False,
+        max_pos: int | None = None,
     ) -> tuple[torch.Tensor, KVCache | None]:
         """Final normed hidden states of `ids`, attending to themselves and `kv_cache`.
 
@@ -80,12 +81,14 @@ class BidirectionalLM(nn.Module):
         kv_cache: per layer (k, v) (B, Hk, Tc, D) of other positions (any order:
           attention is bidirectional, so key order does not matter once rotary
           has been applied).
+        max_pos: the largest of `positions`, when the caller knows it: reading it from the device
+          tensor is a host sync, which a CUDA graph capture of this call cannot contain.
         Returns hidden (B, T, d) and, if want_kv, the per-layer (k, v) of ids
         (B, Hk, T, D), rotary applied.
         """
         a, impl = self.arch, self.impl
         B, T = ids.shape
-        cos, sin = self._rotary(int(positions.max()) + 1, ids.device)
+        cos, sin = self._rotary((int(positions.max()) if max_pos is None else max_pos) + 1, ids.device)
         x = self.embed(ids)  # (B, T, d)
         new_kv: KVCache = []
         # Each rms_norm call also adds the residual (fused), so the norm that

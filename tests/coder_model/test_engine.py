@@ -58,3 +58,29 @@ def test_close_joins_the_inference_thread(tiny_checkpoint):
                 CancelToken())
     eng.close()
     assert not eng._thread.is_alive()
+
+
+def test_warm_up_runs_a_decode_and_a_proposal_check_and_leaves_no_trace(tiny_checkpoint, monkeypatch):
+    """On a GPU the engine warms up before it says ready (the first Triton calls compile); the warm-up
+    goes through both model paths, and leaves neither a prefix cache nor a counted run behind."""
+    from dlm.coder_model import engine as engine_mod
+
+    eng = load_engine(tiny_checkpoint, device="cpu")  # the CPU loads without a warm-up
+    seen = []
+    real = engine_mod.verify_prediction
+
+    def spy(*a, **k):
+        seen.append("verify")
+        return real(*a, **k)
+
+    monkeypatch.setattr(engine_mod, "verify_prediction", spy)
+    try:
+        assert eng.runs == 0
+        took = engine_mod.warm_up(eng)
+        assert took >= 0 and seen == ["verify"]
+        assert eng.runs == 0 and engine_mod.WARM_UP_PROMPT.path not in eng._caches
+        pred = eng.predict(Prompt(prefix="x = ", region="", cursor=0, suffix=""), SamplerParams(steps=2),
+                           CancelToken())
+        assert pred.steps >= 1 and eng.runs == 1
+    finally:
+        eng.close()

@@ -61,8 +61,10 @@ def test_one_step_hidden_and_scores(embedded, dtype):
         t_tok, t_conf = kernels.unmask_scores(h_tri, w, pos, rule, impl="triton")
         r_tok, r_conf = kernels.unmask_scores(h_ref, w, pos, rule, impl="reference")
         assert torch.equal(t_tok[clear], r_tok[clear]), rule
-        atol = 1e-4 if dtype == torch.float32 else 3e-2
-        assert torch.allclose(t_conf, r_conf.float(), atol=atol), (rule, (t_conf - r_conf).abs().max())
+        # in bf16 the two hidden states already differ by up to 2% (above), and the scores follow them: an
+        # entropy of ~6 nats moves by a few hundredths (0.034 seen on an H200), so bf16 also gets 1% relative
+        atol, rtol = (1e-4, 1e-5) if dtype == torch.float32 else (3e-2, 1e-2)
+        assert torch.allclose(t_conf, r_conf.float(), atol=atol, rtol=rtol), (rule, (t_conf - r_conf).abs().max())
 
 
 @pytest.mark.parametrize("rule", ["max_prob", "margin", "entropy"])

@@ -108,3 +108,20 @@ def test_oracle_row_is_skipped_with_no_oracle(tiny_checkpoint, tmp_path):
                     "--kinds", "completion", "--no-ar", "--no-oracle", "--dtype", "fp32", "--json", str(out)]) == 0
     entry = json.loads(out.read_text())["kinds"]["completion"]
     assert "oracle" not in entry and "ar" not in entry and entry["diffusion"]["n"] == 1
+
+
+def test_every_corpus_kind_of_training_has_evaluation_cases(tmp_path):
+    """The evaluation cuts a case of every kind the trainer's mix knows (real_edit comes from the edit
+    histories, not the corpus): the default --kinds never meets a kind it cannot build."""
+    from dlm.coder_model.training.examples import KINDS
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    with gzip.open(corpus / "test.jsonl.gz", "wt", encoding="utf-8") as f:
+        for i in range(4):
+            f.write(json.dumps({"path": f"/src/m{i}.py", "language": "python", "text": PROGRAM * (i + 2)}) + "\n")
+    for kind in KINDS:
+        if kind == "real_edit":
+            continue
+        cases = ev.corpus_cases(corpus, kind, limit=2)
+        assert cases and all(c.kind == kind for c in cases), kind
