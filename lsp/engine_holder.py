@@ -71,6 +71,10 @@ class EngineHolder:
             self._loaded.set()
         self._on_change()
 
+    def loading(self) -> bool:
+        """True while the loader thread runs (started and not finished)."""
+        return self._started and not self._loaded.is_set()
+
     @property
     def error(self) -> str:
         """Why the model failed to load ('' while loading or when loaded)."""

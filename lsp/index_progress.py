@@ -117,6 +117,8 @@ class IndexProgress:
         self._send(token, value)
 
     def _send(self, token: str, value: Any) -> None:
+        if getattr(self.protocol, "_shutdown", False):  # after `shutdown` nothing goes to the client
+            return
         try:
             self.protocol.notify(types.PROGRESS, types.ProgressParams(token=token, value=value))
         except Exception:

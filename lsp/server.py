@@ -124,7 +124,9 @@ class DlmServer(LanguageServer):
         }
 
     def send_status(self) -> None:
-        if not self._initialized:
+        # after `shutdown` the client takes nothing but the `exit` reply's silence: a status sent then
+        # would meet a closed pipe once `exit` has closed it, and pygls reports that as an error
+        if not self._initialized or self.protocol._shutdown:
             return
         self._last_status_at = time.monotonic()
         try:

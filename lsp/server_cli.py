@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from dlm.coder_model.devices import add_device_argument
@@ -82,4 +83,19 @@ def run(args: argparse.Namespace) -> int:
     else:
         server.start_io()
     # `exit` without `shutdown` exits 1 (LSP spec); end of input or an `exit` after `shutdown`: 0
-    return getattr(server, "exit_code", 0)
+    code = getattr(server, "exit_code", 0)
+    if server.holder.loading():
+        # The loader thread is inside torch (its import, or reading weights in C++): the interpreter's
+        # shutdown would tear its thread state down under it and abort the process (SIGABRT,
+        # "terminate called without an active exception"). Nothing of it needs saving: leave at once,
+        # with the exit code the protocol asks for, after the logs are flushed.
+        log = logging.getLogger(__name__)
+        log.info("exit while the model is still loading: leaving without waiting for it")
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # `exit` closed stdout already; nothing is left to say there
+                pass
+        os._exit(code)
+    return code

@@ -25,6 +25,7 @@ import {
   DEFAULT_SETTINGS,
   INLINE_EDIT_PROPOSAL,
   SettingsError,
+  userOnlyValue,
   acceptedLength,
   buildServerCommand,
   findExecutable,
@@ -58,17 +59,19 @@ const INSTALL_HINT =
   "of the virtualenv's bin/dlm-lsp (e.g. /path/to/dlm-lsp/.venv/bin/dlm-lsp) and run `dlm: Restart Server`.";
 
 function readSettings(): DlmSettings {
+  // USER_ONLY_SETTINGS come from the user's settings alone (a workspace's value is ignored, as the
+  // "machine" scope in package.json also tells VS Code)
   const c = vscode.workspace.getConfiguration("dlm");
   const d = DEFAULT_SETTINGS;
   return {
     enable: c.get<boolean>("enable", d.enable),
-    serverPath: c.get<string>("server.path", d.serverPath),
-    serverArgs: c.get<string[]>("server.args", d.serverArgs),
-    model: c.get<string>("model", d.model),
+    serverPath: userOnlyValue(c.inspect<string>("server.path"), d.serverPath),
+    serverArgs: userOnlyValue(c.inspect<string[]>("server.args"), d.serverArgs),
+    model: userOnlyValue(c.inspect<string>("model"), d.model),
     device: c.get<DlmSettings["device"]>("device", d.device),
-    remoteAddress: c.get<string>("remote.address", d.remoteAddress),
-    remoteTokenFile: c.get<string>("remote.tokenFile", d.remoteTokenFile),
-    remoteTls: c.get<boolean>("remote.tls", d.remoteTls),
+    remoteAddress: userOnlyValue(c.inspect<string>("remote.address"), d.remoteAddress),
+    remoteTokenFile: userOnlyValue(c.inspect<string>("remote.tokenFile"), d.remoteTokenFile),
+    remoteTls: userOnlyValue(c.inspect<boolean>("remote.tls"), d.remoteTls),
     editPredictions: c.get<boolean>("editPredictions", d.editPredictions),
     editPredictionDelayMs: c.get<number>("editPredictionDelayMs", d.editPredictionDelayMs),
     editPredictionDisplay: c.get<DlmSettings["editPredictionDisplay"]>("editPredictionDisplay", d.editPredictionDisplay),

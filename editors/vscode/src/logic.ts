@@ -667,3 +667,26 @@ export function inlineResultSource(opts: {
   if (opts.completionCount) return "completions";
   return opts.editPending ? "inlineEdit" : "none";
 }
+
+/**
+ * Settings that choose what runs (the server binary and its arguments, the checkpoint), where code is
+ * sent (the remote address, TLS) or which credentials are read (the token file). package.json declares
+ * them `"scope": "machine"`, and they are read from the user's settings only: a project's
+ * `.vscode/settings.json` cannot plant them.
+ */
+export const USER_ONLY_SETTINGS = ["server.path", "server.args", "model", "remote.address", "remote.tokenFile", "remote.tls"] as const;
+
+/** What `WorkspaceConfiguration.inspect` returns, the part `userOnlyValue` reads. */
+export interface InspectedSetting<T> {
+  defaultValue?: T;
+  globalValue?: T;
+  workspaceValue?: T;
+  workspaceFolderValue?: T;
+}
+
+/** A user-only setting's value: the user's (global) value, else the default; workspace values are ignored. */
+export function userOnlyValue<T>(inspected: InspectedSetting<T> | undefined, fallback: T): T {
+  if (inspected?.globalValue !== undefined) return inspected.globalValue;
+  if (inspected?.defaultValue !== undefined) return inspected.defaultValue;
+  return fallback;
+}

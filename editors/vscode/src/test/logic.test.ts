@@ -1,6 +1,8 @@
 // Unit tests of the pure logic (node --test out/test/). No editor needed.
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import * as fs from "node:fs";
+import * as path from "node:path";
 import {
   DEFAULT_SETTINGS,
   SettingsError,
@@ -27,6 +29,8 @@ import {
   uriBasename,
   validateFileJump,
   versionAtLeast,
+  userOnlyValue,
+  USER_ONLY_SETTINGS,
   type DlmSettings,
 } from "../logic.js";
 
@@ -366,4 +370,22 @@ test("edit prediction: the same-file jump shape is unchanged by the other-file h
   const withUri = validateEditPrediction({ ...raw, jump: { ...raw.jump, uri: "file:///x/b.py", lines: 5 } });
   assert.deepEqual(withUri?.jump, { position: raw.jump.position, lines: 5, label: "rename f → g" });
   assert.equal(withUri?.fileJump, undefined);
+});
+
+test("a workspace cannot set the settings that choose what runs, where code goes or which credentials are read", () => {
+  // package.json declares each of them machine-scoped, so VS Code offers them in user settings only
+  const pkg = JSON.parse(fs.readFileSync(path.join(__dirname, "..", "..", "package.json"), "utf8"));
+  const props = pkg.contributes.configuration.properties ?? pkg.contributes.configuration[0].properties;
+  for (const key of USER_ONLY_SETTINGS) {
+    assert.equal(props[`dlm.${key}`]?.scope, "machine", `dlm.${key} must be machine-scoped`);
+  }
+  for (const key of ["server.path", "server.args", "model", "remote.address", "remote.tokenFile", "remote.tls"]) {
+    assert.ok((USER_ONLY_SETTINGS as readonly string[]).includes(key), key);
+  }
+  // and the value read ignores a workspace's and a folder's value
+  assert.equal(userOnlyValue({ defaultValue: "dlm-lsp", workspaceValue: "/tmp/evil", workspaceFolderValue: "/x" }, "d"), "dlm-lsp");
+  assert.equal(userOnlyValue({ defaultValue: "dlm-lsp", globalValue: "/home/me/.venv/bin/dlm-lsp", workspaceValue: "/tmp/evil" }, "d"),
+    "/home/me/.venv/bin/dlm-lsp");
+  assert.equal(userOnlyValue<boolean>({ defaultValue: false, workspaceValue: true }, false), false);
+  assert.equal(userOnlyValue<string>(undefined, "fallback"), "fallback");
 });
