@@ -125,7 +125,8 @@ class Plan:
     tests: list[str] = field(default_factory=lambda: ["tests/cuda", "-m", "cuda"])
     tests_timeout_s: int = 200
     # training (python -m dlm.coder_model.training.train): the schedule is sized to the minutes left in
-    # call1 (--steps 0: the trainer times steps 10-30, after compilation, and fits the cosine to the rest)
+    # call1 (--steps 0: the trainer times steps train.SIZE_FROM..SIZE_TO, after compilation, and fits the
+    # cosine to the rest)
     preset: str = "cpu-base"
     tokenizer: str = "coder_model/checkpoints/default/tokenizer.json"  # the embedded model's vocabulary
     context: int = 512
