@@ -21,8 +21,9 @@ proposes in that document only, and the trees see that it is ambiguous and wheth
 the edit's function body, until the user makes the same rename a second time (a systematic
 rename); it never renames a def's parameter into one it already has.
 
-`GitMiner` reads the repository's commits up to HEAD (`git log -p -U0`, capped in commits
-and bytes), in a background thread: the patterns of each commit's hunks give, per kind,
+`GitMiner` reads the repository's commits up to HEAD (`git log -p -U0`, capped in commits,
+bytes, time and memory, with nothing of the repository's configuration able to run a program:
+git_read.py), in a background thread: the patterns of each commit's hunks give, per kind,
 how often a pattern recurs within its commit, and the pattern keys seen.
 """
 
@@ -32,6 +33,7 @@ import bisect
 import difflib
 import functools
 import logging
+import os
 import re
 import subprocess
 import threading
@@ -40,6 +42,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, replace
 
 from dlm.coder_model.edit_history import render_event
+from dlm.coder_model.edit_memory import git_read
 from dlm.coder_model.edit_memory.bursts import Edit
 from dlm.coder_model.edit_memory.calibration import Calibration, load
 from dlm.coder_model.edit_memory.patterns import (
@@ -563,58 +566,78 @@ def parse_log(text: str, max_edit_lines: int = 20) -> GitStats:
 
 class GitMiner:
     """Mines a repository's history up to its current HEAD on a daemon thread; `on_done` gets
-    the GitStats (never called when the root is not a git repository or git is missing)."""
+    the GitStats (never called when the root is not a git repository, git is missing, or the
+    repository is refused as unsafe: git_read.check_repository). `close` kills a git still
+    running (its whole process group)."""
 
     def __init__(self, root: str, on_done, max_commits: int = 300, max_bytes: int = 8_000_000,
                  timeout_s: float = 60.0) -> None:
         self.root, self.on_done = root, on_done
         self.max_commits, self.max_bytes, self.timeout_s = max_commits, max_bytes, timeout_s
+        self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="dlm-git-edits", daemon=True)
 
     def start(self) -> GitMiner:
         self.thread.start()
         return self
 
+    def close(self, wait_s: float = 1.0) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join(wait_s)
+
     def _run(self) -> None:
         try:
-            stats = mine(self.root, self.max_commits, self.max_bytes, self.timeout_s)
+            stats = mine(self.root, self.max_commits, self.max_bytes, self.timeout_s, stop=self.stop)
         except Exception:  # a broken repository costs the support, never the server
             log.debug("git history of %s not mined", self.root, exc_info=True)
             return
-        if stats is not None:
+        if stats is not None and not self.stop.is_set():
             self.on_done(stats)
 
 
-def mine(root: str, max_commits: int, max_bytes: int, timeout_s: float = 60.0) -> GitStats | None:
-    """GitStats of the last `max_commits` non-merge commits up to HEAD (None: not a repository)."""
+_SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+# `git log -p` of the last commits, with every switch that keeps a hostile repository from
+# running a program or reading outside the workspace (git_read.LOG_SAFETY).
+_LOG = ("log", "--no-merges", "--no-color", "--no-renames", *git_read.LOG_SAFETY, "-p", "-U0")
+
+
+def mine(root: str, max_commits: int, max_bytes: int, timeout_s: float = 60.0,
+         stop: threading.Event | None = None) -> GitStats | None:
+    """GitStats of the last `max_commits` non-merge commits up to HEAD (None: not a repository,
+    git missing or failing, or a repository refused as unsafe, logged with the reason).
+    `timeout_s` bounds the whole of it; what git wrote by then is mined."""
+    root = os.path.abspath(root)
     try:
-        head = subprocess.run(["git", "-C", root, "rev-parse", "--verify", "HEAD"], check=False,
-                              capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
+        git_dir = git_read.check_repository(root)
+    except git_read.UnsafeRepository as e:
+        log.warning("git history of %s not mined: %s", root, e)
         return None
-    if head.returncode != 0:
+    if git_dir is None:
         return None
-    sha = head.stdout.strip()
-    proc = subprocess.Popen(
-        ["git", "-C", root, "log", "--no-merges", "--no-color", "--no-ext-diff", "--no-renames", "-p", "-U0",
-         f"-n{max_commits}", "--format=commit %H", sha],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    t0 = time.monotonic()
-    chunks: list[bytes] = []
-    size = 0
-    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
     try:
-        while size < max_bytes and time.monotonic() - t0 < timeout_s:
-            chunk = proc.stdout.read(65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    finally:
-        proc.kill()
-        proc.wait()
-    text = b"".join(chunks).decode("utf-8", errors="replace")
-    if size >= max_bytes:  # the cap cut a commit: drop it
+        head = git_read.run_git(root, git_dir, ["rev-parse", "--verify", "HEAD"],
+                                min(10.0, timeout_s), 4096, stop=stop)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head is None or head.returncode != 0:
+        return None
+    sha = head.out.decode("ascii", errors="replace").strip()
+    if not _SHA.fullmatch(sha):
+        return None
+    try:
+        res = git_read.run_git(root, git_dir, [*_LOG, f"-n{max_commits}", "--format=commit %H", sha],
+                               max(0.0, deadline - time.monotonic()), max_bytes, stop=stop)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if res is None:
+        return None
+    if res.timed_out:
+        log.info("git history of %s: stopped at the %.0f s limit, %d bytes read", root, timeout_s,
+                 len(res.out))
+    text = res.out.decode("utf-8", errors="replace")
+    if res.capped or res.returncode != 0:  # the cap, the deadline, a kill or a failure cut a commit: drop it
         text = text[: text.rfind("\ncommit ")] if "\ncommit " in text else ""
     stats = parse_log(text)
     stats.head = sha
