@@ -42,7 +42,7 @@ from dlm.coder_model.limits import MAX_PATH_CHARS
 from dlm.coder_model.remote.auth import AuthConfigError, check_bind_allowed, load_token
 from dlm.coder_model.remote.client import parse_host_port
 from dlm.coder_model.types import CancelToken, LayoutBudget, SamplerParams
-from dlm.lsp import gate, postprocess
+from dlm.lsp import gate, postprocess, secrets
 from dlm.lsp.engine_holder import EngineHolder, make_engine_factory
 from dlm.lsp.options import Options
 from dlm.lsp.zed_prompts import Built, PromptFormatError, build_prompt, parse_prompt, render_answer
@@ -190,7 +190,10 @@ class Predictor:
         held = None if pred.cancelled else postprocess.degenerate_reason(p.region, pred.text, p.prefix, p.suffix)
         if held:  # degenerate filler (coder_model.degenerate): answered as no suggestion
             log.info("%s: held back a degenerate answer (%s)", key, held)
-        shown = not pred.cancelled and verdict.show and not held
+        leaked = [] if pred.cancelled else secrets.introduced_secrets(pred.text, p.region)
+        if leaked:  # a secret the region did not hold (seen in a prompt, or made up): never answered
+            log.warning("%s: held back an answer holding %d secret(s) (lsp.secrets)", key, len(leaked))
+        shown = not pred.cancelled and verdict.show and not held and not leaked
         text = render_answer(zp, built, pred.text, req["stop"]) if shown else ""
         log.info(
             "%s %s: %.0f ms, %d steps, %d tokens, confidence %s%s",

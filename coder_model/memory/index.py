@@ -9,6 +9,12 @@ costs milliseconds and a bulk index of a 200k-line repository a few
 rebuilds at most. Seals and merges build outside the lock that readers
 take: a suggestion never waits for one (update_file does, in its thread:
 call it from a background thread).
+
+Secrets never enter it (dlm.lsp.secrets): a line of an indexed file, an open
+buffer or the current document that holds one is emptied before it is lexed
+(so no part of it reaches the vocabulary, the tables, the snippets or the
+saved file), and a continuation that would put a secret on the cursor's line
+is never proposed.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from dlm.coder_model.memory.ngram import (
     order_keys,
 )
 from dlm.coder_model.memory.retrieve import Snippet, SnippetIndex
+from dlm.lsp.secrets import contains_secret, inserted_secret, mask_secrets
 
 DEFAULT_ORDER = 6
 LOCAL_EXTRA_ORDER = 6  # the file, open-buffer and retrieved levels count contexts of order 12 (workspace: 6)
@@ -188,6 +195,7 @@ class RepoMemory:
         and then it seals or merges tables (seconds on a large index),
         while complete() keeps answering from the tables it has.
         """
+        text, _ = mask_secrets(text)  # every caller's text: files read, open buffers
         toks = lex(text)
         lines = _LINE_BREAK.split(text)
         with self._write_lock:
@@ -294,6 +302,9 @@ class RepoMemory:
         if beam <= 0 or max_tokens <= 0:
             return []
         rest_of_line = _LINE_BREAK.split(after, maxsplit=1)[0] if after else ""
+        line_before = before[line_start(before) :]
+        if contains_secret(line_before):
+            return []  # whatever comes next on this line extends or follows a secret
         tail_tokens = _tail_tokens(before, self.query_order)
         partial = ""
         if tail_tokens and not is_line_break(tail_tokens[-1]):
@@ -361,6 +372,8 @@ class RepoMemory:
                 text = body[: len(body) - len(right)]
                 if not text.strip():
                     continue
+            if inserted_secret(line_before, text, rest_of_line):
+                continue  # a secret (or part of one) seen elsewhere is never proposed
             slot = merged.get(text)
             if slot is None:
                 merged[text] = [prob, support]
@@ -443,13 +456,13 @@ class RepoMemory:
         above = before[: line_start(before)]
         if state.above_table is None or not (above.startswith(state.above) and len(above) - len(state.above) < 8192):
             text = _window_from_line(above, CURRENT_FILE_CHARS)
-            state.above_ids = list(self._intern(lex(text)))
+            state.above_ids = list(self._intern(lex(mask_secrets(text)[0])))
             state.above_table = DictTable(self.local_order)
             state.above_table.add(state.above_ids)
             state.above_added = DictTable(self.local_order)
             state.above = above
         elif len(above) > len(state.above):
-            new_ids = list(self._intern(lex(above[len(state.above) :])))
+            new_ids = list(self._intern(lex(mask_secrets(above[len(state.above) :])[0])))
             state.above_added.add(new_ids, history=state.above_ids)
             state.above_ids.extend(new_ids)
             state.above = above
@@ -457,7 +470,7 @@ class RepoMemory:
         below = after[brk.end() :] if brk else ""
         if state.below_table is None or below != state.below:
             state.below = below
-            ids = list(self._intern(lex(_head_to_line(below, CURRENT_FILE_CHARS // 2))))
+            ids = list(self._intern(lex(mask_secrets(_head_to_line(below, CURRENT_FILE_CHARS // 2))[0])))
             state.below_table = DictTable(self.local_order)
             state.below_table.add(ids)
         tables = [(+1, state.above_table), (+1, state.below_table)]
@@ -507,7 +520,7 @@ class RepoMemory:
             self._open.move_to_end(path)
             return got[1]
         table = DictTable(self.local_order)
-        table.add(list(self._intern(lex(text[:OPEN_BUFFER_CHARS]))))
+        table.add(list(self._intern(lex(mask_secrets(text[:OPEN_BUFFER_CHARS])[0]))))
         self._open[path] = (text, table)
         while len(self._open) > OPEN_BUFFERS:
             self._open.popitem(last=False)
@@ -602,13 +615,14 @@ def _head_to_line(text: str, chars: int) -> str:
 
 
 def _tail_tokens(before: str, order: int) -> list[str]:
-    """Tokens of the end of `before`: enough whole lines for the context and the typed word."""
+    """Tokens of the end of `before`: enough whole lines for the context and the typed word
+    (a line holding a secret lexed as an empty line: the context never interns one)."""
     start = line_start(before)
     while True:
         if len(before) - start > TAIL_CHARS:
             # a very long line (minified code): its end only; the cut may split one token
-            return lex(before[-TAIL_CHARS:])
-        tokens = lex(before[start:])
+            return lex(mask_secrets(before[-TAIL_CHARS:])[0])
+        tokens = lex(mask_secrets(before[start:])[0])
         if start == 0 or (len(tokens) > order and len(before) - start >= 200):
             return tokens
         start = line_start(before, start - 1)

@@ -18,7 +18,9 @@ import zlib
 from array import array
 
 MAGIC = b"DLM-REPO-MEMORY\n"
-VERSION = 1
+# A file of another version is rebuilt, never read: one of version 1 may hold lines holding a
+# secret in clear text (this version's RepoMemory empties them before indexing: dlm.lsp.secrets).
+VERSION = 2
 _HEAD = struct.Struct("<IIQ")
 _SECTION = struct.Struct("<cQ")
 _LITTLE = sys.byteorder == "little"

@@ -42,6 +42,7 @@ from dlm.coder_model.remote.protocol import (
     read_frame,
 )
 from dlm.coder_model.types import CancelToken, EngineStatus, LayoutBudget, Prediction, Prompt, SamplerParams
+from dlm.lsp.secrets import contains_secret
 
 log = logging.getLogger("dlm.remote.client")
 
@@ -144,6 +145,11 @@ class RemoteEngine:
         deadline_ms = None if deadline is None else (deadline - time.monotonic()) * 1e3
         if deadline_ms is not None and deadline_ms <= 0:
             return replace(_empty(), late=True)
+        if contains_secret(prompt.region):
+            # The wire masks a secret's line (protocol.without_secrets); the answer is the new
+            # region, and one built on a masked region would delete the user's line.
+            log.debug("remote: the editable region holds a secret; no suggestion asked for it")
+            return _empty()
         rid = next(self._ids)
         try:
             if prompt.proposals and "proposals" not in session.features:

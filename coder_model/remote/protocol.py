@@ -29,13 +29,14 @@ from __future__ import annotations
 import asyncio
 import math
 import struct
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import msgpack
 from dlm.coder_model import limits
 from dlm.coder_model.budget import MAX_SNIPPETS
 from dlm.coder_model.types import MemoryProposal, Prediction, Prompt, RetrievedSnippet, SamplerParams
+from dlm.lsp.secrets import inserted_secret, mask_keeping_offset, mask_secrets
 
 # A snippet's text as it may come over the wire: more than any model's snippet cut keeps
 # (budget.clip_prompt cuts it by the model's budget), little enough that a hostile client cannot
@@ -190,7 +191,35 @@ _PROMPT_STR_FIELDS = ("prefix", "region", "suffix", "language", "path")
 FEATURES = ("proposals", "insert", "snippets")
 
 
+def without_secrets(prompt: Prompt) -> Prompt:
+    """`prompt` with no secret (dlm.lsp.secrets) left in any text field, as it may leave the machine.
+
+    Every line holding one is emptied, in every field: the prefix, the region (the cursor
+    keeps its place), the suffix, each history entry, the path and each snippet; the user's
+    own document is no exception (a server the user configured is still another machine).
+    A proposal that would put a secret on the cursor's line is dropped. A prompt without a
+    secret comes back as it is (the same object)."""
+    prefix, _ = mask_secrets(prompt.prefix)
+    region, cursor, _ = mask_keeping_offset(prompt.region, prompt.cursor)
+    suffix, _ = mask_secrets(prompt.suffix)
+    history = tuple(mask_secrets(h)[0] for h in prompt.history)
+    path, _ = mask_secrets(prompt.path)
+    snippets = tuple(RetrievedSnippet(mask_secrets(sn.path)[0], mask_secrets(sn.text)[0]) for sn in prompt.snippets)
+    line_before = region[: cursor][region.rfind("\n", 0, cursor) + 1 :]
+    line_after = region[cursor:].split("\n", 1)[0]
+    proposals = tuple(p for p in prompt.proposals if not inserted_secret(line_before, p.text, line_after))
+    changed = (prefix != prompt.prefix or region != prompt.region or suffix != prompt.suffix
+               or history != prompt.history or path != prompt.path or snippets != prompt.snippets
+               or proposals != prompt.proposals)
+    if not changed:
+        return prompt
+    return replace(prompt, prefix=prefix, region=region, cursor=cursor, suffix=suffix, history=history,
+                   path=path, snippets=snippets, proposals=proposals)
+
+
 def prompt_to_wire(prompt: Prompt) -> dict[str, Any]:
+    """The wire form of `prompt`, its secrets masked first (`without_secrets`)."""
+    prompt = without_secrets(prompt)
     out = {
         "prefix": prompt.prefix,
         "region": prompt.region,

@@ -126,7 +126,7 @@ def test_secret_names(rel: str):
     assert discovery.is_secret_path(rel)
 
 
-def test_secrets_are_never_listed_nor_read(tmp_path: Path):
+def test_secret_files_are_never_listed_and_secret_lines_never_read(tmp_path: Path):
     for rel in SECRETS:
         write(tmp_path, rel, "API_KEY = 'hunter2'\n")
     write(
@@ -134,18 +134,23 @@ def test_secrets_are_never_listed_nor_read(tmp_path: Path):
         "keys.py",
         "KEY = '''\n-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----\n'''\n",
     )
-    write(tmp_path, "ssh.py", "-----BEGIN OPENSSH PRIVATE KEY-----\nb3Bl\n")
+    # a key cut before its END line: its body lines (base64) are masked with it
+    write(tmp_path, "ssh.py", "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW\n")
     write(tmp_path, "aws.py", "AWS = 'AKIAABCDEFGHIJKLMNOP'\n")
     write(tmp_path, "app.py", "def main():\n    pass\n")
     files = walked(tmp_path)
     assert not any(discovery.is_secret_path(f) for f in files)
-    readable = [
-        f for f in files if isinstance(discovery.read_source(str(tmp_path / f), 1_000_000), discovery.Source)
-    ]
-    assert readable == ["app.py"]
-    assert discovery.read_source(str(tmp_path / "keys.py"), 1_000_000) == "secret_content"
-    assert discovery.read_source(str(tmp_path / "ssh.py"), 1_000_000) == "secret_content"
-    assert discovery.check_text("x = '-----BEGIN EC PRIVATE KEY-----'", 1000) == "secret_content"
+    # a file with a key keeps its other lines; the key's lines are emptied (line numbers kept)
+    keys = discovery.read_source(str(tmp_path / "keys.py"), 1_000_000)
+    assert isinstance(keys, discovery.Source)
+    assert "PRIVATE KEY" not in keys.text and "MIIE" not in keys.text and keys.text.count("\n") == 5
+    assert keys.text.startswith("KEY = ")
+    ssh = discovery.read_source(str(tmp_path / "ssh.py"), 1_000_000)
+    assert isinstance(ssh, discovery.Source) and "b3Bl" not in ssh.text and "PRIVATE" not in ssh.text
+    assert ssh.text == "\n\n"
+    aws = discovery.read_source(str(tmp_path / "aws.py"), 1_000_000)
+    assert isinstance(aws, discovery.Source) and "AKIA" not in aws.text
+    assert discovery.read_source(str(tmp_path / "app.py"), 1_000_000).text == "def main():\n    pass\n"
 
 
 def test_binary_non_utf8_and_non_source(tmp_path: Path):

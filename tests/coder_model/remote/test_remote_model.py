@@ -307,7 +307,10 @@ def test_bad_params_of_one_client_do_not_fail_anothers_batch(remote_server):
             t.join(120)
         answers = {f["id"]: f for f in (b.recv_frame(), b.recv_frame())}
         assert answers[1]["code"] == "bad_request" and "temperature" in answers[1]["message"]
-        assert answers[2]["code"] == "bad_request" and "max_seq_len" in answers[2]["message"]
+        # refused by length, or (on a loaded machine, where the server's measured step time is longer)
+        # by the time bound first: either way one client's bad request, not a failed batch
+        assert answers[2]["code"] == "bad_request" and any(
+            w in answers[2]["message"] for w in ("max_seq_len", "deadline of a default request"))
         assert len(got) == len(prompts)
         assert all(not p.cancelled and p.text for p in got.values())
     finally:
