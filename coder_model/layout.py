@@ -27,13 +27,15 @@ the first (block diffusion).
 
 from __future__ import annotations
 
+import re
+
 from dlm.coder_model.budget import MAX_SNIPPETS, clip_prompt, plan
 from dlm.coder_model.tokenizer import Tokenizer
 from dlm.coder_model.types import LayoutBudget, Prompt
 
 __all__ = [
-    "LAYOUT_VERSION", "PREFIX_CUT_QUANTUM", "LayoutBudget", "answer_text", "decode_context", "encode_prompt",
-    "encode_target", "new_region", "target_block",
+    "LAYOUT_VERSION", "PREFIX_CUT_QUANTUM", "LayoutBudget", "answer_text", "decode_context", "display_path",
+    "encode_prompt", "encode_target", "new_region", "target_block",
 ]
 
 PREFIX_CUT_QUANTUM = 32
@@ -45,6 +47,24 @@ PREFIX_CUT_QUANTUM = 32
 # encode_target or target_block produce. 2: typing prompts (Prompt.insert) end in a second
 # <cursor> and the block is the insertion; retrieved snippets as <file> sections before the file's.
 LAYOUT_VERSION = 2
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def display_path(path: str | bytes) -> str:
+    """A file path as text every tokenizer, UTF-8 encoder and JSON reader takes: the bytes of a
+    name that are not UTF-8 (kept by `os.fsdecode` as surrogate escapes, so that the name still
+    opens the file) become U+FFFD. For the model's prompt and for messages, never to open a file."""
+    if isinstance(path, bytes):
+        return path.decode("utf-8", errors="replace")
+    path = str(path)
+    if path.isascii():
+        return path
+    try:
+        return path.encode("utf-8", errors="surrogateescape").decode("utf-8", errors="replace")
+    except UnicodeError:  # a lone surrogate that is no escaped byte (JSON allows "\ud800")
+        return _SURROGATE.sub("\ufffd", path)
 
 
 def encode_prompt(tok: Tokenizer, prompt: Prompt, budget: LayoutBudget | None = None) -> list[int]:
@@ -61,11 +81,12 @@ def encode_prompt(tok: Tokenizer, prompt: Prompt, budget: LayoutBudget | None = 
     snippets: list[int] = []
     for sn in prompt.snippets[:MAX_SNIPPETS]:  # best first: a later one gets what room is left
         room = cuts.snippets - len(snippets)
-        ids = [sp["<file>"]] + tok.encode(f"{sn.path}\n") + tok.encode(sn.text)
+        ids = [sp["<file>"]] + tok.encode(f"{display_path(sn.path)}\n") + tok.encode(sn.text)
         if room < 8 or not sn.text.strip():
             continue
         snippets += ids[:room]
-    header = [sp["<bos>"]] + snippets + [sp["<file>"]] + tok.encode(f"{prompt.language}:{prompt.path}\n")
+    path = display_path(prompt.path)  # a name that is not UTF-8 is no text a tokenizer takes
+    header = [sp["<bos>"]] + snippets + [sp["<file>"]] + tok.encode(f"{prompt.language}:{path}\n")
 
     history: list[int] = []
     for event in reversed(prompt.history):  # newest events are kept first

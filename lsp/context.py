@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from dlm.coder_model import regions
 from dlm.coder_model.budget import chars_for, plan
 from dlm.coder_model.languages import language_name
+from dlm.coder_model.layout import display_path
 from dlm.coder_model.regions import Mode
 from dlm.coder_model.snippets import pick, query_lines
 from dlm.coder_model.types import LayoutBudget, Prompt, RetrievedSnippet
@@ -168,6 +169,9 @@ def with_snippets(built: BuiltContext, memory, rel: str) -> BuiltContext:
             _snippet_memo.move_to_end(key)
     if found is None:
         found = pick(memory.retrieve(query, RETRIEVED, exclude_path=rel), query)
+        # the index keeps a name that is not UTF-8 as os.fsdecode makes it (surrogate escapes,
+        # to open the file again); the prompt, tokenized or sent to a remote engine, gets it as text
+        found = tuple(replace(s, path=display_path(s.path)) for s in found)
         with _snippet_lock:
             _snippet_memo[key] = found
             while len(_snippet_memo) > SNIPPET_MEMO:

@@ -21,13 +21,21 @@ monorepo of a million files), and says why.
 `read_source(path, max_file_bytes)` opens one file without following a link and
 without blocking (`O_NOFOLLOW | O_NONBLOCK`: a file swapped for a FIFO after the
 walk cannot hang it), checks again that it is a regular file, and refuses binary
-(NUL bytes) and non-UTF-8 content, files with a private key or an access token
-in them, minified code (a line over `MAX_LINE_CHARS`), and files that changed
-while being read. It never raises for a file: a skipped file has a reason.
+(NUL bytes) and non-UTF-8 content, minified code (a line over `MAX_LINE_CHARS`),
+and files that changed while being read; a line holding a private key or an access
+token (lsp.secrets) is emptied, and the file's other lines are kept. It never raises
+for a file: a skipped file has a reason.
+
+`read_workspace_file(root, path, max_file_bytes)` is how every part of the server reads
+a file of a workspace (the index walk, watched-file events, the next-edit jump scan):
+the same rules, with every component under the root opened from the one above it
+without following a link, so no link at any depth, whenever it appeared, leads out of
+the root.
 """
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import itertools
 import logging
@@ -40,7 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dlm.coder_model.languages import language_for_path
-from dlm.lsp.gitignore import IgnoreStack, Rules
+from dlm.lsp import secrets
+from dlm.lsp.gitignore import IgnoreStack, IgnoreText, Rules
 
 log = logging.getLogger(__name__)
 
@@ -69,16 +78,6 @@ SECRET_NAME_PATTERNS = (
     "*secret*", "*password*", "*passwd*", "*token*.json", "service-account*.json",
     "*serviceaccount*.json", "known_hosts", "authorized_keys",
 )  # fmt: skip
-# Content that makes any file a secret: private keys and well-known token shapes.
-SECRET_CONTENT = re.compile(
-    r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"
-    r"|PuTTY-User-Key-File-\d"
-    r"|\bAKIA[0-9A-Z]{16}\b"  # AWS access key id
-    r"|\bgh[pousr]_[A-Za-z0-9]{36,}\b|\bgithub_pat_[A-Za-z0-9_]{40,}\b"  # GitHub tokens
-    r"|\bxox[abprs]-[A-Za-z0-9-]{10,}"  # Slack tokens
-    r"|\bAIza[0-9A-Za-z_\-]{35}\b"  # Google API keys
-    r"|\bsk_live_[0-9A-Za-z]{16,}"  # Stripe live keys
-)
 MAX_LINE_CHARS = 10_000  # a longer line is minified or generated code, not source to learn from
 MAX_IGNORE_FILE_BYTES = 1_000_000
 
@@ -148,12 +147,60 @@ class WalkResult:
 
 
 def read_ignore_file(path: str) -> str:
-    """A .gitignore's text ('' if missing, unreadable, not a regular file or too large)."""
+    """A .gitignore's text ('' if missing, unreadable or not a regular file), as an
+    `IgnoreText` that names the file. One over MAX_IGNORE_FILE_BYTES is not dropped, which
+    would index what its first lines exclude: its first MAX_IGNORE_FILE_BYTES, cut at a
+    line end, are honoured, a warning is logged, and the text says so (`truncated`,
+    `message`); the Rules built from it carry that message in their `warnings`."""
     got = _read_regular(path, MAX_IGNORE_FILE_BYTES)
+    if got == "too_large":
+        return _read_ignore_head(path, MAX_IGNORE_FILE_BYTES)
     if isinstance(got, str):
         return ""
-    data, _ = got
-    return data.decode("utf-8", errors="replace")
+    data, st = got
+    return IgnoreText(data.decode("utf-8", errors="replace"), path, st.st_size, st.st_size)
+
+
+def _read_ignore_head(path: str, max_bytes: int) -> str:
+    """The whole lines of the first `max_bytes` of an ignore file that is larger (opened
+    as `_read_regular` opens: no link followed, never blocking, regular files only)."""
+    flags = (
+        os.O_RDONLY
+        | getattr(os, "O_NOFOLLOW", 0)
+        | getattr(os, "O_NONBLOCK", 0)
+        | getattr(os, "O_CLOEXEC", 0)
+    )
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        log.debug("index: cannot open %s: %s", path, exc)
+        return ""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return ""
+        chunks: list[bytes] = []
+        got = 0
+        while got <= max_bytes:  # one byte more: is the last line whole?
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - got))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+    except OSError as exc:
+        log.debug("index: cannot read %s: %s", path, exc)
+        return ""
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) <= max_bytes:  # it shrank since: all of it
+        return IgnoreText(data.decode("utf-8", errors="replace"), path, len(data), len(data))
+    keep = max_bytes if data[max_bytes : max_bytes + 1] == b"\n" else data.rfind(b"\n", 0, max_bytes) + 1
+    size = max(st.st_size, len(data))
+    text = IgnoreText(data[:keep].decode("utf-8", errors="replace"), path, size, keep)
+    log.warning("index: %s is %d bytes, over the %d bytes read of an ignore file: only its first "
+                "%d bytes (%d lines) are honoured", path, size, max_bytes, keep, len(text.splitlines()))  # fmt: skip
+    return text
 
 
 def ignore_stack(root: str, patterns: list[str] | tuple[str, ...] = ()) -> IgnoreStack:
@@ -162,7 +209,8 @@ def ignore_stack(root: str, patterns: list[str] | tuple[str, ...] = ()) -> Ignor
     (when the root is inside a git work tree) and the root's own."""
     stack = IgnoreStack()
     if patterns:
-        stack.final = Rules("", [p for p in patterns if isinstance(p, str)])
+        stack.final = Rules("", [p for p in patterns if isinstance(p, str)],
+                            origin="the index.exclude option")  # fmt: skip
     root_path = Path(root)
     # The git work tree the root is in, if any; not a repository at or above the home
     # directory (a dotfiles repository whose .gitignore says `*` is not the project's).
@@ -323,11 +371,149 @@ class Source:
 
 
 def read_source(path: str, max_file_bytes: int) -> Source | str:
-    """The text of one source file, or the reason it is skipped (a short word; never raises)."""
+    """The text of one source file, or the reason it is skipped (a short word; never raises).
+    Only the last component of `path` is kept from being a link: a file of a workspace is read
+    with `read_workspace_file`, which refuses a link at any component under the root."""
     got = _read_regular(path, max_file_bytes)
-    if isinstance(got, str):
-        return got
-    data, st = got
+    return got if isinstance(got, str) else _source_of(*got)
+
+
+def read_workspace_file(root: str, path: str | bytes, max_file_bytes: int) -> Source | str:
+    """The text of the file `path` of the workspace root `root` (absolute, or relative to the
+    root; str or bytes), or the reason it is not read (a short word; never raises, never blocks).
+
+    Every component under the root is opened from the one above it (`openat`, `O_NOFOLLOW`),
+    so no link at any depth leads out of the root, whenever it appeared: a folder swapped for a
+    link after the walk reads nothing. Only a regular file is opened (`lstat` first, then
+    `O_NONBLOCK` and `fstat`: a FIFO or a device is never waited on), at most `max_file_bytes`
+    bytes are read, and the content rules of `read_source` apply. The root itself may be a link
+    (the user chose it)."""
+    rel = workspace_rel(root, path)
+    if rel is None:
+        return "outside_root"
+    fd = _open_inside(root, rel)
+    if isinstance(fd, str):
+        return fd
+    try:
+        got = _read_fd(fd, max_file_bytes, rel)
+    finally:
+        os.close(fd)
+    return got if isinstance(got, str) else _source_of(*got)
+
+
+def workspace_rel(root: str, path: str | bytes) -> str | None:
+    """`path` (absolute, or relative to `root`; str or bytes) as a '/'-separated path relative
+    to `root`, or None when it is not a file under it (`..`, `.` or empty components). Names that
+    are not UTF-8 stay as `os.fsdecode` makes them (surrogate escapes), so they round-trip."""
+    try:
+        text = os.fsdecode(path)
+    except (TypeError, ValueError):
+        return None
+    if os.path.isabs(text):
+        for base in (root, os.path.realpath(root)):
+            prefix = base.rstrip("/") + "/"
+            if text.startswith(prefix):
+                text = text[len(prefix) :]
+                break
+        else:
+            return None
+    parts = text.split("/")
+    if not text or "\0" in text or any(p in ("", ".", "..") for p in parts):
+        return None
+    return text
+
+
+def link_under(root: str, rel: str) -> str:
+    """'symlink' when a component of `rel` under `root` is a symbolic link, else '' (components
+    that do not exist yet, a new buffer's, are no link). For text that does not come from the
+    disk (an open buffer): a file reached through a link is not the workspace's."""
+    here = root
+    for name in rel.split("/"):
+        here = os.path.join(here, name)
+        try:
+            st = os.lstat(here)
+        except OSError:
+            return ""
+        if stat.S_ISLNK(st.st_mode):
+            return "symlink"
+    return ""
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+_FILE_FLAGS = (os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+               | getattr(os, "O_NOCTTY", 0))  # fmt: skip
+
+
+def _open_inside(root: str, rel: str) -> int | str:
+    """A read-only descriptor of the regular file `rel` under `root`, opened one component at a
+    time from the root's descriptor without following a link, or why not."""
+    if os.open not in os.supports_dir_fd or os.stat not in os.supports_dir_fd or not _NOFOLLOW:
+        # No openat here: lstat each component, then open the last without following it.
+        if link_under(root, rel):
+            return "symlink"
+        try:
+            return _checked_fd(os.open(os.path.join(root, rel), _FILE_FLAGS))
+        except FileNotFoundError:
+            return "vanished"
+        except OSError as exc:
+            return "symlink" if exc.errno == errno.ELOOP else "unreadable"
+    try:
+        dfd = os.open(root, _DIR_FLAGS)
+    except FileNotFoundError:
+        return "vanished"
+    except OSError as exc:
+        log.debug("index: cannot open the root %s: %s", root, exc)
+        return "unreadable"
+    try:
+        *folders, name = rel.split("/")
+        for i, step in enumerate([*folders, name]):
+            last = i == len(folders)
+            try:
+                st = os.stat(step, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                return "vanished"
+            except OSError as exc:  # EACCES, ENOTDIR, ...
+                log.debug("index: cannot look at %s under %s: %s", step, root, exc)
+                return "unreadable"
+            if stat.S_ISLNK(st.st_mode):
+                return "symlink"
+            if not last and not stat.S_ISDIR(st.st_mode):
+                return "vanished"  # a file where the path has a folder
+            if last and not stat.S_ISREG(st.st_mode):
+                return "special"  # a FIFO, socket or device is never opened
+            try:
+                fd = os.open(step, (_FILE_FLAGS if last else _DIR_FLAGS | _NOFOLLOW), dir_fd=dfd)
+            except FileNotFoundError:
+                return "vanished"
+            except OSError as exc:  # ELOOP: it became a link since the lstat
+                return "symlink" if exc.errno in (errno.ELOOP, errno.EMLINK) else "unreadable"
+            os.close(dfd)
+            dfd = fd
+            if last:
+                fd, dfd = dfd, -1
+                return _checked_fd(fd)
+        return "vanished"
+    finally:
+        if dfd >= 0:
+            os.close(dfd)
+
+
+def _checked_fd(fd: int) -> int | str:
+    """`fd` when it is a regular file (closed otherwise, and why)."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        return "unreadable"
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        return "special"
+    return fd
+
+
+def _source_of(data: bytes, st: os.stat_result) -> Source | str:
+    """The content rules of `read_source` for a file's bytes."""
     if b"\0" in data:
         return "binary"
     try:
@@ -335,42 +521,48 @@ def read_source(path: str, max_file_bytes: int) -> Source | str:
     except UnicodeDecodeError:
         return "not_utf8"
     text = text.removeprefix("\ufeff")
-    if SECRET_CONTENT.search(text):
-        return "secret_content"
     if any(len(line) > MAX_LINE_CHARS for line in text.splitlines()):
         return "minified"
+    # A line holding a secret (lsp.secrets) is emptied; the file's other lines are indexed.
+    text, masked = secrets.mask_secrets(text)
+    if masked:
+        log.debug("index: %d line(s) holding a secret masked", masked)
     return Source(text, st.st_size, st.st_mtime_ns)
 
 
 def check_text(text: str, max_file_bytes: int) -> str:
     """Why an open buffer's text may not be indexed ('' when it may): the content rules of
-    `read_source` for text that comes from the editor instead of the disk."""
+    `read_source` for text that comes from the editor instead of the disk. A secret does not
+    refuse a buffer: RepoMemory.update_file empties its line (lsp.secrets), whoever calls it."""
     if len(text) > max_file_bytes or len(text.encode("utf-8", errors="replace")) > max_file_bytes:
         return "too_large"
     if "\0" in text:
         return "binary"
-    if SECRET_CONTENT.search(text):
-        return "secret_content"
     if any(len(line) > MAX_LINE_CHARS for line in text.splitlines()):
         return "minified"
     return ""
 
 
 def _read_regular(path: str, max_bytes: int) -> tuple[bytes, os.stat_result] | str:
-    """(bytes, stat) of a regular file of at most `max_bytes`, or why not."""
-    flags = (
-        os.O_RDONLY
-        | getattr(os, "O_NOFOLLOW", 0)
-        | getattr(os, "O_NONBLOCK", 0)
-        | getattr(os, "O_CLOEXEC", 0)
-    )
+    """(bytes, stat) of a regular file of at most `max_bytes`, or why not (its last component
+    is not followed if it is a link; `_open_inside` checks every component under a root)."""
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, _FILE_FLAGS)
     except FileNotFoundError:
         return "vanished"
     except OSError as exc:  # EACCES, ELOOP (a symlink), ENXIO (a socket), ...
         log.debug("index: cannot open %s: %s", path, exc)
         return "unreadable"
+    try:
+        return _read_fd(fd, max_bytes, path)
+    finally:
+        os.close(fd)
+
+
+def _read_fd(fd: int, max_bytes: int, what: str) -> tuple[bytes, os.stat_result] | str:
+    """(bytes, stat) of the open regular file `fd`: at most `max_bytes` (one byte more is
+    read to tell a file that grew), or why not. Never blocks: `fd` is checked to be a regular
+    file first (a FIFO or a device is never read)."""
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -379,19 +571,20 @@ def _read_regular(path: str, max_bytes: int) -> tuple[bytes, os.stat_result] | s
             return "too_large"
         chunks: list[bytes] = []
         got = 0
-        while got <= st.st_size:  # one byte more than it should have: did it grow?
-            chunk = os.read(fd, min(1 << 20, st.st_size + 1 - got))
+        want = min(st.st_size, max_bytes) + 1  # one byte more than it should have: did it grow?
+        while got < want:
+            chunk = os.read(fd, min(1 << 20, want - got))
             if not chunk:
                 break
             chunks.append(chunk)
             got += len(chunk)
+        if got > max_bytes:
+            return "too_large"
         after = os.fstat(fd)
         if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns) or got != st.st_size:
-            log.debug("index: %s changed while being read; it will be read again later", path)
+            log.debug("index: %s changed while being read; it will be read again later", what)
             return "changed"
         return b"".join(chunks), st
     except OSError as exc:
-        log.debug("index: cannot read %s: %s", path, exc)
+        log.debug("index: cannot read %s: %s", what, exc)
         return "unreadable"
-    finally:
-        os.close(fd)

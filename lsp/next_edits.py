@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -43,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from dlm.coder_model import limits
 from dlm.coder_model.edit_memory import BurstTracker, EditMemory, GitMiner, Proposal, key_text, span_text
 from dlm.coder_model.types import CancelToken, MemoryProposal, Prompt
+from dlm.lsp import discovery
 from dlm.lsp.documents import Document
 from dlm.lsp.workspace import file_path
 
@@ -382,11 +382,19 @@ def scan_elsewhere(ls: DlmServer, uri: str, opened: list[tuple[str, list[str]]],
     """On the pool: the first file, in order, with a proposal at `nextEdits.minConfidenceJump` or
     above (that file's best): the other open documents (`opened`: snapshots), then the indexed
     files nearest `uri`, at most `nextEdits.otherFiles` files, until the deadline. A file on disk
-    is read only when it holds one of the patterns' key texts (`needles`)."""
+    is read only when it holds one of the patterns' key texts (`needles`).
+
+    A jump leads only to a file the index takes (Workspace.accepts: inside a root, not ignored,
+    not a secret, no link on the way) that `discovery.read_workspace_file` reads (a regular file,
+    never a FIFO or a device, within `index.maxFileBytes`): an open document too, whose editor
+    may have opened any file."""
     opts = ls.options.next_edits
     memory = ls.next_edits.memory
+    workspace = ls.workspace_index
     max_bytes = ls.options.index.max_file_bytes
+    stacks: dict = {}  # each root's ignore rules, read once for this scan (never the indexer's own)
     skip = {file_path(u) or u for u, _ in opened} | {file_path(uri) or uri}
+    open_uris = {u for u, _ in opened}
     sources: list[tuple[str, list[str] | None]] = list(opened)
     if len(sources) < opts.other_files:
         files = nearest_files(ls, uri, skip)[: opts.other_files - len(sources)]
@@ -395,33 +403,51 @@ def scan_elsewhere(ls: DlmServer, uri: str, opened: list[tuple[str, list[str]]],
     for target, lines in sources[: opts.other_files]:
         if time.monotonic() > until:
             break
+        path = file_path(target)
+        if path is None:
+            continue  # an untitled or remote buffer is no file of the workspace
         try:
             if lines is None:
-                path = file_path(target)
-                if path is None or os.path.getsize(path) > max_bytes:
+                got = workspace.read_file(path, max_bytes, stacks)
+                if isinstance(got, str) or not any(n in got.text for n in needles):
                     continue
-                text = Path(path).read_text(encoding="utf-8")
-                if not any(n in text for n in needles):
-                    continue
-                lines = Document(target, text).lines
+                lines = Document(target, got.text).lines
+            elif workspace.accepts(path, stacks):
+                continue
             found = memory.propose(ls.path_of(target), lines, 0, pending=pending, max_scan=opts.max_scan_lines,
                                    limit=1, open_edit=open_edit, cursor_here=False)
         except (OSError, UnicodeDecodeError, ValueError):
             continue  # unreadable, not text, or gone: not a place for a next edit
         if found and found[0].support >= opts.min_confidence_jump and found[0].applied >= JUMP_MIN_APPLIED:
+            if target in open_uris and not _open_document_indexable(ls, path, lines, stacks):
+                continue
             return target, found[0]  # the nearest file with a site over the gate
     return None
 
 
+def _open_document_indexable(ls: DlmServer, path: str, lines: list[str], stacks: dict) -> bool:
+    """An open document the index would take: its file on disk reads (`read_workspace_file`) and
+    its text passes the index's content rules (no secret, not binary, not too large)."""
+    max_bytes = ls.options.index.max_file_bytes
+    if not isinstance(ls.workspace_index.read_file(path, max_bytes, stacks), discovery.Source):
+        return False
+    return not discovery.check_text("".join(lines), max_bytes)
+
+
 def current(ls: DlmServer, uri: str) -> Document | None:
-    """The file as it is now: the open document, else read from disk (None when unreadable)."""
+    """The file as it is now: the open document, else read from disk like the index reads it
+    (Workspace.read_file: never through a link, never a FIFO or a device, within
+    `index.maxFileBytes`); None when the index would not take it or it is unreadable."""
     doc = ls.documents.get(uri)
     if doc is not None:
         return doc
     path = file_path(uri)
     if path is None:
         return None
+    got = ls.workspace_index.read_file(path, ls.options.index.max_file_bytes)
+    if isinstance(got, str):
+        return None
     try:
-        return Document(uri, Path(path).read_text(encoding="utf-8"), encoding=ls.documents.encoding)
-    except (OSError, UnicodeDecodeError, ValueError):
+        return Document(uri, got.text, encoding=ls.documents.encoding)
+    except ValueError:
         return None

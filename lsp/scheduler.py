@@ -81,6 +81,19 @@ class LatestWins:
         self._clock = clock
         self._call_later = call_later
         self._slots: dict[str, _Slot] = {}
+        self._failures: set[tuple[str, str]] = set()  # (what, exception type and message) said once
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        """A run that could not start or failed costs its request alone: each distinct failure is
+        logged once as a warning (the client shows warnings; a failure repeated on every
+        keystroke is one line, not one per keystroke), and again at debug level."""
+        self.stats.add("failed")
+        reason = (what, f"{type(exc).__name__}: {exc}"[:500])
+        if reason in self._failures or len(self._failures) >= 64:
+            log.debug("%s: %s", what, exc, exc_info=exc)
+            return
+        self._failures.add(reason)
+        log.warning("%s: %s (said once; suggestions go on without this one)", what, exc, exc_info=exc)
 
     async def submit(
         self, doc_id: str, key: Hashable, work: Callable[[CancelToken], Any] | None, valid: Callable[[], bool],
@@ -176,9 +189,8 @@ class LatestWins:
         if job.start is not None:
             try:
                 started = job.start(job.cancel)
-            except Exception as exc:  # a failure to build the prompt fails this request alone
-                log.error("prediction could not start: %s", exc, exc_info=exc)
-                self.stats.add("failed")
+            except Exception as exc:  # noqa: BLE001 - a failure to build the prompt fails this request alone
+                self._failed("prediction could not start", exc)
                 started = None
             if started is None:  # nothing to run (no context at this position)
                 self._resolve(job, None)
@@ -197,8 +209,7 @@ class LatestWins:
                 slot.running = None
             exc = f.exception()
             if exc is not None:
-                log.error("prediction failed: %s", exc, exc_info=exc)
-                self.stats.add("failed")
+                self._failed("prediction failed", exc)
                 self._resolve(job, None)
             else:
                 self._resolve(job, None if job.cancel.cancelled else f.result())

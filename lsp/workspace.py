@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from dlm.coder_model.layout import display_path
 from dlm.lsp import discovery
 from dlm.lsp.index_store import IndexStore, cache_base
 from dlm.lsp.options import IndexOptions
@@ -72,14 +73,18 @@ class ProgressEvent:
 
 
 def file_path(uri: str) -> str | None:
-    """The local path of a file: URI (None for other schemes: untitled buffers, remote ones)."""
+    """The local path of a file: URI (None for other schemes: untitled buffers, remote ones).
+    Percent-escaped bytes that are not UTF-8 (a file name in another encoding) decode as
+    `os.fsdecode` decodes them (surrogate escapes), so the path names the file on disk and the
+    walk's path for it; `dlm.coder_model.layout.display_path` renders it for the model and
+    for messages."""
     try:
         parsed = urlparse(uri)
     except ValueError:
         return None
     if parsed.scheme != "file" or not parsed.path:
         return None
-    return unquote(parsed.path)
+    return unquote(parsed.path, errors="surrogateescape")
 
 
 def _memory_class() -> Any:
@@ -191,6 +196,42 @@ class Workspace:
         for ri in list(self._roots.values()):
             out.extend(os.path.join(ri.path, rel) for rel in list(ri.manifest))
         return out
+
+    def accepts(self, path: str, stacks: dict[str, discovery.IgnoreStack] | None = None) -> str:
+        """Why the file at `path` is not one the index takes ('' when it is): inside a root (the
+        deepest), not vendored, a source file, not a secret by name, not ignored, and no link on
+        the way from the root. For a jump to another file (lsp.next_edits), from any thread:
+        `stacks` (root -> ignore rules, filled as needed) is the caller's, one per scan, never the
+        indexer's own."""
+        ri = max((r for r in list(self._roots.values()) if r.rel(path) is not None and not r.removed),
+                 key=lambda r: len(r.real), default=None)  # fmt: skip
+        if ri is None:
+            return "outside_root"
+        rel = ri.rel(path) or ""
+        if stacks is None:
+            stacks = {}
+        ignore = stacks.get(ri.real)
+        if ignore is None:
+            if discovery.refusal(ri.path):  # `/` or the home directory: never indexed
+                return "refused_root"
+            ignore = stacks[ri.real] = discovery.ignore_stack(
+                ri.real, tuple(x for x in self.options.exclude if isinstance(x, str))
+            )
+        return discovery.path_allowed(ri.real, rel, ignore) or discovery.link_under(ri.real, rel)
+
+    def read_file(self, path: str, max_bytes: int,
+                  stacks: dict[str, discovery.IgnoreStack] | None = None) -> discovery.Source | str:
+        """The text of a workspace file the index takes (`accepts`), read by
+        `discovery.read_workspace_file` (no link at any depth, never a FIFO or a device, at most
+        `max_bytes`), or why not."""
+        why = self.accepts(path, stacks)
+        if why:
+            return why
+        ri = max((r for r in list(self._roots.values()) if r.rel(path) is not None and not r.removed),
+                 key=lambda r: len(r.real), default=None)  # fmt: skip
+        if ri is None:
+            return "outside_root"
+        return discovery.read_workspace_file(ri.real, ri.rel(path) or "", max_bytes)
 
     @contextmanager
     def prediction(self):
@@ -544,7 +585,8 @@ class Workspace:
         last_report, last_pct = time.monotonic(), 0
         for i, cand in enumerate(todo):
             yield
-            got = discovery.read_source(os.path.join(ri.real, cand.rel), self.options.max_file_bytes)
+            # from the root's descriptor down: a folder swapped for a link since the walk reads nothing
+            got = discovery.read_workspace_file(ri.real, cand.rel, self.options.max_file_bytes)
             if isinstance(got, str):
                 skipped[got] += 1
                 self._drop(ri, cand.rel)  # vanished, or no longer something we index
@@ -675,6 +717,7 @@ class Workspace:
             kind = "read"
         if ri.memory is None or ri.ignore is None:
             if kind == "text" and not discovery.path_allowed(ri.real, rel, discovery.ignore_stack(ri.real)) \
+                    and not discovery.link_under(ri.real, rel) \
                     and not discovery.check_text(value, self.options.max_file_bytes):  # fmt: skip
                 self._open[path] = value  # the first walk puts it in
             return  # the first walk reads the disk
@@ -686,6 +729,8 @@ class Workspace:
                     self._drop(ri, r)
             return
         if kind == "text":
+            # a buffer of a file reached through a linked folder is not the workspace's
+            why = why or discovery.link_under(ri.real, rel)
             why = why or discovery.check_text(value, self.options.max_file_bytes)
             if why:
                 log.debug("index: not indexing the buffer %s: %s", rel, why)
@@ -704,9 +749,9 @@ class Workspace:
         if why:
             self._drop(ri, rel)
             return
-        got = discovery.read_source(path, self.options.max_file_bytes)
+        got = discovery.read_workspace_file(ri.real, rel, self.options.max_file_bytes)
         if isinstance(got, str):
-            log.debug("index: not indexing %s: %s", rel, got)
+            log.debug("index: not indexing %s: %s", display_path(rel), got)
             self._drop(ri, rel)
         else:
             self._put(ri, rel, got.text, (got.mtime_ns, got.size))
