@@ -118,6 +118,15 @@ class NextEdits:
         self.elsewhere: Elsewhere | None = None  # the last scan of the other files (propose_elsewhere)
         self.landing: Landing | None = None  # the last jump answered (propose_elsewhere)
 
+    def close(self) -> None:
+        """Stop every git miner (its process group is killed): nothing of a server outlives its shutdown."""
+        for miner in self.miners.values():
+            try:
+                miner.close()
+            except Exception:  # shutdown goes on; the miner's child dies with the server anyway
+                log.debug("closing a git miner failed", exc_info=True)
+        self.miners.clear()
+
     def configure(self, opts) -> None:
         self.memory.max_patterns = opts.max_patterns
         self.memory.max_edit_lines = opts.max_edit_lines

@@ -516,6 +516,7 @@ def shutdown(ls: DlmServer, params: Any) -> None:
     except Exception:  # the client is waiting for the shutdown reply: log, don't fail it
         log.exception("engine.close() failed")
     ls.pool.shutdown(wait=False, cancel_futures=True)
+    ls.next_edits.close()  # the git miners' process groups
     ls.workspace_index.close()  # saves the index if it changed, releases its lock
 
 

@@ -405,3 +405,19 @@ def test_the_child_dies_with_the_server(tmp_path):
         """)
     subprocess.run([sys.executable, "-c", server], check=True, timeout=10)
     assert _gone(int(_wait_file(pid_file)))
+
+
+def test_the_servers_shutdown_stops_every_git_miner():
+    """`shutdown` closes the next-edit state, which closes each miner (its process group is killed)."""
+    from dlm.lsp.next_edits import NextEdits
+
+    class Miner:
+        closed = 0
+
+        def close(self) -> None:
+            Miner.closed += 1
+
+    ne = NextEdits()
+    ne.miners = {"/a": Miner(), "/b": Miner()}
+    ne.close()
+    assert Miner.closed == 2 and ne.miners == {}
