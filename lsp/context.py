@@ -6,8 +6,10 @@ The editable region is snapped to syntax:
   masked block stays short (L ~ 32-48) and a step is cheap. Its Prompt is an
   insertion prompt (Prompt.insert, DESIGN §4): the region shows the model the
   line around the cursor, and the model writes only the text to insert there;
-- "wide" (after a pause or a jump, and for dlm/editPrediction): a few lines
-  around the cursor, widened to whole statements, to look for next edits.
+  the same after a pause, an explicit trigger or a jump when the cursor is at a completion point
+  (the end of the line's text, or only closing brackets, quotes or a colon after it; an empty line);
+- "wide" (after a pause or a jump with text after the cursor, and for dlm/editPrediction): a few
+  lines around the cursor, widened to whole statements, to look for next edits.
 
 The windows are sized by the one budget (coder_model.budget, `windows_for`),
 so that the layout fills the model's context as training's examples fill it.
@@ -68,11 +70,31 @@ def windows_for(budget: LayoutBudget, opts: ContextOptions) -> Windows:
     return Windows(chars_for(prefix), chars_for(suffix), cuts.history_chars)
 
 
-def choose_mode(doc: Document, row: int, opts: ContextOptions, now: float | None = None) -> Mode:
+# What may follow the cursor at a completion point: closing brackets, quotes, a colon, blanks.
+COMPLETION_POINT_TAIL = frozenset(")]}>\"'`: \t\r\n")
+
+
+def at_completion_point(line: str, col: int) -> bool:
+    """The cursor at the end of the line's text, or followed only by closing brackets, quotes or a
+    colon, or on an empty line: where an editor user expects the rest of the line to be offered."""
+    return all(ch in COMPLETION_POINT_TAIL for ch in line[col:])
+
+
+def choose_mode(doc: Document, row: int, opts: ContextOptions, now: float | None = None,
+                col: int | None = None) -> Mode:
+    """"typing" (an insertion at the cursor, the repository memory consulted) while the user types
+    here, and after a pause, an explicit trigger or a cursor move wherever the cursor is at a
+    completion point (`at_completion_point`): a user of Copilot or llama.vim gets the rest of the line
+    there whether or not a key came just before. "wide" (the region rewrite, for edits around the
+    cursor) elsewhere: mid-line after a pause, or with no column given."""
     now = time.monotonic() if now is None else now
     recent = doc.last_change_at and (now - doc.last_change_at) * 1000 < opts.idle_ms
     near = abs(row - doc.last_change_line) <= 1
-    return "typing" if recent and near else "wide"
+    if recent and near:
+        return "typing"
+    if col is not None and 0 <= row < len(doc.lines) and at_completion_point(doc.lines[row], col):
+        return "typing"
+    return "wide"
 
 
 def _chars(lines: list[str], a: int, b: int) -> int:

@@ -99,6 +99,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=10, help="cases per source (default 10)")
     parser.add_argument("--max-keys", type=int, default=40, help="characters typed per case at most (default 40)")
     parser.add_argument("--cps", type=float, default=8.0, help="typing speed, characters per second")
+    parser.add_argument("--pause-ms", type=int, default=0, metavar="MS",
+                        help="ask for the judged answer MS ms after the last keystroke (default 0: at once); "
+                        "500 measures what a user sees after a pause")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--thresholds", default=",".join(str(t) for t in DEFAULT_THRESHOLDS),
                         help="comma-separated confidence thresholds to report")
@@ -538,6 +541,11 @@ class EvalReplay(Bench):
                 col += len(piece)
             i += len(piece)
             ans = Answer(case.source, final=i >= len(typed), case_index=getattr(self, "case_index", -1))
+            pause_ms = getattr(self.args, "pause_ms", 0) or 0
+            if ans.final and pause_ms > 0:
+                # --pause-ms: the judged request comes after a pause (past the server's idle time), as
+                # when a user stops and waits, or asks explicitly, rather than right after the keystroke
+                await asyncio.sleep(pause_ms / 1000)
             sent = time.monotonic()
             text_now, cursor = current(), _offset(current(), row, col)
             fut = asyncio.ensure_future(client.text_document_inline_completion_async(types.InlineCompletionParams(

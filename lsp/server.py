@@ -614,7 +614,7 @@ async def text_document_inline_completion(ls: DlmServer, params: types.InlineCom
         ls.stats.add("requests")
         data = ls.type_through[doc.uri].get("data")
         return types.InlineCompletionList(items=[ls.inline_item(doc, row, col, rest, None, data)])
-    res = await ls.predict(doc, row, col, context.choose_mode(doc, row, ls.options.context))
+    res = await ls.predict(doc, row, col, context.choose_mode(doc, row, ls.options.context, col=col))
     if not ls.proposes(res, "insert_text") or not ls.gate(res, res["inline_rewrites_recent"]):
         return empty
     sugg, built = res["sugg"], res["built"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from dlm.coder_model.budget import CHARS_PER_TOKEN, chars_for, plan
 from dlm.coder_model.types import LayoutBudget
 from dlm.lsp import context, postprocess
@@ -82,6 +84,27 @@ def test_mode_typing_only_right_after_an_edit_near_the_cursor():
     assert context.choose_mode(doc, 10, ContextOptions()) == "typing"
     assert context.choose_mode(doc, 50, ContextOptions()) == "wide"  # a jump
     assert context.choose_mode(doc, 10, ContextOptions(), now=doc.last_change_at + 1.0) == "wide"
+
+
+def test_after_a_pause_or_a_jump_a_completion_point_still_gets_an_insertion():
+    """Where the rest of a line can be offered, a pause, an explicit trigger or a cursor move changes
+    nothing: the insertion (with the repository memory), as right after a keystroke; mid-line, the
+    region rewrite keeps its place."""
+    text = "def f(a):\n    return g(a\n    x = h()\n\n    if y:\n"
+    doc = Document("file:///p.py", text, 1, "python")  # opened: no keystroke yet
+    later = time.monotonic() + 10.0
+    cases = [
+        (1, len("    return g(a"), "typing"),  # the end of the line's text
+        (2, len("    x = h("), "typing"),  # only a closing bracket after it
+        (4, len("    if y"), "typing"),  # only a colon after it
+        (3, 0, "typing"),  # an empty line
+        (2, len("    x = "), "wide"),  # text after the cursor: the region rewrite
+        (0, 4, "wide"),
+    ]
+    for row, col, mode in cases:
+        assert context.choose_mode(doc, row, ContextOptions(), now=later, col=col) == mode, (row, col)
+    assert context.at_completion_point("    s = f(\"a\")", len("    s = f(\"a")) is True
+    assert context.at_completion_point("    s = f(a) + 1", len("    s = f(a")) is False
 
 
 def test_options_from_initialization_options():
