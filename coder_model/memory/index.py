@@ -52,6 +52,7 @@ SEAL_TOKENS = 40_000  # pending tokens sealed once a query has counted some of t
 SEAL_TOKENS_BULK = 250_000  # pending tokens sealed when no query has counted them
 TIER = 4  # sorted tables of one size tier merged into one
 QUERY_COUNT_TOKENS = 10_000  # pending tokens one query counts, at most (a few ms of work)
+QUERY_PIECE_TOKENS = 20_000  # a pending file longer than this is counted QUERY_COUNT_TOKENS a query
 # Of the current document above the cursor's line (below: half), for the file level. Measured on
 # xarray and astropy (200 cases each): 4k to 200k characters give the same exact match within a
 # point; the cost of the first query on a line grows with it.
@@ -61,6 +62,8 @@ OPEN_BUFFERS = 16  # open-buffer tables cached
 TAIL_CHARS = 4096  # of `before` lexed for the context, at most
 TYPED_WORD = -2  # token id of a half-typed word the vocabulary does not know
 MEMO_ENTRIES = 50_000  # next-token answers cached across keystrokes
+LEX_CHUNK_CHARS = 1 << 16  # an indexed file is lexed this much at a time (its token strings die per chunk)
+PROVISIONAL = MAX_TOKEN_ID + 1  # ids of a file's new tokens until they are interned
 _LINE_BREAK = re.compile(r"\r\n|\n|\r")  # the lexer's line breaks
 
 
@@ -140,6 +143,7 @@ class RepoMemory:
         self._delta = DictTable(order)
         self._delta_parts: list[tuple[str, array, int]] = []  # changes since the last seal
         self._counted = 0  # how many of _delta_parts are counted in _delta
+        self._counted_at = 0  # tokens of _delta_parts[_counted] counted in _delta
         self._snippets = SnippetIndex()
         self._lock = threading.RLock()  # readers, and writers' short mutations
         self._write_lock = threading.Lock()  # one writer at a time (merges run under it only)
@@ -186,6 +190,43 @@ class RepoMemory:
             out.append(i)
         return out
 
+    def _lex_ids(self, text: str) -> tuple[array, list[str]]:
+        """Token ids of `text`, lexed LEX_CHUNK_CHARS at a time (cut after a line feed, where the
+        lexer restarts exactly): a known token gets its id, a new one PROVISIONAL + its rank among
+        the new ones (first seen first); no list of the whole text's token strings is held."""
+        ids = self._ids
+        new: dict[str, int] = {}
+        out = array("I")
+        pos, n = 0, len(text)
+        while pos < n:
+            end = n if n - pos <= LEX_CHUNK_CHARS else text.find("\n", pos + LEX_CHUNK_CHARS) + 1
+            if end <= 0:
+                end = n
+            chunk = []
+            for tok in lex(text[pos:end]):
+                i = ids.get(tok)
+                if i is None:
+                    i = new.get(tok)
+                    if i is None:
+                        i = new[tok] = PROVISIONAL + len(new)
+                chunk.append(i)
+            out.extend(chunk)
+            pos = end
+        return out, list(new)
+
+    def _settle(self, ids: array, new: list[str]) -> None:
+        """Replace provisional ids by interned ones (called under the lock: the vocabulary grows
+        in the order the tokens first appear, as interning the whole stream at once does)."""
+        if not new:
+            return
+        real = self._intern(new)
+        import numpy as np
+
+        view = np.frombuffer(ids, dtype=np.uint32)
+        provisional = view >= PROVISIONAL
+        view[provisional] = np.frombuffer(real, dtype=np.uint32)[view[provisional] - PROVISIONAL]
+        del view
+
     def update_file(self, path: str, text: str) -> int:
         """Index `text` as the content of `path` (replacing what was there); its token count.
 
@@ -196,18 +237,21 @@ class RepoMemory:
         while complete() keeps answering from the tables it has.
         """
         text, _ = mask_secrets(text)  # every caller's text: files read, open buffers
-        toks = lex(text)
+        ids, new = self._lex_ids(text)
         lines = _LINE_BREAK.split(text)
+        del text
         with self._write_lock:
             old = self._files.get(path)
-            if self._tokens - (len(old) if old is not None else 0) + len(toks) > self.max_tokens:
+            if self._tokens - (len(old) if old is not None else 0) + len(ids) > self.max_tokens:
                 self._remove_locked(path)
                 return 0
             with self._lock:
-                ids = self._intern(toks)
+                self._settle(ids, new)
+            line_starts = self._starts_of_lines(ids)
+            with self._lock:
                 self._remove_counts(path)
                 self._files[path] = ids
-                self._line_starts[path] = self._starts_of_lines(ids)
+                self._line_starts[path] = line_starts
                 self._tokens += len(ids)
                 self._delta_parts.append((path, ids, +1))
                 self._snippets.update_file(path, lines)
@@ -233,13 +277,18 @@ class RepoMemory:
         self._delta_parts.append((path, old, -1))
 
     def _starts_of_lines(self, ids: array) -> array:
-        breaks = self._breaks
+        import numpy as np
+
+        # a copy of the line-break flags: readers may grow the vocabulary meanwhile
+        breaks = np.frombuffer(bytes(self._breaks), dtype=np.uint8)
         starts = array("I", [0])
-        starts.extend(i + 1 for i, t in enumerate(ids) if breaks[t])
+        if len(ids):
+            at = np.flatnonzero(breaks[np.frombuffer(ids, dtype=np.uint32)]) + 1
+            starts.frombytes(at.astype(np.uint32).tobytes())
         return starts
 
     def _maybe_seal(self) -> None:
-        limit = SEAL_TOKENS if self._counted else SEAL_TOKENS_BULK
+        limit = SEAL_TOKENS if self._counted or self._counted_at else SEAL_TOKENS_BULK
         if sum(len(toks) for _, toks, _ in self._delta_parts) >= limit:
             self._compact_locked(full=False)
 
@@ -264,6 +313,7 @@ class RepoMemory:
                 self._delta = DictTable(self.order)
                 self._delta_parts = []
                 self._counted = 0
+                self._counted_at = 0
         while True:
             segs = self._segments
             group = _merge_group(segs, full)
@@ -271,7 +321,8 @@ class RepoMemory:
                 return
             lo, hi = group
             merged_parts = _cancel([p for s in segs[lo:hi] for p in s.parts])
-            table = SortedTable.build(self.order, [(toks, sign) for _, toks, sign in merged_parts])
+            # counts add up: the merged tables' arrays, not their token streams, are counted again
+            table = SortedTable.merge(self.order, [s.table for s in segs[lo:hi]])
             with self._lock:
                 self._segments = segs[:lo] + (_Segment(table, merged_parts),) + segs[hi:]
             if full and len(self._segments) <= 1:
@@ -430,15 +481,29 @@ class RepoMemory:
         ws: list = [(+1, s.table) for s in self._segments]
         if self._delta_parts:
             # changes not counted yet are counted now, QUERY_COUNT_TOKENS a query at most (and at
-            # least one file): a query never counts a bulk index's 250k pending tokens at once
+            # least one file, but a file over QUERY_PIECE_TOKENS a piece at a time, the tokens
+            # before the piece as its history): a query never counts a bulk index's 250k pending
+            # tokens, or one big file, at once
             counted = 0
-            for _, toks, sign in self._delta_parts[self._counted :]:
-                if counted and counted + len(toks) > QUERY_COUNT_TOKENS:
+            parts = self._delta_parts
+            while self._counted < len(parts):
+                _, toks, sign = parts[self._counted]
+                at = self._counted_at
+                rest = len(toks) - at
+                if counted and counted + rest > QUERY_COUNT_TOKENS:
                     break
-                self._delta.add(toks, sign)
-                counted += len(toks)
-                self._counted += 1
-            if self._counted:
+                take = rest if rest <= QUERY_PIECE_TOKENS else QUERY_COUNT_TOKENS
+                if take:
+                    history = toks[max(0, at - self.order + 1) : at]
+                    self._delta.add(toks[at : at + take], sign, history=history)
+                    counted += take
+                if take == rest:
+                    self._counted += 1
+                    self._counted_at = 0
+                else:
+                    self._counted_at = at + take
+                    break
+            if self._counted or self._counted_at:
                 ws.append((+1, self._delta))
         if exclude_path is not None and exclude_path in self._files:
             ws.append((-1, self._excluded_table(exclude_path)))

@@ -17,6 +17,20 @@ windows, workspace) are merged per order with a weight per level, then
 smoothed by interpolated Witten-Bell from order 1 up to the longest context
 seen. Tables of one query may differ in order (the local levels count longer
 contexts than the workspace): a table is asked only up to its own.
+
+Building (`SortedTable.build` from token streams, `SortedTable.merge` of
+tables, whose counts add up) runs in numpy: the chain hash is CPython's
+hash((h, t)) computed bit for bit on uint64 arrays (checked against the
+interpreter once; otherwise the interpreter's own hash is used), keys are
+sorted with numpy's in-place sort, and counting, grouping and ordering run
+over SLICE_ENTRIES entries at a time. The numpy calls run in C without the
+GIL and each is short, so the event loop is never held up for long, and a
+build holds 16 bytes a token (chain, sorted keys) plus one slice beyond the
+table it makes; no per-position Python object exists. Measured on 2.1M
+tokens of site-packages Python indexed through lsp.workspace (2 shared
+cores): 110 s -> 18 s, peak RSS 834 -> 596 MB (about 280 B/token, mostly the
+tables themselves and the snippet index), longest event-loop gap 2.0 s ->
+0.3 s. A merge still holds the old tables and the new one at once.
 """
 
 from __future__ import annotations
@@ -24,6 +38,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import typing
 from array import array
 from bisect import bisect_left
 from collections import Counter
@@ -179,52 +194,133 @@ class SortedTable:
 
     @classmethod
     def build(cls, order: int, parts: Sequence[tuple[Sequence[int], int]]) -> SortedTable:
-        """Count every (token stream, sign) part; each stream is a whole file from its start."""
+        """Count every (token stream, sign) part; each stream is a whole file from its start.
+
+        Per order: the hash chain of every position (8 bytes a token), the
+        (context, token) keys of the positive and the negative parts sorted in
+        one uint64 array each (8 bytes a token), then counted slice by slice
+        (`_fill_order`). Nothing per position is a Python object.
+        """
+        np = _numpy()
         table = cls(order)
         table.tokens = sum(sign * len(toks) for toks, sign in parts)
-        parts = [(toks, sign) for toks, sign in parts if len(toks)]
-        # the hash chain of every position, one order further per pass (8 bytes a token)
-        chains = [array("q", [SEED]) * len(toks) for toks, _ in parts]
+        parts = [(_as_u32(np, toks), sign) for toks, sign in parts if len(toks)]
+        if not parts:
+            return table
+        chains = [np.full(len(toks), SEED, dtype=np.uint64) for toks, _ in parts]
+        runs: list[tuple[typing.Any, int]] = []
+        for sign in (1, -1):
+            n = sum(len(toks) for toks, s in parts if s == sign)
+            if n:
+                runs.append((np.empty(n, dtype=np.uint64), sign))
         for k in range(order):
-            pos: list[int] = []
-            neg: list[int] = []
+            at = {1: 0, -1: 0}
             for f, (toks, sign) in enumerate(parts):
                 if k:
-                    back = list(toks[: max(len(toks) - k, 0)])
-                    col = [BOS] * min(k, len(toks)) + back
-                    chains[f] = array("q", [hash(pair) for pair in zip(chains[f], col)])
-                (pos if sign > 0 else neg).extend(
-                    [((h & CTX_MASK) << TOKEN_BITS) | t for h, t in zip(chains[f], toks)]
-                )
-            table._fill(k, *_signed_counts(pos, neg))
-            del pos, neg
+                    _chain_back(np, chains[f], toks, k)
+                run = next(r for r, s in runs if s == sign)
+                _combined_into(np, run[at[sign] : at[sign] + len(toks)], chains[f], toks)
+                at[sign] += len(toks)
+            for run, _ in runs:
+                run.sort()  # numpy's sort: in place, in C, without the GIL
+            table._fill_order(k, runs, ())
         return table
 
-    def _fill(self, k: int, combined: list[int], counts: list[int]) -> None:
-        """Arrays of order k from distinct (context << TOKEN_BITS | token) keys, sorted, and their counts."""
-        m = len(combined)
-        if not m:
+    @classmethod
+    def merge(cls, order: int, tables: Sequence[SortedTable]) -> SortedTable:
+        """The table of all `tables`' parts together: counts of equal (context, token) keys add up
+        (zeros dropped), as `build` over their parts would count them."""
+        table = cls(order)
+        table.tokens = sum(t.tokens for t in tables)
+        for k in range(order):
+            table._fill_order(k, (), [t for t in tables if len(t.succ_tok[k])])
+        return table
+
+    def _fill_order(self, k: int, runs: Sequence[tuple[typing.Any, int]], tables: Sequence[SortedTable]) -> None:
+        """Arrays of order k from sorted (context << TOKEN_BITS | token) key runs (each occurrence
+        counts its run's sign) and from tables' order-k entries, SLICE_ENTRIES at a time: the
+        context key space is cut into equal ranges (keys are hashes, spread evenly), and each
+        range is counted, sorted and appended on its own, so the memory beyond the output is
+        bounded by a slice and no numpy call runs long on the GIL."""
+        np = _numpy()
+        total = sum(len(r) for r, _ in runs) + sum(len(t.succ_tok[k]) for t in tables)
+        if not total:
             return
-        shift = TOKEN_BITS
-        ctxs = [c >> shift for c in combined]
-        toks = [c & MAX_TOKEN_ID for c in combined]
-        starts = [0]
-        starts += [i for i in range(1, m) if ctxs[i] != ctxs[i - 1]]
-        ends = starts[1:] + [m]
-        totals = []
-        for lo, hi in zip(starts, ends):
-            if hi - lo == 1:
-                totals.append(counts[lo])
+        slices = max(1, -(-total // SLICE_ENTRIES))
+        bounds = [(i * (1 << CTX_BITS)) // slices for i in range(slices + 1)]
+        tviews = [
+            (
+                np.frombuffer(t.keys[k], dtype=np.uint64),
+                np.frombuffer(t.offsets[k], dtype=np.uint32),
+                np.frombuffer(t.succ_tok[k], dtype=np.uint32),
+                np.frombuffer(t.succ_cnt[k], dtype=np.int32),
+            )
+            for t in tables
+        ]
+        rcuts = [np.searchsorted(r, np.array(bounds[:-1] + [0], dtype=np.uint64) << np.uint64(TOKEN_BITS)) for r, _ in runs]
+        for rc, (r, _) in zip(rcuts, runs):
+            rc[-1] = len(r)
+        tcuts = [np.searchsorted(v[0], np.array(bounds, dtype=np.uint64)) for v in tviews]
+        out_keys, out_offsets, out_totals = self.keys[k], self.offsets[k], self.totals[k]
+        out_tok, out_cnt = self.succ_tok[k], self.succ_cnt[k]
+        for i in range(slices):
+            combs = []
+            cnts = []
+            for rc, (r, sign) in zip(rcuts, runs):
+                seg = r[rc[i] : rc[i + 1]]
+                if not len(seg):
+                    continue
+                starts = np.flatnonzero(seg[1:] != seg[:-1]) + 1
+                starts = np.concatenate((np.zeros(1, dtype=starts.dtype), starts))
+                combs.append(seg[starts])
+                cnts.append(np.diff(np.append(starts, len(seg))) * sign)
+            for tc, (tkeys, toff, ttok, tcnt) in zip(tcuts, tviews):
+                lo, hi = int(tc[i]), int(tc[i + 1])
+                if lo == hi:
+                    continue
+                sizes = np.diff(toff[lo : hi + 1]).astype(np.int64)
+                ctx = np.repeat(tkeys[lo:hi], sizes)
+                a, b = int(toff[lo]), int(toff[hi])
+                combs.append((ctx << np.uint64(TOKEN_BITS)) | ttok[a:b].astype(np.uint64))
+                cnts.append(tcnt[a:b].astype(np.int64))
+            if not combs:
                 continue
-            group = sorted(zip(counts[lo:hi], toks[lo:hi]), key=_by_count)
-            counts[lo:hi] = [c for c, _ in group]
-            toks[lo:hi] = [t for _, t in group]
-            totals.append(sum(counts[lo:hi]))
-        self.keys[k] = array("Q", [ctxs[i] for i in starts])
-        self.offsets[k] = array("I", starts + [m])
-        self.totals[k] = array("q", totals)
-        self.succ_tok[k] = array("I", toks)
-        self.succ_cnt[k] = array("i", counts)
+            if len(combs) == 1 and not tables:
+                comb, cnt = combs[0], cnts[0]
+            else:
+                comb = np.concatenate(combs)
+                cnt = np.concatenate(cnts)
+                by = np.argsort(comb, kind="stable")
+                comb = comb[by]
+                cnt = cnt[by]
+                starts = np.flatnonzero(comb[1:] != comb[:-1]) + 1
+                starts = np.concatenate((np.zeros(1, dtype=starts.dtype), starts))
+                comb = comb[starts]
+                cnt = np.add.reduceat(cnt, starts)
+                keep = cnt != 0
+                comb = comb[keep]
+                cnt = cnt[keep]
+            del combs, cnts
+            m = len(comb)
+            if not m:
+                continue
+            ctxs = comb >> np.uint64(TOKEN_BITS)
+            toks = (comb & np.uint64(MAX_TOKEN_ID)).astype(np.uint32)
+            starts = np.flatnonzero(ctxs[1:] != ctxs[:-1]) + 1
+            starts = np.concatenate((np.zeros(1, dtype=starts.dtype), starts))
+            # successors of a context by count, most first; equal counts keep the token order
+            group = np.zeros(m, dtype=np.int64)
+            group[starts[1:]] = 1
+            np.cumsum(group, out=group)
+            by = np.argsort((group << 32) | ((1 << 31) - 1 - cnt), kind="stable")
+            cnt = cnt[by]
+            toks = toks[by]
+            base = len(out_tok)
+            _extend(out_keys, ctxs[starts].astype(np.uint64))
+            _extend(out_offsets, (np.append(starts[1:], m) + base).astype(np.uint32))
+            _extend(out_totals, np.add.reduceat(cnt, starts).astype(np.int64))
+            _extend(out_tok, toks)
+            _extend(out_cnt, cnt.astype(np.int32))
 
     def lookup(self, k: int, key: int, limit: int) -> Stats | None:
         keys = self.keys[k - 1]
@@ -249,42 +345,94 @@ class SortedTable:
     ARRAYS = ("keys", "offsets", "totals", "succ_tok", "succ_cnt")
 
 
-def _by_count(ct: tuple[int, int]) -> int:
-    return -ct[0]
-
-
 def _by_value_desc(kv: tuple[int, float]) -> float:
     return -kv[1]
 
+# --- the sorted tables' build, in numpy ---------------------------------------------------------
 
-def _distinct(keys: list[int]) -> tuple[list[int], list[int]]:
-    """Sort `keys` in place; (distinct keys, how many of each)."""
-    keys.sort()
-    n = len(keys)
-    if not n:
-        return [], []
-    starts = [0]
-    starts += [i for i in range(1, n) if keys[i] != keys[i - 1]]
-    counts = [b - a for a, b in zip(starts, starts[1:] + [n])]
-    return [keys[i] for i in starts], counts
+SLICE_ENTRIES = 1 << 19  # entries counted and sorted at once by `_fill_order`
+CHAIN_CHUNK = 1 << 18  # positions hashed at once: bounds the temporaries and each call's GIL hold
+_U64 = (1 << 64) - 1
+_P61 = (1 << 61) - 1  # CPython's int hash modulus
+_XXPRIME_1 = 11400714785074694791
+_XXPRIME_2 = 14029467366897019727
+_XXPRIME_5 = 2870177450012600261
+_exact: bool | None = None  # whether `_pair_hash` equals this interpreter's hash((h, t))
 
 
-def _signed_counts(pos: list[int], neg: list[int]) -> tuple[list[int], list[int]]:
-    """Distinct keys and their counts: occurrences in `pos` minus occurrences in `neg`, zeros dropped."""
-    keys, counts = _distinct(pos)
-    if not neg:
-        return keys, counts
-    nkeys, ncounts = _distinct(neg)
-    taken = dict(zip(nkeys, ncounts))
-    for i, key in enumerate(keys):
-        c = taken.pop(key, None)
-        if c is not None:
-            counts[i] -= c
-    pairs = [(key, c) for key, c in zip(keys, counts) if c]
-    if taken:
-        pairs.extend((key, -c) for key, c in taken.items())
-        pairs.sort()
-    return [key for key, _ in pairs], [c for _, c in pairs]
+def _numpy() -> typing.Any:
+    import numpy
+
+    return numpy
+
+
+def _as_u32(np: typing.Any, toks: Sequence[int]) -> typing.Any:
+    if isinstance(toks, array) and toks.typecode == "I":
+        return np.frombuffer(toks, dtype=np.uint32) if len(toks) else np.zeros(0, dtype=np.uint32)
+    return np.asarray(toks, dtype=np.uint32)
+
+
+def _extend(out: array, values: typing.Any) -> None:
+    out.frombytes(values.tobytes())
+
+
+def _pair_hash(np: typing.Any, h: typing.Any, t: typing.Any) -> typing.Any:
+    """CPython's hash((h, t)) (64-bit: the tuple's xxHash over int hashes mod 2**61-1) of every
+    int64 `h` (given as its uint64 bits) and token id `t`, as uint64 bits."""
+    u = np.uint64
+    neg = (h >> u(63)).astype(bool)
+    a = np.where(neg, u(0) - h, h)
+    r = (a & u(_P61)) + (a >> u(61))
+    r -= np.where(r >= u(_P61), u(_P61), u(0))
+    lane = np.where(neg, u(0) - r, r)
+    lane[lane == u(_U64)] = u(_U64 - 1)  # hash(-1) is -2
+    acc = lane * u(_XXPRIME_2) + u(_XXPRIME_5)
+    acc = (acc << u(31)) | (acc >> u(33))
+    acc *= u(_XXPRIME_1)
+    acc += t.astype(np.uint64) * u(_XXPRIME_2)
+    acc = (acc << u(31)) | (acc >> u(33))
+    acc *= u(_XXPRIME_1)
+    acc += u(2 ^ (_XXPRIME_5 ^ 3527539))
+    acc[acc == u(_U64)] = u(1546275796)  # a tuple never hashes to -1
+    return acc
+
+
+def _hash_is_exact(np: typing.Any) -> bool:
+    global _exact
+    if _exact is None:
+        hs = [SEED, -1, -2, 0, 1, _P61, -_P61, _P61 + 1, -(1 << 63), (1 << 63) - 1, 0x7FFF_0123_4567_89AB]
+        ts = [BOS, 1, 7, MAX_TOKEN_ID, 3, 0, 99, 12345, 5, 8, 1 << 20]
+        want = np.array([hash((h, t)) for h, t in zip(hs, ts)], dtype=np.int64).view(np.uint64)
+        got = _pair_hash(np, np.array(hs, dtype=np.int64).view(np.uint64), np.array(ts, dtype=np.uint64))
+        _exact = bool((want == got).all())
+    return _exact
+
+
+def _chain_back(np: typing.Any, chain: typing.Any, toks: typing.Any, k: int) -> None:
+    """One step of the chain, in place: chain[i] = hash((chain[i], the token k places before i, or BOS))."""
+    n = len(chain)
+    exact = _hash_is_exact(np)
+    for lo in range(0, n, CHAIN_CHUNK):
+        hi = min(n, lo + CHAIN_CHUNK)
+        col = np.zeros(hi - lo, dtype=np.uint64)
+        src_lo = lo - k
+        if hi - k > 0:
+            first = max(src_lo, 0)
+            col[first - src_lo :] = toks[first : hi - k]
+        if exact:
+            chain[lo:hi] = _pair_hash(np, chain[lo:hi], col)
+        else:  # an interpreter that hashes otherwise: its own hash, one pair at a time
+            hs = chain[lo:hi].view(np.int64).tolist()
+            chain[lo:hi] = np.array([hash(p) for p in zip(hs, col.tolist())], dtype=np.int64).view(np.uint64)
+
+
+def _combined_into(np: typing.Any, out: typing.Any, chain: typing.Any, toks: typing.Any) -> None:
+    """out[i] = (context key of chain[i]) << TOKEN_BITS | toks[i], CHAIN_CHUNK at a time."""
+    for lo in range(0, len(chain), CHAIN_CHUNK):
+        hi = min(len(chain), lo + CHAIN_CHUNK)
+        np.bitwise_and(chain[lo:hi], np.uint64(CTX_MASK), out=out[lo:hi])
+        out[lo:hi] <<= np.uint64(TOKEN_BITS)
+        out[lo:hi] |= toks[lo:hi]
 
 
 # --- probabilities ---------------------------------------------------------------------------
