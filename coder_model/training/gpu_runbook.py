@@ -69,10 +69,12 @@ training run (a fresh machine) says so and still does its measurements.
 In $OUT each call leaves `callN.log` (what it printed), `callN-files.tar.xz`
 (configs, tokenizer, logs, benchmark outputs) and the weight shards as plain
 files, named after the call's checkpoint (`model-0000K-of-0000N.safetensors`);
-at most 8 files. The model the plan trains is the `cpu-base` preset (15.7M
-parameters): its bf16 weights (31 MiB) fit the 64 MiB that one call brings
-back, a 38M-parameter model (gpu-40m, 73 MiB) does not; cpu-base is also the
-largest shape meant to meet the CPU latency target (ModelConfig.PRESETS).
+at most 8 files. The model the plan trains is the `cpu-small` preset, the
+embedded model's shape (6.3M parameters, 12.7 MB of bf16 weights): the shape
+that meets the CPU latency target through the server. `cpu-base` (15.7M, 31 MiB
+of bf16 weights, which still come back in one call) was trained on an H200 and
+wrote much better code, but on a 2-vCPU CPU its step took 1.85 times as long
+and most answers missed the deadline (BENCHMARKS.md "GPU: one H200 lease").
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ class Plan:
     # training (python -m dlm.coder_model.training.train): the schedule is sized to the minutes left in
     # call1 (--steps 0: the trainer times steps train.SIZE_FROM..SIZE_TO, after compilation, and fits the
     # cosine to the rest)
-    preset: str = "cpu-base"
+    preset: str = "cpu-small"  # the embedded shape: the largest measured to meet the CPU latency target
     tokenizer: str = "coder_model/checkpoints/default/tokenizer.json"  # the embedded model's vocabulary
     context: int = 512
     block: int = 32
