@@ -75,9 +75,12 @@ def test_typing_sends_an_insertion_prompt_with_workspace_snippets_and_shows_the_
                     context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Invoked)))
                 return [] if res is None else (res.items if hasattr(res, "items") else res)
 
-            # opened, not typed in: the edit mode's region rewrite
-            items = await ask(3, 4)
+            # opened, not typed in, the cursor mid-line (text after it): the edit mode's region rewrite
+            items = await ask(1, 4)
             assert [i.insert_text for i in items] == ["REW"]
+            # opened, not typed in, at a completion point (the end of the line's text): the insertion
+            items = await ask(3, 4)
+            assert len(items) == 1 and items[0].insert_text == "INS_db_util_py" and items[0].range is None
             # typing on the last line: an insertion prompt, with the other file's lines as a snippet
             pos = types.Position(3, 4)
             client.text_document_did_change(types.DidChangeTextDocumentParams(

@@ -170,8 +170,8 @@ async def test_edit_prediction_away_from_cursor(client: LanguageClient):
             "newText": "DONE",
         }
     ]
-    # The inline request at the same place shows nothing: the edit is not at the cursor.
-    inline = await _inline(client, uri, 2, 12)
+    # An inline request mid-line (the region rewrite there) shows nothing: the edit is not at the cursor.
+    inline = await _inline(client, uri, 2, 4)
     assert not inline.items
 
 
