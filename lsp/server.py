@@ -36,8 +36,19 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from dlm.coder_model import limits
+from dlm.coder_model.languages import language_name
 from dlm.coder_model.types import Engine, LayoutBudget, MemoryProposal, Prediction, SamplerParams
-from dlm.lsp import context, convert, copilot_nes, framing, gate, next_edits, positions, postprocess
+from dlm.lsp import (
+    context,
+    convert,
+    copilot_nes,
+    framing,
+    gate,
+    next_edits,
+    positions,
+    postprocess,
+    syntax_check,
+)
 from dlm.lsp.convert import ACCEPT_COMMAND
 from dlm.lsp.documents import Document, Documents
 from dlm.lsp.engine_holder import EngineHolder
@@ -268,6 +279,7 @@ class DlmServer(LanguageServer):
             return None
         t_model = time.monotonic()
         sugg = postprocess.suggest(prompt.region, prompt.cursor, pred.text, prompt.suffix, prompt.prefix)
+        broken = self.breaks_syntax(doc, row, col, sugg)
         t_post = time.monotonic()
         late = pred.late or t_post > deadline  # the engine's word, or the time it took to get here
         if late:
@@ -297,6 +309,10 @@ class DlmServer(LanguageServer):
             pred.prefill_ms, pred.denoise_ms, pred.steps, pred.tokens, pred.context_tokens,
             pred.cached_tokens, len(prompt.region),
         )  # fmt: skip
+        if broken:  # accepting it would break the code (lsp.syntax_check): never shown
+            self.stats.add("held_back_syntax")
+            log.info("held back an insertion that %s: %.80r", broken, sugg.insert_text)
+            sugg.insert_text, sugg.replace_end = "", None
         self.maybe_send_status()
         if sugg.empty:
             self.stats.add("empty")
@@ -318,6 +334,24 @@ class DlmServer(LanguageServer):
         }  # fmt: skip
         self.last[uri] = result
         return result
+
+    def breaks_syntax(self, doc: Document, row: int, col: int, sugg: postprocess.Suggestion) -> str | None:
+        """Why accepting the inline insertion would break the document's syntax, or None
+        (lsp.syntax_check; on the event loop, the document as the request saw it: a window of
+        it is parsed, well under the model's time). A failure of the check shows the insertion."""
+        if not sugg.insert_text:
+            return None
+        t0 = time.monotonic()
+        try:
+            language = language_name(doc.language_id, doc.uri)
+            root = doc.syntax.tree().root_node if doc.syntax is not None else None  # the context parsed it
+            replaces = sugg.replace_end is not None
+            return syntax_check.check(language, doc.lines, row, col, sugg.insert_text, replaces, root)
+        except Exception:  # a grammar edge case must not cost the suggestion
+            log.exception("syntax check failed at row %d, column %d", row, col)
+            return None
+        finally:
+            self.stats.stage("syntax_ms", (time.monotonic() - t0) * 1000)
 
     def proposes(self, res: dict | None, what: str) -> bool:
         """Did a completed run propose something of this kind (an insertion, edits)? A run that

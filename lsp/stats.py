@@ -13,6 +13,7 @@ HELD_BACK_REASONS = {
     "gated_late": "late",
     "no_steps": "no time for a model step",
     "held_back_degenerate": "degenerate (repeats, blank lines)",
+    "held_back_syntax": "syntax",  # accepting it would break the line's syntax (lsp.syntax_check)
 }
 
 

@@ -57,8 +57,8 @@ async def test_capabilities(client: LanguageClient):
 
 async def test_completion_after_open_and_change(client: LanguageClient):
     open_document(client, URI, TEXT)
-    _insert(client, URI, 2, 4, 13, " * 2")  # "    y = x + 1 * 2"
-    res = await _inline(client, URI, 4, 17)
+    _insert(client, URI, 2, 4, 13, " * ")  # "    y = x + 1 * ": the fake's "FAKE" completes it
+    res = await _inline(client, URI, 4, 16)
     assert len(res.items) == 1
     item = res.items[0]
     assert item.insert_text == "FAKE"
@@ -66,10 +66,10 @@ async def test_completion_after_open_and_change(client: LanguageClient):
     assert item.command.command == "dlm.acceptCompletion"
     # The fallback completion provider offers the same text as a text edit at the cursor.
     comp = await client.text_document_completion_async(
-        types.CompletionParams(types.TextDocumentIdentifier(URI), types.Position(4, 17))
+        types.CompletionParams(types.TextDocumentIdentifier(URI), types.Position(4, 16))
     )
     assert comp.items[0].text_edit.new_text == "FAKE"
-    assert comp.items[0].text_edit.range.start == types.Position(4, 17)
+    assert comp.items[0].text_edit.range.start == types.Position(4, 16)
 
 
 async def test_burst_latest_wins(client: LanguageClient):

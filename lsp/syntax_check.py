@@ -1,0 +1,255 @@
+"""Would accepting an inline suggestion break the code's syntax? (the server holds it back)
+
+The model's insertion at the cursor is judged by tree-sitter (the grammars of
+coder_model.regions.GRAMMARS), on a window of the document around the cursor, before
+and after the insertion:
+
+- after: the window with the insertion applied. No syntax problem on the edited lines
+  (the cursor line through the line where the insertion ends): it is shown;
+- before: the same window as the user has it. The edited line had no problem: the
+  insertion introduced one, and it is held back (`return x in self._h` + `ers:`);
+- the line was already broken (a half-typed line: `x = foo(`): both lines are closed the
+  way a user would go on typing (the brackets left open on the line are closed at its
+  end); held back when the closed line before is clean and the closed line after is not
+  (`x = foo(` + `a, b):`), shown otherwise (`x = foo(` + `a, b)` completes it).
+
+A syntax problem is an ERROR node on the edited lines, or a MISSING node the parser put
+before the end of the insertion (a token the insertion skipped). A MISSING node at or
+after the insertion's end is a token the user has yet to type (`if (x) {` wants its `}`,
+`let x = f(a)` its `;`): an unfinished line, not a broken one. Hence an insertion that
+opens a bracket passes and one that closes a bracket nothing opened does not.
+
+What it cannot see: a valid statement in the wrong place (`del d[k]` under
+`if k not in d:`), or a valid one that means nothing (`self.value` alone on a line).
+
+The window (MAX_BEFORE lines back to the nearest line at indentation 0, else to the least
+indented line; MAX_AFTER lines on, up to a line less indented than the window's first)
+keeps a check under a millisecond or so on real files: parsing the window costs about
+as much as a few hundred lines, never the whole file. No torch here; tree-sitter is
+imported when a grammar is first asked for.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from dlm.coder_model import regions
+from dlm.coder_model.regions import content, split_lines, utf8_length
+
+log = logging.getLogger(__name__)
+
+MAX_BEFORE = 60  # lines looked back for the start of the enclosing top-level statement
+MAX_AFTER = 30  # lines after the cursor (a closing brace, the body of a header)
+_OPEN = {"(": ")", "[": "]", "{": "}"}
+_CLOSE = {v: k for k, v in _OPEN.items()}
+_QUOTES = "\"'`"
+
+
+@dataclass(frozen=True)
+class Window:
+    """Lines of the document around the cursor: `lines[row]` is the cursor line."""
+
+    lines: list[str]  # with their terminators
+    row: int
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def _starts_token(root, lines: list[str], r: int) -> bool:
+    """Does a token of the tree start at line r's first character? (not inside a string or
+    comment that began above: a window starting there would read prose as code)"""
+    if root is None:
+        return True
+    text = content(lines[r])
+    point = (r, utf8_length(text[: _indent(text)]))
+    node = root.descendant_for_point_range(point, point)
+    return node is not None and (node.start_point[0], node.start_point[1]) == (point[0], point[1])
+
+
+def window(lines: list[str], row: int, root=None) -> Window:
+    """The lines around `row` the check parses: from the nearest line at indentation 0 within
+    MAX_BEFORE lines (else the least indented one there, the nearest of those), to MAX_AFTER lines
+    after, stopping before a line less indented than the first. With the document's tree (`root`),
+    a window starts and ends only where a token starts (never inside a docstring), and a cut
+    after MAX_AFTER lines falls between two statements of the cursor's block where it can: a
+    window cut inside a statement makes an ERROR of its last lines that may reach back to the
+    cursor line."""
+    start, least = row, None
+    for r in range(row - 1, max(-1, row - 1 - MAX_BEFORE), -1):
+        text = content(lines[r])
+        if not text.strip():
+            continue
+        ind = _indent(text)
+        if (least is None or ind < least) and _starts_token(root, lines, r):
+            least, start = ind, r
+            if ind == 0:
+                break
+    base = least if least is not None else _indent(content(lines[row]))
+    end, limit = row, min(len(lines), row + 1 + MAX_AFTER)
+    body = None  # the indentation of the first line after the cursor: its block's statements
+    cut = None  # the last row before a statement of that block starts
+    for r in range(row + 1, len(lines)):
+        text = content(lines[r])
+        if text.strip():
+            ind = _indent(text)
+            if ind < base:
+                return Window(lines[start : end + 1], row - start)
+            body = ind if body is None else body
+            if ind <= body and _starts_token(root, lines, r):
+                cut = end
+        if r >= limit:
+            break
+        end = r
+    if end == len(lines) - 1:
+        return Window(lines[start:], row - start)
+    return Window(lines[start : (cut if cut is not None and cut > row else end) + 1], row - start)
+
+
+def _problems(root, lo: int, hi: int, typed_to: int) -> list:
+    """The syntax problems of a tree on the bytes lo..hi: ERROR nodes that touch them, MISSING
+    nodes placed before `typed_to` (the insertion's end; later ones are yet to be typed)."""
+    out = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if node.end_byte < lo or node.start_byte > hi:
+            continue
+        if node.is_missing:
+            if node.start_byte < typed_to:
+                out.append(node)
+            continue
+        if node.type == "ERROR":
+            out.append(node)
+            continue
+        if node.has_error:
+            stack.extend(node.children)
+    return out
+
+
+def _open_brackets(text: str) -> list[str]:
+    """The brackets a line leaves open, innermost last (string literals skipped, roughly:
+    a quote opens a string up to the same quote; a closer with no opener clears nothing)."""
+    stack: list[str] = []
+    quote = ""
+    escaped = False
+    for ch in text:
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = ""
+        elif ch in _QUOTES:
+            quote = ch
+        elif ch in _OPEN:
+            stack.append(ch)
+        elif ch in _CLOSE and stack and stack[-1] == _CLOSE[ch]:
+            stack.pop()
+    return stack
+
+
+def _closed(line: str) -> str:
+    """A line with the brackets it leaves open closed at its end (its terminator kept); a
+    trailing comma goes first (`f(a, ` is closed as `f(a)`: C takes no `f(a, )`)."""
+    text = content(line)
+    eol = line[len(text) :]
+    body = text.rstrip()
+    body = body.removesuffix(",")
+    closers = "".join(_OPEN[c] for c in reversed(_open_brackets(body)))
+    return body + closers + eol
+
+
+class _Parsed:
+    """A window's text parsed, with the byte span of its edited lines."""
+
+    def __init__(self, parser, lines: list[str], first: int, last: int, typed_to_char: int, col: int) -> None:
+        # typed_to_char: the insertion's end, col: the cursor, in code points from the start of line `first`
+        head = "".join(lines[:first])
+        edited = "".join(lines[first : last + 1])
+        text = head + edited + "".join(lines[last + 1 :])
+        self.lo = utf8_length(head)
+        self.hi = self.lo + utf8_length(content(edited))
+        self.typed_to = self.lo + utf8_length(edited[:typed_to_char])
+        self.cursor = self.lo + utf8_length(edited[:col])
+        self.root = parser.parse(text.encode("utf-8", "surrogatepass")).root_node
+
+    def problems(self) -> list:
+        return _problems(self.root, self.lo, self.hi, self.typed_to)
+
+    def typed_errors(self) -> list:
+        """ERROR nodes that start in the insertion (or, before it, at or after the cursor)."""
+        return [
+            n
+            for n in self.problems()
+            if n.type == "ERROR" and self.cursor <= n.start_byte <= max(self.typed_to - 1, self.cursor)
+        ]
+
+
+def _parser(language: str):
+    lang = regions.grammar(language)
+    if lang is None:
+        return None
+    from tree_sitter import Parser
+
+    return Parser(lang)
+
+
+def check(
+    language: str, lines: list[str], row: int, col: int, text: str, replace_rest: bool = False, root=None
+) -> str | None:
+    """Why inserting `text` at (row, col) of the document `lines` (with terminators; col in code
+    points) breaks its syntax, or None (it does not, or the language has no grammar here).
+    `replace_rest`: the insertion replaces the rest of the cursor line. `root`: the root node of
+    the document's tree, if one is kept (it picks the window: `window`)."""
+    if not text or not 0 <= row < len(lines):
+        return None
+    parser = _parser(language)
+    if parser is None:
+        return None
+    if not _starts_token(root, lines, row) and content(lines[row])[:col].strip():
+        return None  # inside a string or comment begun on a line above (a docstring's prose)
+    win = window(lines, row, root)
+    wl, wr = win.lines, win.row
+    line = wl[wr]
+    body = content(line)
+    eol = line[len(body) :] or ("\n" if wr < len(wl) - 1 else "")
+    col = min(col, len(body))
+    rest = "" if replace_rest else body[col:]
+    new = split_lines(body[:col] + text + rest + eol)
+    if new[-1] == "" and len(new) > 1:
+        new.pop()
+    after = wl[:wr] + new + wl[wr + 1 :]
+    last = wr + len(new) - 1
+    typed_to = len("".join(new[:-1])) + len(split_lines(body[:col] + text)[-1])
+    parsed_after = _Parsed(parser, after, wr, last, typed_to, col)
+    if not parsed_after.problems():
+        return None
+    before = _Parsed(parser, wl, wr, wr, col, col)
+    if not before.problems():
+        return "introduces a syntax error"
+    # A half-typed line: compare both as the user would finish them (open brackets closed).
+    closed_before = _Parsed(parser, wl[:wr] + [_closed(line)] + wl[wr + 1 :], wr, wr, col, col)
+    closed_after = _Parsed(
+        parser, after[:last] + [_closed(after[last])] + after[last + 1 :], wr, last, typed_to, col
+    )
+    if not closed_before.problems():
+        return "leaves the line broken past completing" if closed_after.problems() else None
+    # Broken past what closing its brackets mends (C's `foo()` wants its `;`): held back only for
+    # an error that starts inside the insertion where the line had none from the cursor on.
+    if closed_after.typed_errors() and not closed_before.typed_errors():
+        return "introduces a syntax error in a half-typed line"
+    return None
+
+
+def check_text(language: str, before: str, after: str, text: str, replace_rest: bool = False) -> str | None:
+    """`check` on a document given as its text before and after the cursor."""
+    lines = split_lines(before + after)
+    row = len(split_lines(before)) - 1
+    col = len(split_lines(before)[-1])
+    parser = _parser(language)
+    root = parser.parse((before + after).encode("utf-8", "surrogatepass")).root_node if parser else None
+    return check(language, lines, row, col, text, replace_rest, root)
