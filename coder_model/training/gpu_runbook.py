@@ -143,6 +143,7 @@ class Plan:
     valid_examples: int = 512
     extra_train_args: list[str] = field(default_factory=list)
     stop_wait_s: int = 30  # after SIGTERM: the step in flight ends and the final checkpoint is written
+    setup_s: int = 20  # the trainer's start before its --minutes clock runs (tokenizer, validation set)
     # the measurements of call2, with the GPU to themselves: (file name in $OUT, command, timeout s)
     benches: list[tuple[str, list[str], int]] = field(default_factory=lambda: [
         ("bench_kernels.txt", ["-m", "dlm.kernels.bench", "--reps", "100"], 60),
@@ -161,7 +162,7 @@ class Plan:
 
     def train_minutes(self, started_in_call1_s: float) -> float:
         """Wall minutes the run may take so that its final checkpoint is written inside call1."""
-        left = self.call_seconds[0] - started_in_call1_s - self.copy_margin_s - self.stop_wait_s
+        left = self.call_seconds[0] - started_in_call1_s - self.copy_margin_s - self.stop_wait_s - self.setup_s
         return max(0.2, left / 60)
 
     def train_args(self, corpus: str, out: str, minutes: float, edits: str) -> list[str]:
@@ -192,7 +193,7 @@ class Plan:
 def rehearsal_plan(work: str) -> Plan:
     """The same agenda on this CPU in seconds: a tiny model, tiny benches, CUDA tests collected and skipped."""
     return Plan(
-        device="cpu", work=work, call_seconds=(110, 200), copy_margin_s=5, stop_wait_s=10,
+        device="cpu", work=work, call_seconds=(110, 200), copy_margin_s=5, stop_wait_s=10, setup_s=10,
         tests=["tests/cuda", "-m", "cuda"], tests_timeout_s=120,
         preset="test-tiny", context=64, block=16, batch=4, workers=1, dtype="fp32",
         compile=False, save_every_minutes=0.05, save_dtype="bf16", eval_every=20, valid_examples=8,
@@ -589,7 +590,9 @@ def _stop(call: Call, why: str) -> None:
         return
     call.say(f"stopping training (pid {pid}): {why}")
     try:
-        os.killpg(pid, signal.SIGTERM)
+        # the trainer alone: its example-building workers are in the same process group, and a
+        # worker killed under it would end the trainer with an error instead of its final checkpoint
+        os.kill(pid, signal.SIGTERM)
     except (ProcessLookupError, PermissionError):
         return
     end = time.monotonic() + call.plan.stop_wait_s
