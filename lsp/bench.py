@@ -118,6 +118,8 @@ def _chunk(text: str, rng: random.Random) -> tuple[int, int]:
 
 
 class Bench:
+    PROGRAM = "dlm-lsp bench"  # in the messages that end a run
+
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.rng = random.Random(args.seed)
@@ -216,19 +218,23 @@ class Bench:
                 f"raise --load-timeout (server log: {log_file})"
             )
         if getattr(self.args, "workspace", None):
-            await self._wait_index(client, log_file, deadline)
+            await self.wait_index(client, log_file, deadline)
 
-    async def _wait_index(self, client, log_file: str, deadline: float) -> None:
-        """--workspace: replay only once the repository memory has indexed it, as a user who waits for it."""
+    async def wait_index(self, client, log_file: str, deadline: float, refuse_off: bool = True) -> dict:
+        """Wait for the workspace index to be ready (replay only then, as a user who waits for it) and
+        return its status; an index that is `failed` or `off` ends the run with why (`refuse_off`) or is
+        returned as it is; past `deadline`, the run ends."""
         while time.monotonic() < deadline:
             index = (await request(client, "dlm/stats", {})).get("index") or {}
             if index.get("state") == "ready":
-                return
+                return index
             if index.get("state") in ("failed", "off"):
-                raise SystemExit(f"dlm-lsp bench: the workspace index is {index.get('state')}: "
+                if not refuse_off:
+                    return index
+                raise SystemExit(f"{self.PROGRAM}: the workspace index is {index.get('state')}: "
                                  f"{index.get('message', '')} (server log: {log_file})")
             await asyncio.sleep(0.5)
-        raise SystemExit(f"dlm-lsp bench: the workspace index was not ready after {self.args.load_timeout:.0f} s; "
+        raise SystemExit(f"{self.PROGRAM}: the workspace index was not ready after {self.args.load_timeout:.0f} s; "
                          f"raise --load-timeout (server log: {log_file})")
 
     async def _replay(self, client, types) -> None:

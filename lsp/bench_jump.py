@@ -28,6 +28,8 @@ EDIT_PAUSE_S = 1.7  # over the burst tracker's pause (1.5 s)
 
 
 class JumpBench(Bench):
+    PROGRAM = "dlm-lsp bench_jump"
+
     def __init__(self, args: argparse.Namespace) -> None:
         super().__init__(args)
         self.latencies: list[float] = []
@@ -44,14 +46,8 @@ class JumpBench(Bench):
 
     async def _wait_ready(self, client, log_file: str) -> None:
         await super()._wait_ready(client, log_file)
-        deadline = time.monotonic() + self.args.load_timeout
-        while time.monotonic() < deadline:
-            self.index = (await request(client, "dlm/stats", {})).get("index") or {}
-            if self.index.get("state") in ("ready", "failed", "off"):
-                return
-            await asyncio.sleep(0.5)
-        raise SystemExit(f"dlm-lsp bench_jump: the workspace index was not ready after {self.args.load_timeout:.0f} s; "
-                         "raise --load-timeout")
+        self.index = await self.wait_index(client, log_file, time.monotonic() + self.args.load_timeout,
+                                           refuse_off=False)
 
     async def _replay(self, client, types) -> None:
         a = self.args

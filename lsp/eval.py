@@ -452,6 +452,8 @@ def write_plot(summary: dict, latencies: list[float], path: Path) -> None:
 class EvalReplay(Bench):
     """`dlm-lsp bench`'s client and server handling, replaying TypingCases."""
 
+    PROGRAM = "dlm-lsp eval"
+
     def __init__(self, args: argparse.Namespace, cases: list[TypingCase]) -> None:
         super().__init__(args)
         self.cases = cases

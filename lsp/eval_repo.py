@@ -108,20 +108,7 @@ class RepoReplay(EvalReplay):
         await super()._wait_ready(client, log_file)
         if self.options.get("index", {}).get("enabled", True) is False:
             return
-        from dlm.lsp.bench import request
-
-        deadline = time.monotonic() + self.args.load_timeout
-        while time.monotonic() < deadline:
-            index = (await request(client, "dlm/stats", {})).get("index") or {}
-            if index.get("state") == "ready":
-                self.index_status = index
-                return
-            if index.get("state") in ("failed", "off"):
-                raise SystemExit(f"dlm-lsp eval: the workspace index is {index.get('state')}: "
-                                 f"{index.get('message', '')} (server log: {log_file})")
-            await asyncio.sleep(0.5)
-        raise SystemExit(f"dlm-lsp eval: the workspace index was not ready after {self.args.load_timeout:.0f} s; "
-                         f"raise --load-timeout (server log: {log_file})")
+        self.index_status = await self.wait_index(client, log_file, time.monotonic() + self.args.load_timeout)
 
 
 def summarize_repo(finals: list[tuple[RepoCase, Answer]], thresholds: list[float]) -> dict:

@@ -23,38 +23,13 @@ import pytest
 from dlm.lsp import discovery, index_store, next_edits
 from dlm.lsp.options import IndexOptions, NextEditOptions
 from dlm.lsp.workspace import Workspace, _memory_class
+from test_workspace_index import FakeMemory  # tests/lsp is on the path, as for lsp_helpers
 
 LINK_REFUSED = "is a symbolic link; remove it: the cache never follows links"
 
 
-class TextMemory:
-    """The storage side of RepoMemory's interface: the indexed texts by path."""
-
-    def __init__(self, max_tokens: int = 20_000_000) -> None:
-        self.max_tokens = max_tokens
-        self.texts: dict[str, str] = {}
-
-    def update_file(self, path: str, text: str) -> int:
-        self.texts[path] = text
-        return max(1, len(text.split()))
-
-    def remove_file(self, path: str) -> None:
-        self.texts.pop(path, None)
-
-    @property
-    def files(self) -> int:
-        return len(self.texts)
-
-    @property
-    def tokens(self) -> int:
-        return sum(len(t.split()) for t in self.texts.values())
-
-    def save(self, fh) -> None:
-        fh.write(b"{}")
-
-    @classmethod
-    def load(cls, fh) -> TextMemory:
-        raise ValueError("never reused in these tests")
+# the storage side of RepoMemory's interface: the indexed texts by path
+TextMemory = FakeMemory
 
 
 @pytest.fixture(autouse=True)
