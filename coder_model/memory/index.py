@@ -39,7 +39,7 @@ from dlm.coder_model.memory.ngram import (
     next_tokens,
     order_keys,
 )
-from dlm.coder_model.memory.retrieve import Snippet, SnippetIndex
+from dlm.coder_model.memory.retrieve import Snippet, SnippetIndex, snippet_windows
 from dlm.lsp.secrets import contains_secret, inserted_secret, mask_secrets
 
 DEFAULT_ORDER = 6
@@ -62,6 +62,7 @@ OPEN_BUFFERS = 16  # open-buffer tables cached
 TAIL_CHARS = 4096  # of `before` lexed for the context, at most
 TYPED_WORD = -2  # token id of a half-typed word the vocabulary does not know
 MEMO_ENTRIES = 50_000  # next-token answers cached across keystrokes
+INTERN_BATCH = 4096  # new tokens interned per hold of the readers' lock
 LEX_CHUNK_CHARS = 1 << 16  # an indexed file is lexed this much at a time (its token strings die per chunk)
 PROVISIONAL = MAX_TOKEN_ID + 1  # ids of a file's new tokens until they are interned
 _LINE_BREAK = re.compile(r"\r\n|\n|\r")  # the lexer's line breaks
@@ -215,11 +216,16 @@ class RepoMemory:
         return out, list(new)
 
     def _settle(self, ids: array, new: list[str]) -> None:
-        """Replace provisional ids by interned ones (called under the lock: the vocabulary grows
-        in the order the tokens first appear, as interning the whole stream at once does)."""
+        """Replace provisional ids by interned ones (the vocabulary grows in the order the tokens
+        first appear, as interning the whole stream at once does). Interning takes the readers'
+        lock INTERN_BATCH tokens at a time: a file of 50k new tokens would otherwise hold every
+        suggestion up for 0.15 s. `ids` is not published yet, so a reader never sees it half done."""
         if not new:
             return
-        real = self._intern(new)
+        real = array("I")
+        for lo in range(0, len(new), INTERN_BATCH):
+            with self._lock:
+                real.extend(self._intern(new[lo : lo + INTERN_BATCH]))
         import numpy as np
 
         view = np.frombuffer(ids, dtype=np.uint32)
@@ -238,15 +244,16 @@ class RepoMemory:
         """
         text, _ = mask_secrets(text)  # every caller's text: files read, open buffers
         ids, new = self._lex_ids(text)
-        lines = _LINE_BREAK.split(text)
+        # the snippet windows' identifiers (regular expressions over every line) are found here,
+        # outside the readers' lock, which then covers only their insertion
+        windows = snippet_windows(_LINE_BREAK.split(text))
         del text
         with self._write_lock:
             old = self._files.get(path)
             if self._tokens - (len(old) if old is not None else 0) + len(ids) > self.max_tokens:
                 self._remove_locked(path)
                 return 0
-            with self._lock:
-                self._settle(ids, new)
+            self._settle(ids, new)
             line_starts = self._starts_of_lines(ids)
             with self._lock:
                 self._remove_counts(path)
@@ -254,7 +261,7 @@ class RepoMemory:
                 self._line_starts[path] = line_starts
                 self._tokens += len(ids)
                 self._delta_parts.append((path, ids, +1))
-                self._snippets.update_file(path, lines)
+                self._snippets.add_windows(path, windows)
             self._maybe_seal()
             return len(ids)
 
@@ -606,8 +613,9 @@ class RepoMemory:
         """Write the index: versioned, little-endian arrays, CRC-checked; no pickle."""
         from dlm.coder_model.memory import persist
 
-        with self._write_lock:  # no writer meanwhile: files, tables and snippets stay as they are
-            self._compact_locked(full=True)
+        # The file holds the files' tokens and the snippets, not the tables (persist), so nothing
+        # is merged for it: a merge of every table would hold the old tables and the new at once.
+        with self._write_lock:  # no writer meanwhile: files and snippets stay as they are
             with self._lock:
                 # the only thing readers change is the vocabulary, and only by appending (they
                 # intern what they lex): its length now is the snapshot. Serialising (0.2-0.8 s

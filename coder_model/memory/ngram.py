@@ -5,10 +5,12 @@ bits by a chain that starts at the nearest token and walks back, so the
 keys of all orders of one position come out of one pass. Counts live in
 two kinds of table with the same `lookup`:
 
-- `SortedTable`: arrays sorted by context (8 bytes per context key plus 8
-  per successor entry), successors of a context sorted by count, built by
-  sorting hashed keys (no per-n-gram Python object survives the build).
-  Counts are signed: a table built from a file's removal subtracts.
+- `SortedTable`: arrays sorted by context, successors of a context sorted
+  by count, built by sorting hashed keys (no per-n-gram Python object
+  survives the build). A context seen with one successor costs 12 bytes, one
+  with several 12 bytes plus 8 per successor (about 17 bytes a token on
+  Python sources at order 6). Counts are signed: a table built from a file's
+  removal subtracts.
 - `DictTable`: dicts, for small, changing token streams (the current file,
   an open buffer, the changes since the last sealed table).
 
@@ -26,11 +28,8 @@ sorted with numpy's in-place sort, and counting, grouping and ordering run
 over SLICE_ENTRIES entries at a time. The numpy calls run in C without the
 GIL and each is short, so the event loop is never held up for long, and a
 build holds 16 bytes a token (chain, sorted keys) plus one slice beyond the
-table it makes; no per-position Python object exists. Measured on 2.1M
-tokens of site-packages Python indexed through lsp.workspace (2 shared
-cores): 110 s -> 18 s, peak RSS 834 -> 596 MB (about 280 B/token, mostly the
-tables themselves and the snippet index), longest event-loop gap 2.0 s ->
-0.3 s. A merge still holds the old tables and the new one at once.
+table it makes; no per-position Python object exists. A merge still holds
+the old tables and the new one at once.
 """
 
 from __future__ import annotations
@@ -48,6 +47,8 @@ from dataclasses import dataclass
 CTX_BITS = 40  # context keys: 40 bits of the chain hash
 CTX_MASK = (1 << CTX_BITS) - 1
 SEED = 0x2545F4914F6CDD1D
+LOW_MASK = (1 << 32) - 1  # the low half of a context key, stored; its high bits pick a bucket
+BUCKETS = 1 << (CTX_BITS - 32)
 TOKEN_BITS = 24  # token ids in a combined (context, token) sort key
 MAX_TOKEN_ID = (1 << TOKEN_BITS) - 1
 BOS = 0  # token id 0: the empty string, pads contexts before a file's first token
@@ -178,16 +179,42 @@ class DictTable:
 
 
 class SortedTable:
-    """Counts in arrays sorted by context key; successors by count. Immutable once built."""
+    """Counts in arrays sorted by context key; successors by count. Immutable once built.
 
-    __slots__ = ("keys", "offsets", "order", "serial", "succ_cnt", "succ_tok", "tokens", "totals")
+    Per order, a context key's top KEY_HI_BITS pick a bucket (`*_bucket`: where
+    each bucket starts) and its low 32 bits are stored. Contexts seen with one
+    successor (most of them at the longer orders) keep only (key, token, count):
+    12 bytes, where a context with several successors costs 12 bytes plus 8 per
+    successor (`offsets` into `succ_tok`/`succ_cnt`, `totals`).
+    """
+
+    __slots__ = (
+        "keys",
+        "bucket",
+        "offsets",
+        "order",
+        "serial",
+        "single_bucket",
+        "single_cnt",
+        "single_keys",
+        "single_tok",
+        "succ_cnt",
+        "succ_tok",
+        "tokens",
+        "totals",
+    )
 
     def __init__(self, order: int) -> None:
         self.order = order
         self.serial = next(_serials)
-        self.keys = [array("Q") for _ in range(order)]
+        self.single_keys = [array("I") for _ in range(order)]
+        self.single_tok = [array("I") for _ in range(order)]
+        self.single_cnt = [array("i") for _ in range(order)]
+        self.single_bucket = [array("I", [0] * (BUCKETS + 1)) for _ in range(order)]
+        self.keys = [array("I") for _ in range(order)]
+        self.bucket = [array("I", [0] * (BUCKETS + 1)) for _ in range(order)]
         self.offsets = [array("I", [0]) for _ in range(order)]
-        self.totals = [array("q") for _ in range(order)]
+        self.totals = [array("i") for _ in range(order)]
         self.succ_tok = [array("I") for _ in range(order)]
         self.succ_cnt = [array("i") for _ in range(order)]
         self.tokens = 0  # signed: tokens added minus tokens removed
@@ -233,7 +260,7 @@ class SortedTable:
         table = cls(order)
         table.tokens = sum(t.tokens for t in tables)
         for k in range(order):
-            table._fill_order(k, (), [t for t in tables if len(t.succ_tok[k])])
+            table._fill_order(k, (), [t for t in tables if t.entries_of(k)])
         return table
 
     def _fill_order(self, k: int, runs: Sequence[tuple[typing.Any, int]], tables: Sequence[SortedTable]) -> None:
@@ -243,26 +270,16 @@ class SortedTable:
         range is counted, sorted and appended on its own, so the memory beyond the output is
         bounded by a slice and no numpy call runs long on the GIL."""
         np = _numpy()
-        total = sum(len(r) for r, _ in runs) + sum(len(t.succ_tok[k]) for t in tables)
+        total = sum(len(r) for r, _ in runs) + sum(t.entries_of(k) for t in tables)
         if not total:
             return
         slices = max(1, -(-total // SLICE_ENTRIES))
         bounds = [(i * (1 << CTX_BITS)) // slices for i in range(slices + 1)]
-        tviews = [
-            (
-                np.frombuffer(t.keys[k], dtype=np.uint64),
-                np.frombuffer(t.offsets[k], dtype=np.uint32),
-                np.frombuffer(t.succ_tok[k], dtype=np.uint32),
-                np.frombuffer(t.succ_cnt[k], dtype=np.int32),
-            )
-            for t in tables
-        ]
         rcuts = [np.searchsorted(r, np.array(bounds[:-1] + [0], dtype=np.uint64) << np.uint64(TOKEN_BITS)) for r, _ in runs]
         for rc, (r, _) in zip(rcuts, runs):
             rc[-1] = len(r)
-        tcuts = [np.searchsorted(v[0], np.array(bounds, dtype=np.uint64)) for v in tviews]
-        out_keys, out_offsets, out_totals = self.keys[k], self.offsets[k], self.totals[k]
-        out_tok, out_cnt = self.succ_tok[k], self.succ_cnt[k]
+        single_per_bucket = np.zeros(BUCKETS, dtype=np.int64)
+        multi_per_bucket = np.zeros(BUCKETS, dtype=np.int64)
         for i in range(slices):
             combs = []
             cnts = []
@@ -274,15 +291,8 @@ class SortedTable:
                 starts = np.concatenate((np.zeros(1, dtype=starts.dtype), starts))
                 combs.append(seg[starts])
                 cnts.append(np.diff(np.append(starts, len(seg))) * sign)
-            for tc, (tkeys, toff, ttok, tcnt) in zip(tcuts, tviews):
-                lo, hi = int(tc[i]), int(tc[i + 1])
-                if lo == hi:
-                    continue
-                sizes = np.diff(toff[lo : hi + 1]).astype(np.int64)
-                ctx = np.repeat(tkeys[lo:hi], sizes)
-                a, b = int(toff[lo]), int(toff[hi])
-                combs.append((ctx << np.uint64(TOKEN_BITS)) | ttok[a:b].astype(np.uint64))
-                cnts.append(tcnt[a:b].astype(np.int64))
+            for t in tables:
+                t._entries_between(np, k, bounds[i], bounds[i + 1], combs, cnts)
             if not combs:
                 continue
             if len(combs) == 1 and not tables:
@@ -306,43 +316,122 @@ class SortedTable:
                 continue
             ctxs = comb >> np.uint64(TOKEN_BITS)
             toks = (comb & np.uint64(MAX_TOKEN_ID)).astype(np.uint32)
+            del comb
             starts = np.flatnonzero(ctxs[1:] != ctxs[:-1]) + 1
             starts = np.concatenate((np.zeros(1, dtype=starts.dtype), starts))
+            sizes = np.diff(np.append(starts, m))
             # successors of a context by count, most first; equal counts keep the token order
             group = np.zeros(m, dtype=np.int64)
             group[starts[1:]] = 1
             np.cumsum(group, out=group)
             by = np.argsort((group << 32) | ((1 << 31) - 1 - cnt), kind="stable")
+            del group
             cnt = cnt[by]
             toks = toks[by]
-            base = len(out_tok)
-            _extend(out_keys, ctxs[starts].astype(np.uint64))
-            _extend(out_offsets, (np.append(starts[1:], m) + base).astype(np.uint32))
-            _extend(out_totals, np.add.reduceat(cnt, starts).astype(np.int64))
-            _extend(out_tok, toks)
-            _extend(out_cnt, cnt.astype(np.int32))
+            one = sizes == 1
+            at = starts[one]
+            keys = ctxs[at]
+            single_per_bucket += np.bincount((keys >> np.uint64(32)).astype(np.int64), minlength=BUCKETS)
+            _extend(self.single_keys[k], (keys & np.uint64(LOW_MASK)).astype(np.uint32))
+            _extend(self.single_tok[k], toks[at])
+            _extend(self.single_cnt[k], cnt[at].astype(np.int32))
+            many = ~one
+            if not many.any():
+                continue
+            totals = np.add.reduceat(cnt, starts)[many]
+            keys = ctxs[starts[many]]
+            entry = np.repeat(many, sizes)
+            base = len(self.succ_tok[k])
+            multi_per_bucket += np.bincount((keys >> np.uint64(32)).astype(np.int64), minlength=BUCKETS)
+            _extend(self.keys[k], (keys & np.uint64(LOW_MASK)).astype(np.uint32))
+            _extend(self.offsets[k], (np.cumsum(sizes[many]) + base).astype(np.uint32))
+            _extend(self.totals[k], totals.astype(np.int32))
+            _extend(self.succ_tok[k], toks[entry])
+            _extend(self.succ_cnt[k], cnt[entry].astype(np.int32))
+        for out, per in ((self.single_bucket, single_per_bucket), (self.bucket, multi_per_bucket)):
+            out[k] = array("I", [0])
+            _extend(out[k], np.cumsum(per).astype(np.uint32))
+
+    def _entries_between(self, np: typing.Any, k: int, lo: int, hi: int, combs: list, cnts: list) -> None:
+        """Append this table's order-k (context << TOKEN_BITS | token) keys and counts whose
+        context lies in [lo, hi) to `combs` and `cnts` (in key order within each kind)."""
+        a, b = _position(self.single_bucket[k], self.single_keys[k], lo), _position(self.single_bucket[k], self.single_keys[k], hi)
+        if a < b:
+            ctx = _full_keys(np, self.single_bucket[k], self.single_keys[k], a, b)
+            combs.append((ctx << np.uint64(TOKEN_BITS)) | np.frombuffer(self.single_tok[k], dtype=np.uint32)[a:b].astype(np.uint64))
+            cnts.append(np.frombuffer(self.single_cnt[k], dtype=np.int32)[a:b].astype(np.int64))
+        a, b = _position(self.bucket[k], self.keys[k], lo), _position(self.bucket[k], self.keys[k], hi)
+        if a < b:
+            off = np.frombuffer(self.offsets[k], dtype=np.uint32)
+            ctx = np.repeat(_full_keys(np, self.bucket[k], self.keys[k], a, b), np.diff(off[a : b + 1]).astype(np.int64))
+            e, f = int(off[a]), int(off[b])
+            combs.append((ctx << np.uint64(TOKEN_BITS)) | np.frombuffer(self.succ_tok[k], dtype=np.uint32)[e:f].astype(np.uint64))
+            cnts.append(np.frombuffer(self.succ_cnt[k], dtype=np.int32)[e:f].astype(np.int64))
 
     def lookup(self, k: int, key: int, limit: int) -> Stats | None:
-        keys = self.keys[k - 1]
-        i = bisect_left(keys, key)
-        if i == len(keys) or keys[i] != key:
+        k -= 1
+        b = key >> 32
+        low = key & LOW_MASK
+        bucket = self.single_bucket[k]
+        lo, hi = bucket[b], bucket[b + 1]
+        if lo < hi:
+            keys = self.single_keys[k]
+            i = bisect_left(keys, low, lo, hi)
+            if i < hi and keys[i] == low:
+                c = self.single_cnt[k][i]
+                return Stats(c, 1, [(self.single_tok[k][i], c)] if limit > 0 else [])
+        bucket = self.bucket[k]
+        lo, hi = bucket[b], bucket[b + 1]
+        if lo == hi:
             return None
-        lo, hi = self.offsets[k - 1][i], self.offsets[k - 1][i + 1]
+        keys = self.keys[k]
+        i = bisect_left(keys, low, lo, hi)
+        if i == hi or keys[i] != low:
+            return None
+        lo, hi = self.offsets[k][i], self.offsets[k][i + 1]
         end = min(hi, lo + limit)
-        top = list(zip(self.succ_tok[k - 1][lo:end], self.succ_cnt[k - 1][lo:end]))
-        return Stats(self.totals[k - 1][i], hi - lo, top)
+        top = list(zip(self.succ_tok[k][lo:end], self.succ_cnt[k][lo:end]))
+        return Stats(self.totals[k][i], hi - lo, top)
+
+    def contexts(self, k: int) -> Iterable[tuple[int, int, list[tuple[int, int]]]]:
+        """(context key, total, successors by count) of every order-k context (0-based k), by key."""
+        rows = []
+        for b in range(BUCKETS):
+            for i in range(self.single_bucket[k][b], self.single_bucket[k][b + 1]):
+                c = self.single_cnt[k][i]
+                rows.append(((b << 32) | self.single_keys[k][i], c, [(self.single_tok[k][i], c)]))
+            for i in range(self.bucket[k][b], self.bucket[k][b + 1]):
+                lo, hi = self.offsets[k][i], self.offsets[k][i + 1]
+                succ = list(zip(self.succ_tok[k][lo:hi], self.succ_cnt[k][lo:hi]))
+                rows.append(((b << 32) | self.keys[k][i], self.totals[k][i], succ))
+        rows.sort(key=lambda r: r[0])
+        return rows
+
+    def entries_of(self, k: int) -> int:
+        return len(self.single_tok[k]) + len(self.succ_tok[k])
 
     def entries(self) -> int:
-        return sum(len(s) for s in self.succ_tok)
+        return sum(self.entries_of(k) for k in range(self.order))
 
     def nbytes(self) -> int:
-        return sum(
-            a.itemsize * len(a)
-            for group in (self.keys, self.offsets, self.totals, self.succ_tok, self.succ_cnt)
-            for a in group
-        )
+        return sum(a.itemsize * len(a) for name in self.ARRAYS for a in getattr(self, name))
 
-    ARRAYS = ("keys", "offsets", "totals", "succ_tok", "succ_cnt")
+    ARRAYS = ("single_bucket", "single_keys", "single_tok", "single_cnt", "bucket", "keys", "offsets", "totals", "succ_tok", "succ_cnt")
+
+
+def _position(bucket: array, keys: array, key: int) -> int:
+    """Index of the first stored context key >= `key` (a CTX_BITS key, or 1 << CTX_BITS for the end)."""
+    b = key >> 32
+    if b >= BUCKETS:
+        return bucket[BUCKETS]
+    return bisect_left(keys, key & LOW_MASK, bucket[b], bucket[b + 1])
+
+
+def _full_keys(np: typing.Any, bucket: array, keys: array, a: int, b: int) -> typing.Any:
+    """The CTX_BITS context keys stored at [a, b): each low half with its bucket's high bits."""
+    starts = np.frombuffer(bucket, dtype=np.uint32)
+    high = np.searchsorted(starts, np.arange(a, b), side="right") - 1
+    return (high.astype(np.uint64) << np.uint64(32)) | np.frombuffer(keys, dtype=np.uint32)[a:b].astype(np.uint64)
 
 
 def _by_value_desc(kv: tuple[int, float]) -> float:

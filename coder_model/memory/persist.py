@@ -1,6 +1,11 @@
 """RepoMemory's file format: a magic line, a version, a JSON header, typed little-endian arrays, a CRC.
 
-No pickle: a cache file is data, never code. Layout after the magic:
+No pickle: a cache file is data, never code. The file holds what the index
+was built from (the vocabulary, each file's token ids, the snippet windows),
+not its n-gram tables: they are counted again on load (`SortedTable.build`,
+about 0.55 s a million tokens on one core), which keeps the file near twice
+the indexed source's size where the tables would triple it, and a table read
+back can never disagree with the tokens it counts. Layout after the magic:
 u32 version, u32 CRC-32 of the payload, u64 payload length, payload. The
 payload is a sequence of sections, each a u8 type code ('J' JSON, 'S'
 strings, or an array typecode), u64 item count, then the items. Any
@@ -18,9 +23,9 @@ import zlib
 from array import array
 
 MAGIC = b"DLM-REPO-MEMORY\n"
-# A file of another version is rebuilt, never read: one of version 1 may hold lines holding a
-# secret in clear text (this version's RepoMemory empties them before indexing: dlm.lsp.secrets).
-VERSION = 2
+# A file of another version is rebuilt, never read (older versions may also hold lines holding
+# a secret in clear text: this version's RepoMemory empties them before indexing, dlm.lsp.secrets).
+VERSION = 3
 _HEAD = struct.Struct("<IIQ")
 _SECTION = struct.Struct("<cQ")
 _LITTLE = sys.byteorder == "little"
@@ -31,14 +36,14 @@ if typing.TYPE_CHECKING:
 
 class _Writer:
     def __init__(self) -> None:
-        self.chunks: list[bytes] = []
+        self.chunks: list[bytes | memoryview] = []
 
     def array(self, a: array) -> None:
         if not _LITTLE:
             a = array(a.typecode, a)
             a.byteswap()
         self.chunks.append(_SECTION.pack(a.typecode.encode(), len(a)))
-        self.chunks.append(a.tobytes())
+        self.chunks.append(memoryview(a).cast("B"))
 
     def json(self, obj: object) -> None:
         data = json.dumps(obj, sort_keys=True).encode()
@@ -114,13 +119,9 @@ class _Reader:
 
 
 def save(memory: RepoMemory, fh: typing.BinaryIO, vocabulary: int | None = None) -> None:
-    """Write `memory` (compacted to one table by the caller, under its writers' lock), with the
-    first `vocabulary` token strings (default: all): the ones any file or table can refer to."""
-    from dlm.coder_model.memory.ngram import SortedTable
-
+    """Write `memory` (under its writers' lock, taken by the caller), with the first `vocabulary`
+    token strings (default: all): the ones any file can refer to."""
     w = _Writer()
-    segments = memory._segments
-    table = segments[0].table if segments else SortedTable(memory.order)
     paths = list(memory._files)
     from dlm.coder_model.memory import ngram
 
@@ -131,7 +132,6 @@ def save(memory: RepoMemory, fh: typing.BinaryIO, vocabulary: int | None = None)
             "max_tokens": memory.max_tokens,
             "tokens": memory._tokens,
             "files": len(paths),
-            "table_tokens": table.tokens,
         }
     )
     w.strings(memory._strings[:vocabulary] if vocabulary is not None else memory._strings)
@@ -139,11 +139,6 @@ def save(memory: RepoMemory, fh: typing.BinaryIO, vocabulary: int | None = None)
     w.array(array("I", (len(memory._files[p]) for p in paths)))
     for p in paths:
         w.array(memory._files[p])
-    for p in paths:
-        w.array(memory._line_starts[p])
-    for name in SortedTable.ARRAYS:
-        for a in getattr(table, name):
-            w.array(a)
     snip = memory._snippets
     if snip.dead:
         raise RuntimeError("RepoMemory.save compacts the snippet windows before it calls persist.save")
@@ -156,10 +151,16 @@ def save(memory: RepoMemory, fh: typing.BinaryIO, vocabulary: int | None = None)
     for ids in snip.win_idents:
         flat.extend(ids)
     w.array(flat)
-    payload = b"".join(w.chunks)
+    # written chunk by chunk (no joined copy of the payload): the CRC and length come first
+    crc = 0
+    length = 0
+    for chunk in w.chunks:
+        crc = zlib.crc32(chunk, crc)
+        length += len(chunk)
     fh.write(MAGIC)
-    fh.write(_HEAD.pack(VERSION, zlib.crc32(payload), len(payload)))
-    fh.write(payload)
+    fh.write(_HEAD.pack(VERSION, crc, length))
+    for chunk in w.chunks:
+        fh.write(chunk)
 
 
 def load(cls: type[RepoMemory], fh: typing.BinaryIO) -> RepoMemory:
@@ -209,18 +210,6 @@ def load(cls: type[RepoMemory], fh: typing.BinaryIO) -> RepoMemory:
         if len(toks) != n or (toks and max(toks) >= len(strings)):
             raise ValueError(f"repository memory file is corrupt: tokens of {p!r} do not match the vocabulary")
         files[p] = toks
-    starts = {p: r.array("I", "line starts") for p in paths}
-    table = SortedTable(order)
-    for name in SortedTable.ARRAYS:
-        typecode = getattr(table, name)[0].typecode
-        setattr(table, name, [r.array(typecode, f"table {name}") for _ in range(order)])
-    for k in range(order):
-        n = len(table.keys[k])
-        if len(table.offsets[k]) != n + 1 or len(table.totals[k]) != n or table.offsets[k][-1] != len(table.succ_tok[k]):
-            raise ValueError(f"repository memory file is corrupt: table of order {k + 1} is inconsistent")
-        if len(table.succ_cnt[k]) != len(table.succ_tok[k]):
-            raise ValueError(f"repository memory file is corrupt: table of order {k + 1} is inconsistent")
-    table.tokens = int(meta.get("table_tokens", 0))
     idents = r.strings("identifiers")
     win_path = r.array("i", "window paths")
     win_start = r.array("I", "window starts")
@@ -241,10 +230,12 @@ def load(cls: type[RepoMemory], fh: typing.BinaryIO) -> RepoMemory:
 
     memory._breaks = bytearray(1 if is_line_break(s) else 0 for s in strings)
     memory._files = files
-    memory._line_starts = starts
+    memory._line_starts = {p: memory._starts_of_lines(toks) for p, toks in files.items()}
     memory._tokens = sum(len(t) for t in files.values())
-    if table.tokens:
-        memory._segments = (_Segment(table, [(p, files[p], +1) for p in paths]),)
+    if memory._tokens:
+        parts = [(p, files[p], +1) for p in paths if len(files[p])]
+        table = SortedTable.build(order, [(toks, sign) for _, toks, sign in parts])
+        memory._segments = (_Segment(table, parts),)
     memory._delta = DictTable(order)
     snip = SnippetIndex()
     snip.ident_ids = {s: i for i, s in enumerate(idents)}

@@ -41,6 +41,12 @@ def identifiers(lines: Sequence[str]) -> set[str]:
     return out
 
 
+def snippet_windows(lines: Sequence[str]) -> list[tuple[int, set[str]]]:
+    """(first line, identifiers) of each window of a file's lines: WINDOW lines every STRIDE."""
+    starts = range(0, max(len(lines) - WINDOW, 0) + 1, STRIDE) if lines else range(0)
+    return [(start, identifiers(lines[start : start + WINDOW])) for start in starts]
+
+
 class SnippetIndex:
     """Windows of every indexed file and an inverted index from identifier to window."""
 
@@ -65,11 +71,14 @@ class SnippetIndex:
         return i
 
     def update_file(self, path: str, lines: Sequence[str]) -> None:
+        self.add_windows(path, snippet_windows(lines))
+
+    def add_windows(self, path: str, windows: Sequence[tuple[int, set[str]]]) -> None:
+        """Index `path` as `windows` (from `snippet_windows`), replacing what was there."""
         self.remove_file(path)
         first = len(self.win_path)
-        starts = range(0, max(len(lines) - WINDOW, 0) + 1, STRIDE) if lines else range(0)
-        for start in starts:
-            ids = sorted({self._ident(w) for w in identifiers(lines[start : start + WINDOW])})
+        for start, words in windows:
+            ids = sorted({self._ident(w) for w in words})
             if not ids:
                 self.win_path.append(None)
                 self.win_start.append(start)

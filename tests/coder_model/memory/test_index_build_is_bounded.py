@@ -47,13 +47,11 @@ def _table_as_dicts(table: SortedTable) -> list[dict]:
     out = []
     for k in range(table.order):
         d = {}
-        offs = table.offsets[k]
-        for i, key in enumerate(table.keys[k]):
-            lo, hi = offs[i], offs[i + 1]
-            succ = list(zip(table.succ_tok[k][lo:hi], table.succ_cnt[k][lo:hi]))
-            assert table.totals[k][i] == sum(c for _, c in succ)
+        rows = table.contexts(k)
+        for key, total, succ in rows:
+            assert total == sum(c for _, c in succ)
             d[key] = succ
-        assert list(table.keys[k]) == sorted(table.keys[k])
+        assert [key for key, _, _ in rows] == sorted(d)
         out.append(d)
     return out
 
@@ -215,3 +213,22 @@ def test_build_never_holds_the_gil_long() -> None:
     worker.join()
     # generous for a loaded machine: the old build held it for seconds at this size
     assert max(gaps) < 0.25, f"longest wait {max(gaps) * 1e3:.0f} ms"
+
+
+def test_saved_index_is_at_most_four_times_its_source_and_loads_the_same_tables() -> None:
+    """The file holds tokens and snippets, not tables: it stays small, and the tables counted
+    again on load are the ones the memory had."""
+    sources = _python_sources(600_000)
+    mem = RepoMemory()
+    for path, text in sources:
+        mem.update_file(path, text)
+    buf = io.BytesIO()
+    mem.save(buf)
+    source_bytes = sum(len(text.encode("utf-8", "surrogatepass")) for _, text in sources)
+    assert len(buf.getvalue()) <= 4 * source_bytes, (len(buf.getvalue()), source_bytes)
+    loaded = RepoMemory.load(io.BytesIO(buf.getvalue()))
+    (seg,) = loaded._segments
+    mem.compact(full=True)
+    (want,) = mem._segments
+    assert _arrays(seg.table) == _arrays(want.table)
+    assert loaded._line_starts == mem._line_starts
