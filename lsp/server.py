@@ -77,6 +77,19 @@ DID_PARTIALLY_ACCEPT = "textDocument/didPartiallyAcceptCompletion"
 MAX_REMEMBERED_ITEMS = 256
 
 
+INDEX_BUSY = ("loading", "indexing")  # index states in which the status is not "ready"
+
+
+def status_text(state: str, message: str, index: dict) -> str:
+    """The status line: "ready" only when the model answers and the index is done; while it is
+    built, "indexing 38/77 files"; the model's state and why it is not ready otherwise, with the
+    index's line after it ("model loading · indexing 38/77 files")."""
+    if state == "ready":
+        return index["text"] if index["state"] in INDEX_BUSY else f"ready · {index['text']}"
+    why = f": {message}" if message else ""
+    return f"model {state}{why} · {index['text']}"
+
+
 class DlmServer(LanguageServer):
     def __init__(self, engine_factory: Callable[[], Engine], max_workers: int = 8) -> None:
         super().__init__("dlm-lsp", "0.1.0", protocol_cls=DlmProtocol, max_workers=max_workers)
@@ -118,9 +131,15 @@ class DlmServer(LanguageServer):
             loop.call_soon_threadsafe(self.send_status)
 
     def status_payload(self) -> dict:
+        """dlm/status: `state` is the model's; `index` the workspace index's (lsp.workspace);
+        `ready` is true once both are done (the model answers, the index is built or loaded, or
+        it failed or is off: `index` says which) and `text` is the line an editor shows."""
         st = self.holder.status
         c = self.stats.counts
+        index = self.workspace_index.status()
         return {
+            "ready": st.state == "ready" and index["state"] not in INDEX_BUSY,
+            "text": status_text(st.state, st.message, index),
             "state": st.state,
             "device": st.device,
             "model": st.model,
@@ -131,7 +150,7 @@ class DlmServer(LanguageServer):
             "accepted": c["accepted"],
             "shown": c["shown"],
             **self.stats.held_back(),
-            "index": self.workspace_index.status(),
+            "index": index,
         }
 
     def send_status(self) -> None:

@@ -25,10 +25,12 @@ a quiet spell (no prediction for QUIET_S).
 The rest of the server reads `memory_for(path)` (the memory of the root holding
 a file, and the file's path in it), `memory` (the first root's), `open_files()`
 (the open buffers' text, filtered like the index) and `status()` (for dlm/status:
-`{state, files, tokens, message}`, state one of off, loading, indexing, ready,
-failed). Bad input (README "Repository memory") never stops the thread: a root
-of `/` or the home directory is refused, a root that disappears is reported and
-served as it was, and a file that cannot be read is skipped with a debug log.
+`{state, files, tokens, message, done, total, reason, text}`, state one of off,
+loading, indexing, ready, failed; `text` is what an editor shows: "indexing 38/77
+files", "index: ready (77 files)", "index failed: <why>", "index off: <why>").
+Bad input (README "Repository memory") never stops the thread: a root of `/` or
+the home directory is refused, a root that disappears is reported and served as
+it was, and a file that cannot be read is skipped with a debug log.
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ QUIET_S = 2.0  # save only after this long without a prediction (a save holds th
 BUFFER_SIG = (-1, -1)  # manifest entry of a file whose indexed text is an open buffer's
 # Read this many new files before the state says "indexing" on a rescan (a branch switch).
 RESCAN_PROGRESS_FILES = 50
+STATUS_EVERY_S = 0.5  # at most one dlm/status per interval with the count of files indexed
+OFF_MESSAGE = ("the repository memory is off (initializationOptions index.enabled is false); "
+               "set index.enabled to true to index the workspace")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,25 @@ def file_path(uri: str) -> str | None:
     if parsed.scheme != "file" or not parsed.path:
         return None
     return unquote(parsed.path, errors="surrogateescape")
+
+
+def _status(
+    state: str, files: int, tokens: int, done: int, total: int | None, message: str
+) -> dict[str, Any]:
+    """The index's part of dlm/status, with the line an editor shows for it."""
+    if state == "loading":
+        text = "indexing: starting"
+    elif state == "indexing" and total is None:
+        text = "indexing: looking for files"
+    elif state == "indexing":
+        text = f"indexing {min(done, total)}/{total} files"
+    elif state == "ready":
+        text = f"index: ready ({files} file{'' if files == 1 else 's'}{'; ' + message if message else ''})"
+    else:
+        text = f"index {state}: {message or 'see the server log'}"
+    reason = message if state in ("off", "failed") else ""
+    return {"state": state, "files": files, "tokens": tokens, "message": message,
+            "done": done, "total": total, "reason": reason, "text": text}  # fmt: skip
 
 
 def _memory_class() -> Any:
@@ -114,6 +138,11 @@ class RootIndex:
         self.next_rescan = float("inf")
         self.removed = False
         self.capped = False
+        # What a status shows of an indexing run: files gone through (unchanged since the saved
+        # index, read, or skipped) of the files the walk found (None while it looks for them).
+        self.done = 0
+        self.total: int | None = None
+        self.save_error = ""  # why the last save failed ('' when it did not)
 
     def rel(self, path: str) -> str | None:
         """`path` relative to this root ('/'-separated), or None when it is not under it."""
@@ -251,16 +280,22 @@ class Workspace:
                     self._cv.notify_all()
 
     def status(self) -> dict[str, Any]:
-        """`{state, files, tokens, message}` over all roots, for dlm/status."""
-        roots = list(self._roots.values())
+        """The index over all roots, for dlm/status and dlm/stats: `state` (off, loading,
+        indexing, ready, failed), `files` and `tokens` in the index now, `done` of `total` files
+        gone through by the runs in progress (`total` None while a walk looks for files),
+        `message` (every root's note: why it failed or is off, or what a ready index lacks),
+        `reason` (why the index is failed or off; '' otherwise) and `text`, the line an editor
+        shows."""
+        roots = list(self._roots.values())  # a removed root counts until the indexer drops it
         if not self.options.enabled:
-            return {"state": "off", "files": 0, "tokens": 0,
-                    "message": "indexing is off (initializationOptions index.enabled is false)"}  # fmt: skip
+            return _status("off", 0, 0, 0, 0, OFF_MESSAGE)
         if not roots:
-            return {"state": "off", "files": 0, "tokens": 0, "message": "no workspace folder to index"}
+            why = "no workspace folder to index; open a folder to use the repository memory"
+            return _status("off", 0, 0, 0, 0, why)
         states = {ri.state for ri in roots}
         state = next((s for s in ("loading", "indexing", "ready", "failed") if s in states), "off")
-        files = tokens = 0
+        files = tokens = done = 0
+        total: int | None = 0
         for ri in roots:
             mem = ri.memory
             if mem is not None:
@@ -269,8 +304,26 @@ class Workspace:
                     tokens += int(mem.tokens)
                 except Exception:
                     log.debug("index: could not read the memory's size", exc_info=True)
-        message = "; ".join(ri.message for ri in roots if ri.message)
-        return {"state": state, "files": files, "tokens": tokens, "message": message}
+            if ri.state == "loading":
+                total = None
+            elif ri.state == "indexing":
+                done += ri.done
+                total = None if total is None or ri.total is None else total + ri.total
+            elif ri.state == "ready":
+                n = len(ri.manifest)
+                done += n
+                total = None if total is None else total + n
+        message = "; ".join(m for ri in roots for m in self._notes(ri))
+        return _status(state, files, tokens, done, total, message)
+
+    def _notes(self, ri: RootIndex) -> list[str]:
+        """What the status says of one root: why it failed or is off, or what its ready index
+        lacks (files past a cap, patterns of an ignore file left out, a cache it cannot use)."""
+        if ri.state != "ready":
+            return [ri.message] if ri.message and ri.state in ("off", "failed") else []
+        store = ri.store
+        notes = [ri.message, store.message if store is not None else "", self._cap_message(ri), ri.save_error]
+        return [n for n in notes if n]
 
     # ---- what the server tells it ----------------------------------------------------------------
     def configure(self, options: IndexOptions) -> None:
@@ -437,15 +490,15 @@ class Workspace:
                     with self._cv:
                         if not self._stop and not self._events and not self._busy():
                             self._cv.wait(self._idle_wait())
-        except Exception:
+        except Exception as exc:
             log.exception("index: the indexer stopped on an unexpected error; suggestions go on without "
                           "the repository memory (restart the server to index again)")  # fmt: skip
             for ri in list(self._roots.values()):
                 if ri.state in ("loading", "indexing"):
-                    ri.state, ri.message = (
-                        "failed",
-                        "the indexer stopped on an unexpected error (see the log)",
-                    )
+                    ri.state = "failed"
+                    ri.message = (f"the indexer stopped on an unexpected error ({type(exc).__name__}: "
+                                  f"{exc}); suggestions go on without the repository memory; see the server "
+                                  "log and restart the server to index again")  # fmt: skip
             self._notify_status()
         finally:
             self._finish()
@@ -554,7 +607,7 @@ class Workspace:
         skip = other_roots | {os.path.realpath(cache_base())}
         progress = initial
         if progress:
-            ri.state = "indexing"
+            ri.state, ri.done, ri.total = "indexing", 0, None
             self._notify_status()
             self._progress(
                 ProgressEvent(ri.real, "begin", f"dlm: indexing {ri.name}", "looking for files", 0)
@@ -576,13 +629,17 @@ class Workspace:
         todo = [c for c in walked.files
                 if c.rel not in open_rels and ri.manifest.get(c.rel) != (c.mtime_ns, c.size)
                 and ri.refused.get(c.rel) != (c.mtime_ns, c.size)]  # fmt: skip
+        # the files found, of which those unchanged since the saved index are done already
+        ri.total, ri.done = len(walked.files), len(walked.files) - len(todo)
         if not progress and len(todo) >= RESCAN_PROGRESS_FILES:
             progress = True
             ri.state = "indexing"
-            self._notify_status()
             self._progress(ProgressEvent(ri.real, "begin", f"dlm: indexing {ri.name}", "", 0))
+        if progress:
+            self._notify_status()  # "indexing 0/77 files": the walk is over, the count is known
         skipped: Counter[str] = Counter(walked.skipped)
         last_report, last_pct = time.monotonic(), 0
+        last_status = time.monotonic()
         for i, cand in enumerate(todo):
             yield
             # from the root's descriptor down: a folder swapped for a link since the walk reads nothing
@@ -592,8 +649,12 @@ class Workspace:
                 self._drop(ri, cand.rel)  # vanished, or no longer something we index
             else:
                 self._put(ri, cand.rel, got.text, (got.mtime_ns, got.size))
+            ri.done += 1
             pct = (100 * (i + 1)) // len(todo)
             now = time.monotonic()
+            if progress and now - last_status >= STATUS_EVERY_S:
+                last_status = now
+                self._notify_status()  # dlm/status follows the count (editors without $/progress)
             if progress and pct != last_pct and now - last_report >= PROGRESS_EVERY_S:
                 last_report, last_pct = now, pct
                 self._progress(
@@ -609,10 +670,9 @@ class Workspace:
             if progress:
                 self._progress(ProgressEvent(ri.real, "report", "", "saving the index", 100))
             self._save(ri)
-        messages = [
-            m for m in (walked.stopped, ri.store.message if ri.store else "", self._cap_message(ri)) if m
-        ]
-        ri.state, ri.message = "ready", "; ".join(messages)
+        # the walk's cap and what the ignore files left out (taken here, on the indexer's thread,
+        # which alone changes the rules); the rest of what the status says is `_notes`
+        ri.state, ri.message = "ready", "; ".join([m for m in (walked.stopped, *ri.ignore.warnings) if m])
         files, tokens = self._size(ri)
         if progress or todo:
             log.info(
@@ -698,8 +758,16 @@ class Workspace:
         manifest = {rel: list(sig) for rel, sig in ri.manifest.items() if sig != BUFFER_SIG}
         if ri.store.save(ri.memory.save, {"manifest": manifest, "shape": self._shape()}):
             ri.dirty = False
+            if ri.save_error:
+                ri.save_error = ""
+                self._notify_status()
         else:
             ri.changed_at = time.monotonic()  # try again after another quiet spell
+            if not ri.save_error and ri.store.writable:
+                ri.save_error = (f"could not save the index to {ri.store.path} (the server log says "
+                                 "why; check the free disk space and that the cache folder is writable); it "
+                                 "is served from memory, and the next start reads the changed files again")  # fmt: skip
+                self._notify_status()
 
     def _apply(self, path: str, action: tuple[str, Any]) -> None:
         """One event from the editor, on the indexer thread."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -335,12 +336,13 @@ def test_nvim_statusline_redraws_when_the_status_arrives(nvim011, tmp_path):
     cmd = [sys.executable, "-m", "dlm.lsp.cli", "--stdio"]
     nv = Nvim(nvim011, tmp_path, cmd, fake_env(tmp_path), extra="edit_predictions = false", pre=pre)
     try:
-        nv.wait("require('dlm').status and require('dlm').status.state == 'ready'", 60, "dlm/status ready")
+        # `ready`: the model answers and the workspace index is built
+        nv.wait("require('dlm').status and require('dlm').status.ready", 60, "dlm/status ready")
         t = nv.wait(
             "_G.dlm_test.redraws > 0 and _G.dlm_test.events > 0 and _G.dlm_test", 10, "redraw + DlmStatus"
         )
         assert t["redraws"] >= 1 and t["events"] >= 1
-        line = nv.lua("vim.api.nvim_eval_statusline(vim.o.statusline, {}).str")
+        line = nv.lua("vim.api.nvim_eval_statusline(vim.o.statusline, {maxwidth = 400}).str")
         assert line.startswith("dlm: ready"), line
     finally:
         nv.close()
@@ -416,6 +418,78 @@ def test_nvim_statusline_says_what_was_held_back_and_why(nvim011, tmp_path):
         assert line.startswith("dlm: ready offered 0, held back 12 (low confidence)"), line
         nv.lua("(function() require('dlm').status.offered = 4; return true end)()")
         assert "offered 4, held back 12" in nv.lua("require('dlm').statusline()")
+    finally:
+        nv.close()
+
+
+STATUSLINE = "vim.o.laststatus = 2\nvim.o.statusline = [[%{v:lua.require'dlm'.statusline()}]]\n"
+
+
+def test_nvim_statusline_dlmstatus_and_checkhealth_show_the_index(nvim011, tmp_path, tmp_path_factory):
+    """While the workspace is indexed the statusline, :DlmStatus and :checkhealth dlm say
+    "indexing N/M files", not "ready"; once it is built, "ready" and "index: ready (M files)".
+    The server's indexer is slowed per file (tests/lsp/slow_index_server.py) so that the build
+    lasts a few seconds on any machine."""
+    for i in range(40):
+        (tmp_path / "pkg").mkdir(exist_ok=True)
+        (tmp_path / "pkg" / f"m{i:02d}.py").write_text(f"def f{i}(x):\n    return x + {i}\n")
+    cache = tmp_path_factory.mktemp("cache")  # outside the workspace (Neovim's cwd): the index is saved
+    env = env_with(tmp_path, DLM_ENGINE_FACTORY="fake_engine:slow", FAKE_STEP_S="0.001", SLOW_INDEX_S="0.15",
+                   XDG_CACHE_HOME=str(cache))  # fmt: skip
+    cmd = [sys.executable, "-m", "slow_index_server", "--stdio"]
+    nv = Nvim(nvim011, tmp_path, cmd, env, extra="edit_predictions = false", pre=STATUSLINE)
+    counting = (
+        "(function() local st = require('dlm').status; return st and st.state == 'ready' and st.index "
+        "and st.index.state == 'indexing' and st.index.total ~= nil and st.index.done < st.index.total "
+        "and {line = vim.api.nvim_eval_statusline(vim.o.statusline, {maxwidth = 400}).str, "
+        "cmd = vim.api.nvim_exec2('DlmStatus', {output = true}).output, total = st.index.total} end)()"
+    )
+    health = (
+        "(function() vim.cmd('checkhealth dlm'); local lines = vim.api.nvim_buf_get_lines(0, 0, -1, false); "
+        "vim.cmd('bwipeout!'); return table.concat(lines, string.char(10)) end)()"
+    )
+    try:
+        got = nv.wait(counting, 60, "a status with the model ready and the index being built")
+        total = got["total"]
+        assert total >= 41, got  # the 40 files, m.py and init.lua
+        for shown in (got["line"], got["cmd"]):
+            assert re.match(rf"dlm: indexing \d+/{total} files", shown), shown
+            assert "ready" not in shown, shown
+        report = nv.lua(health)
+        assert re.search(rf"indexing \d+/{total} files", report) and "index: ready" not in report, report
+        nv.wait("require('dlm').status.ready", 60, "the index built")
+        line = nv.lua("vim.api.nvim_eval_statusline(vim.o.statusline, {maxwidth = 400}).str")
+        assert line.startswith("dlm: ready") and line.endswith(f" · index: ready ({total} files)"), line
+        assert nv.lua("vim.api.nvim_exec2('DlmStatus', {output = true}).output") == line
+        report = nv.lua(health)
+        assert re.search(rf"OK index: ready \({total} files\)", report), report
+        assert re.search(r"OK model: ready offered \d+", report), report
+    finally:
+        nv.close()
+
+
+def test_nvim_statusline_says_why_the_index_failed_or_is_off(nvim011, tmp_path):
+    """A failed or switched-off index is named, with the server's reason, after the model's state."""
+    nv = Nvim(nvim011, tmp_path, ["true"], env_with(tmp_path), extra="filetypes = {}")
+    why = "the workspace folder /w does not exist or is not a readable folder"
+    try:
+        nv.lua("(function() require('dlm').status = {state = 'ready', p50_ms = 40, index = {state = 'failed', "
+               f"files = 0, text = 'index failed: {why}'}}}}; return true end)()")  # fmt: skip
+        assert nv.lua("require('dlm').statusline()") == f"dlm: ready p50 40 ms · index failed: {why}"
+        nv.lua("(function() require('dlm').status.index = {state = 'off', text = 'index off: no workspace "
+               "folder to index'}; return true end)()")  # fmt: skip
+        assert nv.lua("require('dlm').statusline()") == "dlm: ready p50 40 ms · index off: no workspace folder to index"
+        nv.lua("(function() require('dlm').status = {state = 'loading', index = {state = 'indexing', "
+               "text = 'indexing 3/77 files'}}; return true end)()")  # fmt: skip
+        assert nv.lua("require('dlm').statusline()") == "dlm: loading · indexing 3/77 files"
+        # a ready index's notes are long: the statusline points to :DlmStatus, which prints them
+        note = "reached maxFiles (2 files) under /w; the rest is not indexed (raise index.maxFiles to index more)"
+        nv.lua("(function() require('dlm').status = {state = 'ready', index = {state = 'ready', files = 2, "
+               f"message = '{note}', text = 'index: ready (2 files; {note})'}}}}; return true end)()")  # fmt: skip
+        assert nv.lua("require('dlm').statusline()") == "dlm: ready · index: ready (2 files; notes in :DlmStatus)"
+        assert nv.lua("vim.api.nvim_exec2('DlmStatus', {output = true}).output") == (
+            f"dlm: ready · index: ready (2 files; {note})"
+        )
     finally:
         nv.close()
 

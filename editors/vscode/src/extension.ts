@@ -317,7 +317,9 @@ class DlmExtension implements vscode.Disposable {
     });
     client.onDidChangeState((e) => {
       if (e.newState === State.Stopped) {
-        this.status = { ...(this.status ?? {}), state: "disconnected", message: "the server stopped; run `dlm: Restart Server`" };
+        // the index's last count went with the server: it is not shown as if it were current
+        this.status = { ...(this.status ?? {}), state: "disconnected", ready: false, text: undefined, index: undefined,
+          message: "the server stopped; run `dlm: Restart Server`" };
         this.renderStatus();
       }
     });

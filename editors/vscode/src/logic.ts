@@ -159,8 +159,23 @@ function buildServerCommandOrNull(s: DlmSettings): ServerCommand | string {
 // ---------------------------------------------------------------------------
 // dlm/status -> status bar
 
+/** The workspace index's part of `dlm/status` (the server's lsp/workspace.py). */
+export interface DlmIndexStatus {
+  state: "off" | "loading" | "indexing" | "ready" | "failed";
+  files?: number; // in the index now
+  tokens?: number;
+  done?: number; // files gone through by the build in progress ...
+  total?: number | null; // ... of the files found (null while it looks for them)
+  message?: string; // why it failed or is off, or what a ready index lacks
+  reason?: string; // why it failed or is off ("" otherwise)
+  text?: string; // "indexing 38/77 files", "index: ready (77 files)", "index failed: <why>"
+}
+
 export interface DlmStatus {
-  state: "loading" | "ready" | "failed" | "disconnected";
+  state: "loading" | "ready" | "failed" | "disconnected"; // the model's
+  ready?: boolean; // the model answers and the index is done (built, loaded, failed or off)
+  text?: string; // the server's status line
+  index?: DlmIndexStatus;
   device?: string;
   model?: string;
   message?: string;
@@ -258,24 +273,31 @@ const STATE_ICON: Record<string, string> = {
 };
 
 /**
- * The status bar item: state and p50 latency in the text; in the tooltip the model, device,
- * latency and what the gate did with the suggestions (`counts`, from dlm/stats, when known).
+ * The status bar item: state and p50 latency in the text ("indexing 38/77 files" instead while the
+ * workspace index is built; "index failed" / "index off" after it when so); in the tooltip the
+ * model, device, latency, what the gate did with the suggestions (`counts`, from dlm/stats, when
+ * known) and the index's line with its reasons.
  */
 export function statusBarData(st: DlmStatus | null, enabled: boolean, counts: StatsSummary | null = null): StatusBarData {
   if (!st) {
     return { text: "$(loading~spin) dlm", tooltip: "dlm: starting the server", error: false };
   }
-  const icon = enabled ? (STATE_ICON[st.state] ?? "$(question)") : "$(circle-slash)";
+  const index = st.index && typeof st.index.text === "string" && st.index.text ? st.index : null;
+  // "ready" only once the model answers and the index is built: until then, the index's count
+  const building = st.state === "ready" && index !== null && (index.state === "loading" || index.state === "indexing");
+  const icon = enabled ? (building ? STATE_ICON.loading : (STATE_ICON[st.state] ?? "$(question)")) : "$(circle-slash)";
   let text = `${icon} dlm`;
-  if (st.state === "ready" && typeof st.p50_ms === "number") text += ` ${Math.round(st.p50_ms)} ms`;
-  if (st.state === "ready" && typeof st.offered === "number") {
+  if (building) text += ` ${index.text}`;
+  else if (st.state === "ready" && typeof st.p50_ms === "number") text += ` ${Math.round(st.p50_ms)} ms`;
+  if (!building && st.state === "ready" && typeof st.offered === "number") {
     // what the server offered and what it held back, and why: "ready" alone hid that it showed nothing
     text += ` · offered ${st.offered}`;
     if (st.held_back) text += `, held back ${st.held_back} (${heldBackReason(st)})`;
   }
   if (st.state !== "ready") text += ` ${st.state}`;
+  if (index && (index.state === "failed" || index.state === "off")) text += ` · index ${index.state}`; // why: tooltip
   const lines = [
-    `dlm: ${st.state}${enabled ? "" : " (suggestions off)"}`,
+    `dlm: ${building ? index.text : st.state}${enabled ? "" : " (suggestions off)"}`,
     st.model ? `model: ${st.model}` : "",
     st.device ? `device: ${st.device}` : "",
     typeof st.p50_ms === "number" ? `latency p50 ${fmtMs(st.p50_ms)}, p95 ${fmtMs(st.p95_ms)}` : "",
@@ -285,6 +307,7 @@ export function statusBarData(st: DlmStatus | null, enabled: boolean, counts: St
         ? `requests ${st.requests}, shown ${st.shown ?? 0}, held back -, accepted ${st.accepted ?? 0}`
         : "",
     st.message ?? "",
+    index && !building ? index.text : "",
     "click: toggle suggestions",
   ];
   return { text, tooltip: lines.filter((l) => l).join("\n"), error: st.state === "failed" };

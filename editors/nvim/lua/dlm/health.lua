@@ -42,14 +42,41 @@ function M.check()
     h.warn("the server has not reported its status yet (model loading?)")
   elseif st.state == "ready" and (st.offered or 0) == 0 and (st.held_back or 0) > 0 then
     -- ready, but nothing reached the editor: say why instead of an all-green report
-    h.warn(dlm.statusline(), {
+    h.warn(dlm.model_line(st), {
       "nothing was offered: every answer was held back (" .. dlm.held_back_reason(st) .. ")",
       "low confidence: lower min_confidence in setup() to see weaker suggestions",
     })
   elseif st.state == "ready" then
-    h.ok(dlm.statusline())
+    h.ok(dlm.model_line(st))
+  elseif st.state == "loading" then
+    h.info(dlm.model_line(st) .. " (suggestions start once it is loaded)")
   else
-    h.error(dlm.statusline(), { "see :DlmLog; check --model / --remote" })
+    h.error(dlm.model_line(st), { "see :DlmLog; check --model / --remote" })
+  end
+  M.check_index(st)
+end
+
+--- The workspace index (the repository memory): built, being built, failed or off, and why.
+function M.check_index(st)
+  local h = vim.health
+  local dlm = require("dlm")
+  if not st then
+    return
+  end
+  local line = dlm.index_line(st)
+  local idx = st.index
+  if not line then
+    h.info("index: the server did not report its workspace index (an older dlm-lsp?)")
+  elseif dlm.indexing(st) then
+    h.info(line .. " (suggestions come meanwhile, without the files not indexed yet)")
+  elseif idx.state == "ready" and (idx.message or "") == "" then
+    h.ok(line)
+  elseif idx.state == "ready" then
+    h.warn(line, { "the index works without what the message names; see :DlmLog" })
+  elseif idx.state == "off" then
+    h.warn(line, { "suggestions work without the repository memory of this workspace" })
+  else
+    h.error(line, { "suggestions work without the repository memory; see :DlmLog, then :DlmRestart" })
   end
 end
 

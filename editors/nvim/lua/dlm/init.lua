@@ -150,11 +150,31 @@ function M.held_back_reason(st)
   return reason
 end
 
-local function status_line(st)
-  if not st then
-    return "dlm: starting"
+--- The index's line of a dlm/status: "indexing 38/77 files", "index: ready (77 files)",
+--- "index failed: <why>", "index off: <why>" (the server writes it); nil when the status has
+--- no index part. `short`: a ready index's notes (files past a cap, a cache it cannot write)
+--- are left to :DlmStatus, so that a statusline stays short; a failure keeps its reason.
+function M.index_line(st, short)
+  local idx = type(st) == "table" and st.index or nil
+  if type(idx) ~= "table" or type(idx.text) ~= "string" or idx.text == "" then
+    return nil
   end
-  local s = "dlm: " .. st.state
+  if short and idx.state == "ready" and type(idx.files) == "number"
+      and type(idx.message) == "string" and idx.message ~= "" then
+    return string.format("index: ready (%d file%s; notes in :DlmStatus)", idx.files, idx.files == 1 and "" or "s")
+  end
+  return idx.text
+end
+
+--- True while the workspace index is built or loaded: the status is not "ready" then.
+function M.indexing(st)
+  local idx = type(st) == "table" and st.index or nil
+  return type(idx) == "table" and (idx.state == "loading" or idx.state == "indexing")
+end
+
+--- What the status says of the model: offered / held back, p50, device, message.
+local function model_details(st)
+  local s = ""
   if st.offered ~= nil then
     s = s .. string.format(" offered %d", st.offered)
     local reason = M.held_back_reason(st)
@@ -162,21 +182,50 @@ local function status_line(st)
       s = s .. string.format(", held back %d (%s)", st.held_back, reason)
     end
   end
-  if st.p50_ms then
+  if type(st.p50_ms) == "number" then
     s = s .. string.format(" p50 %d ms", math.floor(st.p50_ms + 0.5))
   end
-  if st.device and st.device ~= "" then
+  if type(st.device) == "string" and st.device ~= "" then
     s = s .. " (" .. st.device .. ")"
   end
-  if st.message and st.message ~= "" then
+  if type(st.message) == "string" and st.message ~= "" then
     s = s .. ": " .. st.message
   end
+  return s
+end
+
+local function status_line(st, full)
+  if not st then
+    return "dlm: starting"
+  end
+  local index = M.index_line(st, not full)
+  -- "ready" only when the model answers and the index is built: until then the index's count
+  local building = st.state == "ready" and index ~= nil and M.indexing(st)
+  local s = "dlm: " .. (building and index or st.state) .. model_details(st)
+  if index and not building then
+    s = s .. " · " .. index
+  end
   return M.enabled and s or (s .. " [off]")
+end
+
+--- The model's part alone ("model: ready offered 3 p50 40 ms (cuda)"), for :checkhealth dlm,
+--- which reports the index on a line of its own.
+function M.model_line(st)
+  st = st or M.status
+  if not st then
+    return "model: the server has not reported its status yet"
+  end
+  return "model: " .. st.state .. model_details(st) .. (M.enabled and "" or " [suggestions off]")
 end
 
 --- For a statusline: require('dlm').statusline()
 function M.statusline()
   return status_line(M.status)
+end
+
+--- The statusline with the index's notes in full (:DlmStatus, :checkhealth dlm).
+function M.status_text()
+  return status_line(M.status, true)
 end
 
 --- A dlm/status notification: keep it, redraw the statuslines now (not at the next
@@ -368,8 +417,8 @@ function M.setup(opts)
   vim.api.nvim_create_user_command("DlmToggle", M.toggle, { desc = "dlm: suggestions on/off" })
   vim.api.nvim_create_user_command("DlmRestart", M.restart, { desc = "dlm: restart the server" })
   vim.api.nvim_create_user_command("DlmStatus", function()
-    print(M.statusline())
-  end, { desc = "dlm: model state and latency" })
+    print(M.status_text())
+  end, { desc = "dlm: model and index state, latency" })
   vim.api.nvim_create_user_command("DlmLog", function()
     local f = M.log_file()
     if f then

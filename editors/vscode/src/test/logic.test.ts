@@ -105,6 +105,27 @@ test("status bar says what the server offered and held back, and why", () => {
   assert.equal(statusBarData({ ...st, offered: 4, held_back: 0, held_back_by: {} }, true).text, "$(sparkle) dlm 120 ms · offered 4");
 });
 
+test("status bar says indexing N/M files until the model and the index are ready, and why an index failed", () => {
+  const model = { state: "ready" as const, device: "cuda", p50_ms: 41.6, offered: 3 };
+  const building = statusBarData({ ...model, ready: false, index: { state: "indexing", done: 38, total: 77, text: "indexing 38/77 files" } }, true);
+  assert.equal(building.text, "$(loading~spin) dlm indexing 38/77 files");
+  assert.match(building.tooltip, /^dlm: indexing 38\/77 files\n/);
+  assert.doesNotMatch(building.tooltip, /ready/);
+  const ready = statusBarData({ ...model, ready: true, index: { state: "ready", files: 77, text: "index: ready (77 files)" } }, true);
+  assert.equal(ready.text, "$(sparkle) dlm 42 ms · offered 3");
+  assert.match(ready.tooltip, /\nindex: ready \(77 files\)\n/);
+  const why = "the workspace folder /w does not exist or is not a readable folder";
+  const failed = statusBarData({ ...model, ready: true, index: { state: "failed", reason: why, text: `index failed: ${why}` } }, true);
+  assert.equal(failed.text, "$(sparkle) dlm 42 ms · offered 3 · index failed");
+  assert.match(failed.tooltip, new RegExp(`index failed: ${why}`));
+  assert.equal(failed.error, false); // suggestions go on without the repository memory
+  const off = statusBarData({ ...model, ready: true, index: { state: "off", text: "index off: no workspace folder to index" } }, true);
+  assert.equal(off.text, "$(sparkle) dlm 42 ms · offered 3 · index off");
+  const loading = statusBarData({ state: "loading", index: { state: "indexing", total: null, text: "indexing: looking for files" } }, true);
+  assert.equal(loading.text, "$(loading~spin) dlm loading");
+  assert.match(loading.tooltip, /\nindexing: looking for files\n/);
+});
+
 test("dlm/stats counters: held back is the sum of the gate's reasons, shown in the tooltip and the stats message", () => {
   const raw = {
     requests: 12, shown: 3, accepted: 1, partially_accepted: 2, gated_low_confidence: 4, gated_late: 1,
