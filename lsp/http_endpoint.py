@@ -8,6 +8,18 @@ predict the new region, and answers in the request's format. Zed sends a
 request per keystroke: a newer request for the same file cancels the one
 still running (latest wins).
 
+With `--workspace DIR` the endpoint also has the repository memory of DIR: the
+language server's indexer (lsp.workspace: the same walk, ignore rules, secret
+filter and on-disk cache) indexes it, and a typing request (a fill-in-the-middle
+or plain prompt, or a zeta prompt whose cursor is at a completion point) gets the
+memory's proposals at the cursor, checked by the denoiser, as the language
+server's typing mode does. The prompt's text is the current document; the path
+Zed names in it only selects which indexed file that is (`WorkspaceIndex.current`):
+the endpoint never opens a file a prompt names, and a path outside DIR or not
+indexed gets no memory (the model answers alone). Serving a workspace needs a
+token even on loopback: any local user could otherwise read the indexed code
+through it.
+
 Security (README "Zed" / "Security"): a web page in the developer's browser
 can reach a local port, so requests carrying an `Origin` header (browsers
 send one on every cross-origin POST and fetch; Zed does not) are refused,
@@ -26,6 +38,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import os
 import socket
 import sys
 import threading
@@ -36,16 +49,26 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from dlm.coder_model import budget as budget_rules
-from dlm.coder_model.devices import add_device_argument
 from dlm.coder_model import limits
+from dlm.coder_model.devices import add_device_argument
 from dlm.coder_model.limits import MAX_PATH_CHARS
 from dlm.coder_model.remote.auth import AuthConfigError, check_bind_allowed, load_token
 from dlm.coder_model.remote.client import parse_host_port
 from dlm.coder_model.types import CancelToken, LayoutBudget, SamplerParams
-from dlm.lsp import gate, postprocess, secrets
+from dlm.lsp import context, discovery, gate, postprocess, secrets, syntax_check
+from dlm.lsp.cli import expand_path
 from dlm.lsp.engine_holder import EngineHolder, make_engine_factory
-from dlm.lsp.options import Options
-from dlm.lsp.zed_prompts import Built, PromptFormatError, build_prompt, parse_prompt, render_answer
+from dlm.lsp.options import IndexOptions, Options
+from dlm.lsp.workspace import Workspace
+from dlm.lsp.zed_prompts import (
+    Built,
+    PromptFormatError,
+    ZedPrompt,
+    build_prompt,
+    cursor_line,
+    parse_prompt,
+    render_answer,
+)
 
 log = logging.getLogger("dlm.http")
 
@@ -66,6 +89,132 @@ class EndpointOptions:
     body_timeout_s: float = 30.0
     max_connections: int = 32
     token: bytes | None = None  # when set, every request needs "Authorization: Bearer TOKEN"
+
+
+# -- the repository memory of --workspace ------------------------------------------------
+
+
+class WorkspaceRefused(ValueError):
+    """The folder cannot be served as a workspace; the message says why and what to pass instead."""
+
+
+def workspace_problem(root: str) -> str:
+    """Why `root` cannot be served as a workspace ('' when it can), with what to pass instead:
+    `/`, the home folder and its parents are refused by the language server's own rule
+    (lsp.discovery.refusal), and the folder must exist."""
+    refused = discovery.refusal(root)
+    if refused:
+        return (f"{refused}: not served (a workspace is one project folder; this one holds all your projects "
+                "and your secrets); pass the folder of the project you edit, e.g. --workspace ~/src/myproject")
+    if not os.path.isdir(root):
+        return f"{root} is not a folder; pass the folder of the project you edit, e.g. --workspace ~/src/myproject"
+    return ""
+
+
+def indexed_path(path: str, roots: tuple[str, ...], indexed: set[str] | list[str]) -> str | None:
+    """The indexed file (its path relative to the folder, as the index keeps it) that a prompt's
+    `path` names, or None. `roots`: the folder's absolute path as given and as resolved. String
+    work only, nothing on disk is looked at: a path relative to the folder, the same with the
+    folder's own name first (Zed's paths start with the worktree's name), or an absolute path
+    under the folder. A path with a `..` component, or an absolute path elsewhere, names nothing."""
+    if not path or "\x00" in path or len(path) > MAX_PATH_CHARS:
+        return None
+    p = path.replace("\\", "/")
+    candidates: list[str] = []
+    if p.startswith("/"):
+        for root in roots:
+            prefix = root.rstrip("/") + "/"
+            if p.startswith(prefix):
+                candidates.append(p[len(prefix) :])
+    else:
+        first, _, rest = p.partition("/")
+        if rest and first in {os.path.basename(root.rstrip("/")) for root in roots}:
+            candidates.append(rest)
+        candidates.append(p)
+    for candidate in candidates:
+        parts = [x for x in candidate.split("/") if x not in ("", ".")]
+        if not parts or ".." in parts:
+            continue
+        rel = "/".join(parts)
+        if rel in indexed:
+            return rel
+    return None
+
+
+class WorkspaceIndex:
+    """The repository memory of one folder for the endpoint: lsp.workspace.Workspace, the
+    language server's indexer (walk, ignore rules, secrets, caps, the on-disk cache in
+    lsp.index_store), with the folder as its only root. The endpoint gets no file events, so
+    the folder is rescanned by size and mtime every `options.rescan_s`."""
+
+    def __init__(self, root: str, options: IndexOptions | None = None) -> None:
+        root = os.path.abspath(root)
+        problem = workspace_problem(root)
+        if problem:
+            raise WorkspaceRefused(problem)
+        # The language server's memory query, imported here: only an endpoint with a workspace
+        # pays for loading the server module.
+        from dlm.lsp.server import memory_proposals
+
+        self.root = root
+        self.roots = tuple(dict.fromkeys((root, os.path.realpath(root))))  # as given, as resolved
+        self.proposals = memory_proposals
+        self.index = Workspace(options or IndexOptions())
+        self.index.set_roots([root])
+
+    def status(self) -> dict[str, Any]:
+        return self.index.status()
+
+    def current(self, zp: ZedPrompt) -> tuple[Any, str] | None:
+        """(memory, the current file's path in it) for a prompt: '' for a prompt that names no
+        file (fill-in-the-middle, plain), the indexed file its path names otherwise; None while
+        the memory loads, or when the path names no indexed file of the folder."""
+        memory = self.index.memory
+        if memory is None:
+            return None
+        if not zp.path:
+            return memory, ""
+        rel = indexed_path(zp.path, self.roots, memory.paths())
+        return None if rel is None else (memory, rel)
+
+    def with_memory(self, built: Built, zp: ZedPrompt, memory: Any, rel: str) -> Built:
+        """`built` (a typing prompt) with the memory's proposals at the cursor and snippets of
+        other files, as the language server adds them: the prompt's text is the current
+        document (the memory reads nothing else of this file)."""
+        with self.index.prediction():  # the indexer starts nothing while it runs
+            proposals = self.proposals(memory, zp.text[: zp.cursor], zp.text[zp.cursor :], rel, {})
+            typed = context.with_snippets(context.BuiltContext(built.prompt, 0, 0, "typing"), memory, rel)
+        return replace(built, prompt=replace(typed.prompt, proposals=proposals))
+
+    def close(self) -> None:
+        self.index.close()
+
+
+def typing_request(zp: ZedPrompt) -> bool:
+    """Does the language server's typing mode (an insertion at the cursor, the memory consulted)
+    answer this prompt? A fill-in-the-middle or plain answer is an insertion; a zeta answer is
+    one where the cursor is at a completion point (context.at_completion_point), as the server
+    chooses; elsewhere a zeta answer rewrites the region around the cursor."""
+    if zp.format not in ("zeta", "zeta2"):
+        return True
+    line, col = cursor_line(zp)
+    return context.at_completion_point(line, col)
+
+
+def breaks_syntax(zp: ZedPrompt, built: Built, new_region: str) -> str | None:
+    """Why the insertion the answer makes at the cursor would break the code's syntax, or None
+    (lsp.syntax_check on the prompt's text, as the server checks an inline insertion; a prompt
+    with no language, or no insertion, is not checked). A failure of the check shows it."""
+    p = built.prompt
+    sugg = postprocess.suggest(p.region, p.cursor, new_region, p.suffix, p.prefix)
+    if not sugg.insert_text or not p.language:
+        return None
+    try:
+        return syntax_check.check_text(p.language, zp.text[: zp.cursor], zp.text[zp.cursor :], sugg.insert_text,
+                                       sugg.replace_end is not None)
+    except Exception:  # a grammar edge case must not cost the answer
+        log.exception("syntax check failed")
+        return None
 
 
 # -- the HTTP server ---------------------------------------------------------------
@@ -135,9 +284,10 @@ def fit_to_budget(built: Built, budget: LayoutBudget) -> Built | None:
 class Predictor:
     """Parse -> predict -> render, with latest-wins cancellation per file."""
 
-    def __init__(self, holder: EngineHolder, opts: EndpointOptions):
+    def __init__(self, holder: EngineHolder, opts: EndpointOptions, workspace: WorkspaceIndex | None = None):
         self.holder = holder
         self.opts = opts
+        self.workspace = workspace  # the repository memory (--workspace), or None
         # The sampler options go through the caps every door shares (coder_model.limits).
         self.params, problems = limits.sampler_params(opts.sampler, "sampler.")
         for problem in problems:
@@ -161,7 +311,11 @@ class Predictor:
         except PromptFormatError as exc:
             raise RequestError(400, str(exc)) from None
         engine = self.engine()
-        built = fit_to_budget(build_prompt(zp, self.opts.zeta_lines_before, self.opts.zeta_lines_after),
+        # The repository memory: only with --workspace, and only for a prompt of no file or of an
+        # indexed file of the folder (WorkspaceIndex.current); the rest is answered by the model alone.
+        found = self.workspace.current(zp) if self.workspace is not None else None
+        typing = found is not None and typing_request(zp)
+        built = fit_to_budget(build_prompt(zp, self.opts.zeta_lines_before, self.opts.zeta_lines_after, typing),
                               engine.budget)
         if built is None:
             log.info("%s: the region around the cursor is longer than the model's context takes "
@@ -179,6 +333,11 @@ class Predictor:
             self._inflight[key] = cancel
         t0 = time.perf_counter()
         try:
+            if typing and found is not None and self.workspace is not None:
+                try:
+                    built = self.workspace.with_memory(built, zp, *found)
+                except Exception:  # a memory failure costs this request its proposals, never the endpoint
+                    log.exception("%s: the repository memory failed; answering with the model alone", key)
             pred = engine.predict(built.prompt, params, cancel, deadline)
         finally:
             with self._lock:
@@ -194,10 +353,17 @@ class Predictor:
         if leaked:  # a secret the region did not hold (seen in a prompt, or made up): never answered
             log.warning("%s: held back an answer holding %d secret(s) (lsp.secrets)", key, len(leaked))
         shown = not pred.cancelled and verdict.show and not held and not leaked
-        text = render_answer(zp, built, pred.text, req["stop"]) if shown else ""
+        # An insertion at the cursor that would break the code is never shown (lsp.syntax_check),
+        # as the language server holds back such an inline suggestion.
+        insertion = typing or zp.format not in ("zeta", "zeta2")
+        broken = breaks_syntax(zp, built, pred.text) if shown and insertion else None
+        if broken:
+            log.info("%s: held back an insertion that %s", key, broken)
+        text = render_answer(zp, built, pred.text, req["stop"]) if shown and not broken else ""
         log.info(
-            "%s %s: %.0f ms, %d steps, %d tokens, confidence %s%s",
-            zp.format, key, (time.perf_counter() - t0) * 1000, pred.steps, pred.tokens, pred.confidence,
+            "%s %s%s: %.0f ms, %d steps, %d tokens, %d memory proposals, confidence %s%s",
+            zp.format, key, " (typing)" if typing else "", (time.perf_counter() - t0) * 1000, pred.steps,
+            pred.tokens, len(p.proposals), pred.confidence,
             " (cancelled)" if pred.cancelled else "" if verdict.show else f" (not shown: {verdict.reason})",
         )  # fmt: skip
         return self.answer(req, text, pred.context_tokens, pred.tokens)
@@ -403,7 +569,10 @@ def make_server(host: str, port: int, predictor: Predictor) -> EndpointServer:
             if path in ("/health", "/v1/health"):
                 h = predictor.holder
                 state = "failed" if h.error else ("ready" if h.engine is not None else "loading")
-                self._send(200, {"status": state, "message": h.error})
+                health: dict[str, Any] = {"status": state, "message": h.error}
+                if predictor.workspace is not None:  # {state, files, tokens, message}, as dlm/status has it
+                    health["index"] = predictor.workspace.status()
+                self._send(200, health)
             elif path == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": "dlm", "object": "model", "owned_by": "dlm-lsp"}]})
             else:
@@ -452,6 +621,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token-file", default=None, metavar="FILE",
                         help="shared token (default: $DLM_TOKEN): clients must send 'Authorization: Bearer TOKEN'; "
                         "required to listen on a non-loopback address; also sent to --remote")
+    parser.add_argument("--workspace", default=None, metavar="DIR",
+                        help="index DIR (the project you edit) as the language server does and answer from its "
+                        "repository memory too; needs --token-file (or DLM_TOKEN), even on loopback")
     parser.add_argument("--max-connections", type=int, default=EndpointOptions.max_connections,
                         help="open connections served at once; more get 503 (default %(default)s)")
     parser.add_argument("--tls", action="store_true", help="use TLS to the --remote server")
@@ -476,6 +648,19 @@ def run(args: argparse.Namespace) -> int:
     except AuthConfigError as exc:
         print(f"dlm-lsp http: {exc}", file=sys.stderr)
         return 2
+    workspace_dir = getattr(args, "workspace", None)
+    if workspace_dir is not None:
+        if token is None:  # the endpoint would hand the folder's code to any local user
+            print("dlm-lsp http: --workspace serves your code to whoever can reach the port, so it needs a token, "
+                  "even on 127.0.0.1: create one with `python -c 'import secrets; print(secrets.token_hex(32))' "
+                  "> ~/.config/dlm/token && chmod 600 ~/.config/dlm/token`, pass --token-file ~/.config/dlm/token "
+                  "(or set DLM_TOKEN), and give Zed the same token as the provider's API key", file=sys.stderr)
+            return 2
+        workspace_dir = os.path.abspath(expand_path(workspace_dir))
+        problem = workspace_problem(workspace_dir)  # before the model loads or the port opens
+        if problem:
+            print(f"dlm-lsp http: --workspace {workspace_dir}: {problem}", file=sys.stderr)
+            return 2
     if args.max_connections < 1:
         print("dlm-lsp http: --max-connections must be >= 1", file=sys.stderr)
         return 2
@@ -491,9 +676,18 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"dlm-lsp http: cannot listen on {host}:{port} ({exc}); pick another --listen port", file=sys.stderr)
         return 2
+    if workspace_dir is not None:
+        try:
+            predictor.workspace = WorkspaceIndex(workspace_dir)
+        except WorkspaceRefused as exc:  # checked above; the folder may have gone since
+            print(f"dlm-lsp http: --workspace {workspace_dir}: {exc}", file=sys.stderr)
+            server.server_close()
+            return 2
     holder.start()
     h, p = server.server_address[:2]
-    print(f"dlm-lsp http: listening on http://{h}:{p}/v1/completions", file=sys.stderr, flush=True)
+    print(f"dlm-lsp http: listening on http://{h}:{p}/v1/completions"
+          + (f", repository memory of {predictor.workspace.root}" if predictor.workspace else ""),
+          file=sys.stderr, flush=True)
     try:
         server.serve_forever(poll_interval=0.5)
     except KeyboardInterrupt:
@@ -501,4 +695,6 @@ def run(args: argparse.Namespace) -> int:
     finally:
         server.server_close()
         holder.close()
+        if predictor.workspace is not None:
+            predictor.workspace.close()  # saves the index if it changed, releases its lock
     return 0

@@ -30,7 +30,8 @@ Zed shows edit predictions only from its own providers, one of which,
 
 `parse_prompt` reads the request text into a `ZedPrompt`; `build_prompt` makes
 the engine's Prompt of it (region = the cursor line, plus a line either side
-for the zeta formats, so the masked block stays short; language names from
+for the zeta formats, so the masked block stays short; or, in typing mode, the
+cursor line as an insertion prompt in every format; language names from
 coder_model.languages; Zed's edit diffs re-rendered as the -U0 hunks the model
 was trained on); `render_answer` writes the model's new region in the format
 Zed reads, cut at the request's `stop` sequences where the answer is an
@@ -329,15 +330,18 @@ def _line_end(text: str, pos: int, hi: int) -> int:
     return hi if i < 0 else i
 
 
-def build_prompt(zp: ZedPrompt, zeta_lines_before: int = 1, zeta_lines_after: int = 1) -> Built:
+def build_prompt(zp: ZedPrompt, zeta_lines_before: int = 1, zeta_lines_after: int = 1,
+                 typing: bool = False) -> Built:
     """The engine's Prompt for a parsed Zed prompt: the region is the cursor line (fim) or
     the cursor line with `zeta_lines_before`/`after` lines around it (zeta), clipped to
-    Zed's editable range."""
+    Zed's editable range. `typing`: an insertion prompt (Prompt.insert, the language server's
+    typing mode) on the cursor line alone, in every format: the model, or the repository
+    memory's proposals, write only the text to insert at the cursor."""
     lo, hi = zp.editable
     t = zp.text
     s = _line_start(t, zp.cursor, lo)
     e = _line_end(t, zp.cursor, hi)
-    if zp.format in ("zeta", "zeta2"):
+    if zp.format in ("zeta", "zeta2") and not typing:
         for _ in range(zeta_lines_before):
             if s > lo:
                 s = _line_start(t, s - 1, lo)
@@ -352,8 +356,15 @@ def build_prompt(zp: ZedPrompt, zeta_lines_before: int = 1, zeta_lines_after: in
         history=zp.history,
         language=language_for_path(zp.path),
         path=zp.path,
+        insert=typing,
     )
     return Built(prompt, s, e)
+
+
+def cursor_line(zp: ZedPrompt) -> tuple[str, int]:
+    """The excerpt's line holding the cursor (no line break) and the cursor's column in it."""
+    s = _line_start(zp.text, zp.cursor, 0)
+    return zp.text[s : _line_end(zp.text, zp.cursor, len(zp.text))], zp.cursor - s
 
 
 def _cut_at_stop(text: str, stop: list[str]) -> str:
