@@ -16,6 +16,19 @@ pause is measured (those are the suggestions a user actually sees). The
 rest were superseded by the next keystroke. Server-side counters come from
 `dlm/stats`: model runs, cancelled, superseded, cache hits, tokens per step,
 and the median time per stage (context, queue, prefill, denoise, post).
+
+The replay runs as the server runs in an editor, with the repository memory on:
+the server indexes a workspace folder (`--workspace DIR`; by default the project
+the typed files come from: the git root of the first `--files` file, else its
+folder, and for dlm's own files the folder holding them) and the replay starts
+once the index is ready. A typed file is opened at its own path (`document_uri`),
+so the server treats a file of the workspace as it treats any open document: its
+buffer (the file with the lines still to type cut out) replaces the file's indexed
+copy, and every memory query leaves the document's indexed copy out
+(`exclude_path`), so the lines being typed are never copied from the file on
+disk. `--no-index` replays with no workspace: the model alone. A root the server
+refuses (`/`, the home folder and the folders above it) is not offered; the run
+says so and replays with the model alone.
 """
 
 from __future__ import annotations
@@ -39,6 +52,12 @@ LOOPBACK = "loopback"  # `--remote` without an address: the loopback comparison
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Replay typing through the real server, as an editor does, and print keystroke -> suggestion "
+        "latency and the server's counters. The server indexes a workspace (the repository memory on, "
+        "the replay waiting for the index): --workspace DIR, by default the typed files' project; "
+        "--no-index replays with the model alone."
+    )
     parser.add_argument("--model", metavar="DIR", help="checkpoint directory (default: the embedded model)")
     add_device_argument(parser)
     parser.add_argument(
@@ -49,12 +68,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--files", nargs="*", metavar="FILE",
-        help="source files to type (default: the --workspace's Python files, else dlm's own)",
+        help="source files to type (default: the --workspace's Python files, else dlm's own in lsp/ and "
+        "coder_model/)",
     )
     parser.add_argument(
         "--workspace", metavar="DIR",
-        help="open DIR as the workspace: the server indexes it (the repository memory on) and the replay "
-        "starts once the index is ready",
+        help="the workspace folder the server indexes (the repository memory), ready before the replay "
+        "starts (default: the typed files' project: the git root of the first --files file, else its "
+        "folder; for dlm's own files the folder holding them)",
+    )
+    parser.add_argument(
+        "--no-index", action="store_true",
+        help="replay with no workspace: no repository memory, the model alone",
     )
     parser.add_argument("--keystrokes", type=int, default=400, help="keystrokes to replay (default 400)")
     parser.add_argument("--cps", type=float, default=8.0, help="typing speed, characters per second")
@@ -98,11 +123,40 @@ def default_files(workspace: str | None = None) -> list[Path]:
         files = sorted(p for p in root.rglob("*.py") if p.is_file() and not p.is_symlink()
                        and not any(part.startswith(".") for part in p.relative_to(root).parts))
         return [f for f in files if f.stat().st_size > 2000][:200]
-    import dlm.lsp
-
-    root = Path(dlm.lsp.__file__).resolve().parent.parent
+    root = own_root()
     files = sorted(root.glob("lsp/*.py")) + sorted(root.glob("coder_model/*.py"))
     return [f for f in files if f.stat().st_size > 2000]
+
+
+def own_root() -> Path:
+    """The folder holding dlm's own packages (lsp/, coder_model/): the repository in a checkout."""
+    import dlm.lsp
+
+    return Path(dlm.lsp.__file__).resolve().parent.parent
+
+
+def default_workspace(files: list[Path], own: bool) -> tuple[str | None, str]:
+    """(the workspace folder a replay of `files` indexes, or None; why there is none): for dlm's
+    own files (`own`) the folder holding them, else the first file's project (its git root, else
+    its folder, as `dlm-lsp predict` finds it). A root the server refuses gives None."""
+    from dlm.lsp import discovery
+    from dlm.lsp.predict_cli import project_root
+
+    if not files:
+        return None, ""  # the replay says there is nothing to type
+    root = own_root() if own else project_root(Path(files[0]))
+    refused = discovery.refusal(str(root))
+    if refused:
+        return None, (f"not indexing {root}: {refused}, which the language server refuses too; replaying "
+                      "with the model alone. Pass --workspace DIR (the project folder of the typed files) "
+                      "to use the repository memory, or --no-index to skip this message")
+    return str(root), ""
+
+
+def document_uri(path: Path, n: int) -> str:
+    """The URI the replay opens a file at: its own path (the server's index sees it as the open
+    buffer of that file), with a query that makes each opening a new document."""
+    return f"{path.resolve().as_uri()}?bench={n}"
 
 
 def _chunk(text: str, rng: random.Random) -> tuple[int, int]:
@@ -250,7 +304,7 @@ class Bench:
             lines = text.split("\n")
             target = "\n".join(lines[a:b])
             doc_no += 1
-            uri = f"file://{path.resolve()}?bench={doc_no}"
+            uri = document_uri(path, doc_no)
             opened = "\n".join(lines[:a] + [""] + lines[b:])
             client.text_document_did_open(
                 types.DidOpenTextDocumentParams(
@@ -427,6 +481,9 @@ def summarize(res: Result, args: argparse.Namespace, wall_s: float) -> dict:
                 "p99_ms",
             )
         },
+        # the repository memory the replay ran with: the workspace folder and the index's status
+        "memory": {"workspace": getattr(args, "workspace", None), "note": getattr(args, "memory_note", ""),
+                   **{k: (srv.get("index") or {}).get(k) for k in ("state", "files", "tokens", "message")}},
         "wall_s": round(wall_s, 1),
         "server_log": res.log_file,
         # window/logMessage the editor got: 1 error, 2 warning (nothing per keystroke is sent)
@@ -442,6 +499,7 @@ def render(summary: dict) -> str:
     lat, lp, srv = summary["latency"], summary["latency_at_pauses"], summary["server"]
     rows = [
         ("model / device", f"{summary['model']} / {summary['device']}"),
+        ("repository memory", memory_row(summary.get("memory") or {})),
         ("keystrokes (measured)", f"{summary['keystrokes']} ({summary['measured']})"),
         ("keystroke->suggestion p50 / p95 / p99", f"{lat['p50_ms']} / {lat['p95_ms']} / {lat['p99_ms']} ms"),
         (
@@ -475,6 +533,14 @@ def render(summary: dict) -> str:
     table = "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
     why = explain(summary)
     return table + ("\n\n" + why if why else "")
+
+
+def memory_row(memory: dict) -> str:
+    """The repository memory a run had: its folder and index, or why it had none."""
+    if memory.get("state") == "ready":
+        return f"on: {memory.get('workspace')} ({memory.get('files')} files, {memory.get('tokens')} tokens)"
+    why = memory.get("note") or memory.get("message") or "no workspace"
+    return f"off ({why})" if memory.get("state") in (None, "off") else f"{memory.get('state')} ({why})"
 
 
 def explain(summary: dict) -> str:
@@ -551,6 +617,25 @@ def run(args: argparse.Namespace) -> int:
         if not Path(f).is_file():
             print(f"dlm-lsp bench: {f} is not a file; pass readable source files to --files", file=sys.stderr)
             return 2
+    if args.no_index and args.workspace:
+        print("dlm-lsp bench: --no-index replays with no workspace, and --workspace names one; pass one of "
+              "them (--no-index: the model alone)", file=sys.stderr)
+        return 2
+    if args.workspace and not Path(args.workspace).is_dir():
+        print(f"dlm-lsp bench: --workspace {args.workspace} is not a folder; pass the project folder to index",
+              file=sys.stderr)
+        return 2
+    own = not args.files and not args.workspace
+    # the files are chosen before the default workspace, which follows them
+    args.files = [str(f) for f in (args.files or default_files(args.workspace))]
+    args.memory_note = ""
+    if args.no_index:
+        args.memory_note = "--no-index: the model alone"
+    elif not args.workspace:
+        args.workspace, why = default_workspace([Path(f) for f in args.files], own)
+        if why:
+            print(f"dlm-lsp bench: {why}", file=sys.stderr)
+            args.memory_note = why.split(";", 1)[0]
     t0 = time.monotonic()
     res = asyncio.run(Bench(args).run())
     summary = summarize(res, args, time.monotonic() - t0)

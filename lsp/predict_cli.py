@@ -1,22 +1,47 @@
-"""`dlm-lsp predict FILE --line N --col M`: one prediction from the command line.
+"""`dlm-lsp predict FILE --line N --col M`: one prediction from the command line, as the
+language server makes it, with the repository memory on.
 
-Prints the predicted new region, the edit as a unified diff of the file, and
-timings. Positions are 0-based (the first line is --line 0, the first column
---col 0), as in LSP; the column counts characters (code points) of the line.
-The prompt is built by lsp.context, as the language server builds it, with
-the windows fitted to the engine's context budget: what `predict` shows is
-what an editor would get at that position. A region too large for the
-model's window (a line of thousands of tokens) is cut around the cursor
-instead of failing.
+Prints which repository memory it used, the predicted new region, the suggestion at the
+cursor, which source made it (the memory, checked by the model, or the model alone), the edit
+as a unified diff of the file, the confidence and whether the editor would show it, and
+timings. Positions are 0-based (the first line is --line 0, the first column --col 0), as in
+LSP; the column counts characters (code points) of the line.
 
-The diff names the file by its path relative to the current directory (its
-file name when it lies elsewhere), with `a/` and `b/` prefixes and three
-lines of context, so `dlm-lsp predict F --line N --col M --diff | patch -p1`
-applies it from the current directory (`patch -p1 -d DIR` for a file in DIR
-outside it).
+The repository memory: predict indexes the file's project, its git root (the nearest folder
+at or above the file's folder holding `.git`), else the file's folder, with the server's own code
+(lsp.workspace.Workspace: the same discovery rules, .gitignore honoured, secrets masked, no
+link followed, and the same on-disk cache, so a project the server indexed loads at once). It
+refuses the roots the server refuses (`/`, the home directory and the folders above it) with
+a message and predicts with the model alone then; `--no-index` skips the index. The memory is
+consulted as the server consults it (typing mode only): its proposals come from
+`lsp.server.memory_proposals` over the text around the cursor, the snippets of other files
+from `context.with_snippets`, and the denoiser checks the proposals.
 
-Exit codes: 0 ok, 2 bad input (missing, binary or non-UTF-8 file, position
-out of range), 3 model error.
+Typing: in the default `--mode typing` the position means "typed up to here". An editor's
+buffer has nothing after the cursor on the line being typed, while the file on disk holds the
+line's true continuation, so the document predict builds is the file with the rest of the
+cursor's line removed (as `dlm-lsp eval --repo` cuts the typed line at the cursor), and the
+indexed copy of the file itself is left out of every memory query (`exclude_path`, the
+server's rule for the document being edited; the server also swaps that copy for the open
+buffer after a debounce, which changes nothing a query sees, so predict, which opens no
+buffer, leaves the copy in place): the suggestion can never be copied from the text it is
+meant to predict. The printed suggestion is compared with the rest of the line the file
+has. `--no-index` predicts on the same cut document, with no memory. `--mode wide` (the region rewrite after a pause) predicts on the file as it is,
+and the server never consults the memory there, so it indexes nothing.
+
+The prompt is built by lsp.context, as the server builds it, with the windows fitted to the
+engine's context budget. A region too large for the model's window (a line of thousands of
+tokens) is cut around the cursor instead of failing.
+
+The diff is of the file on disk: what it becomes with the model's answer (in typing mode,
+the answer in place of the rest of the line; no diff when the answer is that rest, or when
+the model proposes nothing). It names the file by its path relative to the current
+directory (its file name when it lies elsewhere), with `a/` and `b/` prefixes and three lines
+of context, so `dlm-lsp predict F --line N --col M --diff | patch -p1` applies it from the
+current directory (`patch -p1 -d DIR` for a file in DIR outside it).
+
+Exit codes: 0 ok, 2 bad input (missing, binary or non-UTF-8 file, position out of range),
+3 model error.
 """
 
 from __future__ import annotations
@@ -30,17 +55,19 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from dlm.coder_model import limits
 from dlm.coder_model.budget import LAYOUT_SPECIALS, plan
 from dlm.coder_model.devices import add_device_argument
 from dlm.coder_model.edit_history import patch_lines
 from dlm.coder_model.types import CancelToken, LayoutBudget, Prompt, SamplerParams
-from dlm.lsp import context, gate, positions
-from dlm.lsp.documents import Document
+from dlm.lsp import context, discovery, gate, positions, postprocess
+from dlm.lsp.documents import Document, content
 from dlm.lsp.options import ContextOptions, Options
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # Bytes looked at for NUL: text files never have one, binaries have one early (headers, padding).
 BINARY_SNIFF_BYTES = 8192
+WAIT_NOTE_S = 5.0  # a wait for the index longer than this (counted from the start) is said on stderr
 
 
 class InputError(Exception):
@@ -49,8 +76,11 @@ class InputError(Exception):
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.description = (
-        "Predict the edit at a position of a file and print the new region, the edit as a unified "
-        "diff (file line numbers; `--diff | patch -p1` applies it) and timings. "
+        "Predict the edit at a position of a file as the language server would, with the repository "
+        "memory of the file's project on (its git root, else its folder; --no-index: the model alone), "
+        "and print the new region, the suggestion and its source (memory or model), the edit as a "
+        "unified diff (file line numbers; `--diff | patch -p1` applies it), the confidence and timings. "
+        "While typing (the default --mode) the rest of the cursor's line counts as not typed yet. "
         "--line and --col are 0-based: the first line of the file is --line 0."
     )
     ap.add_argument("file", type=Path, help="source file (UTF-8 text)")
@@ -78,6 +108,13 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--min-confidence", type=float, default=Options.min_confidence, metavar="P",
                     help=f"the editor's gate: a suggestion below this calibrated confidence is hidden "
                          f"(default {Options.min_confidence}, the server's; 0 shows everything)")
+    ap.add_argument("--no-index", action="store_true",
+                    help="the model alone: no repository memory (by default predict indexes the file's project, "
+                         "its git root or else its folder, as the server indexes a workspace, and consults the "
+                         "memory while typing)")
+    ap.add_argument("--index-timeout", type=float, default=600.0, metavar="S",
+                    help="seconds to wait for the project's index (default 600; a project the server or an "
+                         "earlier predict indexed loads from the cache in about a second)")
     ap.add_argument("--log-level", default="WARNING", type=str.upper, choices=LOG_LEVELS, metavar="LEVEL",
                     help="DEBUG, INFO, WARNING or ERROR, any case (default WARNING; DEBUG adds tracebacks)")
 
@@ -124,11 +161,134 @@ def open_document(path: Path, text: str, line: int, col: int) -> Document:
     return doc
 
 
+def typed_document(doc: Document, line: int, col: int) -> tuple[Document, str]:
+    """(the document as an editor has it while the cursor's line is typed up to `col`: the
+    rest of that line removed, its line break kept; that rest)."""
+    lines = doc.lines
+    text = content(lines[line])
+    rest = text[col:]
+    if not rest:
+        return doc, ""
+    cut = "".join(lines[:line]) + text[:col] + lines[line][len(text) :] + "".join(lines[line + 1 :])
+    return Document(doc.uri, cut, encoding=doc.encoding), rest
+
+
 def build_context(doc: Document, line: int, col: int, mode: context.Mode, budget: LayoutBudget,
                   path: str) -> context.BuiltContext | None:
-    """The server's context for the cursor, in the windows of the engine's budget."""
+    """The server's context for the cursor, in the windows of the engine's budget, its fields
+    bounded as the server bounds them (coder_model.limits)."""
     opts = ContextOptions()
-    return context.build(doc, line, col, mode, opts, context.windows_for(budget, opts), path)
+    built = context.build(doc, line, col, mode, opts, context.windows_for(budget, opts), path)
+    return None if built is None else replace(built, prompt=limits.bound_fields(built.prompt))
+
+
+# -- the repository memory ----------------------------------------------------------------------
+
+
+def project_root(path: Path) -> Path:
+    """The project a file belongs to: the nearest folder at or above the file's folder that
+    holds `.git` (a folder, or the file a git worktree or submodule has), else the file's folder."""
+    folder = path.resolve().parent
+    for d in (folder, *folder.parents):
+        if (d / ".git").exists():
+            return d
+    return folder
+
+
+class ProjectIndex:
+    """The server's workspace index (lsp.workspace.Workspace, default index options) over one
+    project root, built in its background thread while the model loads."""
+
+    def __init__(self, root: Path) -> None:
+        from dlm.lsp.workspace import Workspace
+
+        self.root = root
+        self.t0 = time.monotonic()
+        self.workspace = Workspace()
+        self.workspace.set_roots([str(root)])
+
+    def wait(self, timeout_s: float) -> tuple[dict, str]:
+        """(the index status, '' when ready, else why it is not used). A wait of more than a
+        few seconds (a large project's first index) is said once on stderr."""
+        deadline = self.t0 + timeout_s
+        said = False
+        while True:
+            status = self.workspace.status()
+            state = status.get("state")
+            if state == "ready":
+                return status, ""
+            if state in ("failed", "off"):
+                why = status.get("reason") or status.get("message") or "no reason given"
+                return status, f"the index of {self.root} is {state}: {why}"
+            if not said and time.monotonic() - self.t0 > WAIT_NOTE_S:
+                said = True
+                print(f"dlm-lsp predict: waiting for the index of {self.root} ({status.get('text') or state}); "
+                      "the next run loads it from the cache, and --no-index predicts without it",
+                      file=sys.stderr)
+            if time.monotonic() >= deadline:
+                return status, (f"the index of {self.root} was not ready after {timeout_s:g} s "
+                                f"({status.get('files', 0)} files so far); raise --index-timeout, or pass "
+                                "--no-index to predict without it")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self.workspace.close()
+
+
+def start_index(path: Path, args: argparse.Namespace) -> tuple[ProjectIndex | None, str]:
+    """(the project's index, started; or None and, in a few words, why there is none). A refused
+    root is said on stderr, with what to do."""
+    if args.no_index:
+        return None, "--no-index"
+    if args.mode != "typing":
+        return None, "the server consults it while typing only (--mode typing)"
+    root = project_root(path)
+    refused = discovery.refusal(str(root))
+    if refused:
+        print(f"dlm-lsp predict: not indexing {root}: {refused}, which the language server refuses too (it "
+              "holds other projects and your secrets); predicting with the model alone. Put the file in a "
+              "project folder (a git repository, or a folder of its own) to use the repository memory, or "
+              "pass --no-index to predict without it and skip this message", file=sys.stderr)
+        return None, f"{root} is refused: {refused}"
+    return ProjectIndex(root), ""
+
+
+def with_memory(index: ProjectIndex, doc: Document, built: context.BuiltContext, path: Path, line: int,
+                col: int) -> tuple[context.BuiltContext, str]:
+    """`built` with the memory's proposals and snippets, computed as DlmServer.predict computes
+    them for a typing request (the document's own indexed copy excluded), and the file's path
+    in the index; (`built`, '') when the index holds no memory for the file."""
+    from dlm.lsp.server import memory_proposals, text_around
+
+    ws = index.workspace
+    memory, rel = ws.memory_for(str(path.resolve()))
+    if memory is None or built.mode != "typing":
+        return built, ""
+    opened = ws.open_files(str(path.resolve()))
+    opened.pop(rel, None)  # this document is the memory's first level, from the text below
+    before, after = text_around(doc, line, col)
+    with ws.prediction():
+        proposals = memory_proposals(memory, before, after, rel, opened)
+        out = context.with_snippets(built, memory, rel)
+    return replace(out, prompt=replace(out.prompt, proposals=proposals)), rel
+
+
+def answer_source(prompt: Prompt, new_region: str, memory_note: str) -> str:
+    """Which source made the answer: the memory (its proposal, checked by the model), the
+    memory vetoed by the model, or the model decoding alone (and why the memory did not
+    propose)."""
+    proposals = prompt.proposals
+    if proposals:
+        n = len(proposals)
+        region, c = prompt.region, prompt.cursor
+        for i, p in enumerate(proposals):
+            if region[:c] + p.text + region[c:] == new_region:  # coder_model.verify.region_after
+                return (f"memory (the repository memory's proposal {i + 1} of {n}, memory probability "
+                        f"{p.score:.3f}, checked by the model)")
+        return f"memory: the model vetoed all {n} of the repository memory's proposals, so nothing is proposed"
+    if memory_note:
+        return f"model (no repository memory: {memory_note}; the model decoded alone)"
+    return "model (the repository memory had no proposal at this position; the model decoded alone)"
 
 
 # -- fitting an oversized prompt to the model's window ---------------------------------------------
@@ -272,26 +432,63 @@ def setup_logging(level: str) -> None:
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     try:
-        doc = open_document(args.file, read_source(args.file), args.line, args.col)
+        file_doc = open_document(args.file, read_source(args.file), args.line, args.col)
         params = SamplerParams(steps=args.steps, threshold=args.threshold, block_len=args.block_len,
                                order=args.order, repeat_penalty=args.repeat_penalty,
                                end_threshold=args.end_threshold)
     except (InputError, ValueError) as exc:
         print(f"dlm-lsp predict: {exc}", file=sys.stderr)
         return 2
+    if args.mode == "typing":
+        doc, rest = typed_document(file_doc, args.line, args.col)
+    else:
+        doc, rest = file_doc, ""
     name = diff_name(args.file)
+    index, memory_note = start_index(args.file, args)
+    try:
+        return _predict(args, params, file_doc, doc, rest, name, index, memory_note)
+    finally:
+        if index is not None:
+            index.close()
+
+
+def _predict(args: argparse.Namespace, params: SamplerParams, file_doc: Document, doc: Document, rest: str,
+             name: str, index: ProjectIndex | None, memory_note: str) -> int:
+    memory_line = f"off ({memory_note})"
     try:
         from dlm.coder_model.engine import load_engine
 
         t0 = time.perf_counter()
-        engine = load_engine(args.model, args.device)
+        engine = load_engine(args.model, args.device)  # the index builds meanwhile, in its own thread
         load_ms = (time.perf_counter() - t0) * 1000
         try:
-            built = build_context(doc, args.line, args.col, args.mode, engine.budget, name)
+            path = name
+            if index is not None:
+                status, why = index.wait(args.index_timeout)
+                if why:
+                    print(f"dlm-lsp predict: {why}; predicting with the model alone", file=sys.stderr)
+                    memory_line, memory_note, index = f"off ({why})", why, None
+                else:
+                    note = f"; {status['message']}" if status.get("message") else ""
+                    memory_line = f"{index.root}: {status['files']} files, {status['tokens']} tokens{note}"
+                    rel = Path(args.file).resolve().relative_to(index.root.resolve()).as_posix()
+                    path = rel  # the server names a file by its path in the workspace folder
+            built = build_context(doc, args.line, args.col, args.mode, engine.budget, path)
             if built is None:
                 print(f"dlm-lsp predict: line {args.line} is longer than {ContextOptions.max_line_chars} "
                       "characters (minified code?); the server makes no suggestion there", file=sys.stderr)
                 return 0
+            if index is not None:
+                try:
+                    built, rel = with_memory(index, doc, built, args.file, args.line, args.col)
+                except Exception as exc:  # as in the server: a memory failure costs the proposals only
+                    logging.getLogger(__name__).debug("repository memory failed", exc_info=True)
+                    rel = ""
+                    print(f"dlm-lsp predict: the repository memory failed ({type(exc).__name__}: {exc}); "
+                          "predicting with the model alone (--log-level debug shows the traceback)",
+                          file=sys.stderr)
+                if not rel:
+                    memory_note = f"the index of {index.root} gave no memory for this file"
             prompt, first, last = built.prompt, 0, len(built.prompt.region)
             count = token_counter(engine)
             if count is not None:
@@ -310,9 +507,12 @@ def run(args: argparse.Namespace) -> int:
         hint = "" if args.log_level == "DEBUG" else " (--log-level debug shows the traceback)"
         print(f"dlm-lsp predict: model error: {exc}{hint}", file=sys.stderr)
         return 3
-    old = doc.text
     start = sum(len(x) for x in doc.lines[: built.start_line]) + first
-    new = old[:start] + pred.text + old[start + (last - first) :]
+    changed = pred.text != prompt.region
+    old = file_doc.text
+    # the file with the suggestion (in typing mode in place of the rest of the line, which the
+    # document left out); the file as it is when the model proposes nothing
+    new = doc.text[:start] + pred.text + doc.text[start + (last - first) :] if changed else old
     edit = unified_diff(old, new, name)
     verdict = gate.decide(pred.confidence, False, False, args.min_confidence, args.min_confidence)
     if args.diff:
@@ -322,12 +522,25 @@ def run(args: argparse.Namespace) -> int:
             return 0
         print(edit, end="")
         return 0
+    print(f"== repository memory: {memory_line}")
+    if rest:
+        print(f"== typed up to the cursor: the rest of line {args.line} ({rest!r}) is left out, as in an "
+              "editor while it is typed")
     a, b = built.start_line, built.end_line
     print(f"== predicted region (0-based line{f' {a}' if a == b else f's {a}-{b}'}"
           f"{', cut around the cursor' if (first, last) != (0, len(built.prompt.region)) else ''})")
     print(pred.text, end="" if pred.text.endswith("\n") else "\n")
+    if prompt.insert:
+        sugg = postprocess.suggest(prompt.region, prompt.cursor, pred.text, prompt.suffix, prompt.prefix)
+        print(f"== suggestion at the cursor: {suggestion_line(sugg, rest)}")
+    print(f"== source: {answer_source(prompt, pred.text, memory_note)}")
     print("== edit (unified diff with file line numbers; `--diff | patch -p1` applies it)")
-    print(edit or "(no change)", end="" if edit else "\n")
+    if edit:
+        print(edit, end="")
+    elif changed:
+        print("(none: the suggestion is the text the file already has there)")
+    else:
+        print("(no change)")
     shown = "the editor would show it" if verdict.show else f"the editor would hide it: {gate_reason(pred.confidence, args)}"
     conf = "none (this engine computes no confidence)" if pred.confidence is None else f"{pred.confidence:.3f}"
     print(f"== confidence {conf}; {shown}")
@@ -336,3 +549,20 @@ def run(args: argparse.Namespace) -> int:
           f"{pred.prefill_ms:.1f} + denoise {pred.denoise_ms:.1f} ms | {pred.steps} steps, {pred.tokens} tokens "
           f"({pred.tokens_per_step:.2f}/step), context {pred.context_tokens} tokens")
     return 0
+
+
+def suggestion_line(sugg: postprocess.Suggestion, rest: str) -> str:
+    """The inline suggestion as the editor would show it, and how it compares with the rest of
+    the line the file has."""
+    if sugg.held_back:
+        return f"none (a degenerate answer, held back: {sugg.held_back})"
+    text = sugg.insert_text
+    if not text:
+        return "none (the answer inserts nothing the server would show at the cursor)"
+    if text == rest:
+        return f"{text!r}, the text that follows in the file"
+    if rest and rest.startswith(text):
+        return f"{text!r}, the start of the text that follows in the file ({rest!r})"
+    if rest:
+        return f"{text!r}; the file has {rest!r}"
+    return repr(text)

@@ -151,7 +151,8 @@ def test_bench_with_an_engine_that_fails_says_so(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "dlm.lsp.cli", "bench", "--engine-factory", "test_cli:raising", "--files", str(src),
          "--keystrokes", "6", "--cps", "30", "--log-level", "warning", "--json"],
-        capture_output=True, text=True, timeout=240, env=server_env(), check=True,
+        capture_output=True, text=True, timeout=240, check=True,
+        env=server_env(HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "cache")),  # the index's cache
     )  # fmt: skip
     result = json.loads(out.stdout)
     assert result["server"]["completed"] == 0 and result["server"]["failed"] >= 1

@@ -3,11 +3,16 @@ bookkeeping, not model speed; no timing is asserted)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 import subprocess
 import sys
 
-from lsp_helpers import run_cli, server_env
+import pytest
+from lsp_helpers import SERVER, request, run_cli, server_env
+from lsprotocol import types
+from pytest_lsp import ClientServerConfig, client_capabilities
 
 
 def test_bench_json_with_fake_engine(tmp_path):
@@ -32,7 +37,8 @@ def test_bench_json_with_fake_engine(tmp_path):
         capture_output=True,
         text=True,
         timeout=240,
-        env=server_env(FAKE_STEP_S="0.005"),
+        # the file's folder is the workspace the server indexes: its cache in the test's folder
+        env=server_env(FAKE_STEP_S="0.005", HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "cache")),
         check=True,
     )
     summary = json.loads(out.stdout)
@@ -72,3 +78,120 @@ def test_bench_jump_finds_the_other_file_and_times_the_scan(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "dlm.lsp.bench_jump", "--root", str(root), "--name", "a", "--new", "b",
                           "--min-confidence", "2"], capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "--min-confidence 2.0: give a number in [0, 1]" in bad.stderr
+
+
+def _memory_project(root):
+    """A project whose lines repeat from file to file: whatever the replay types, the repository
+    memory has seen it in the other files."""
+    root.mkdir(parents=True)
+    body = "".join(f"def handler_{i}(registry, widget):\n    registry.frobnicate(widget, strict=True, depth={i})\n"
+                   f"    return registry.lookup(widget.name)\n\n" for i in range(12))
+    for name in ("a", "b", "c"):
+        (root / f"{name}.py").write_text(body)
+    return root
+
+
+def _bench_memory(tmp_path, *extra):
+    """`dlm-lsp bench` typing a.py of the project with the fake that answers the memory's first
+    proposal (none: no change), so a suggestion shows only where the memory proposed."""
+    proj = _memory_project(tmp_path / "proj")
+    out = subprocess.run(
+        [sys.executable, "-m", "dlm.lsp.cli", "bench", "--engine-factory", "fake_engine:echo_proposals",
+         "--files", str(proj / "a.py"), "--keystrokes", "30", "--cps", "30", "--json", *extra],
+        capture_output=True, text=True, timeout=240, check=False,
+        env=server_env(FAKE_STEP_S="0.002", HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "cache")))
+    assert out.returncode == 0, out.stderr
+    return proj, json.loads(out.stdout)
+
+
+def test_bench_replays_with_the_memory_of_the_typed_files_project_by_default(tmp_path):
+    proj, summary = _bench_memory(tmp_path)
+    memory = summary["memory"]
+    assert memory["workspace"] == str(proj.resolve()) and memory["state"] == "ready" and memory["files"] == 3
+    assert summary["shown"] >= 1, summary  # the memory's proposals reached the editor
+    from dlm.lsp.bench import render
+
+    row = rf"^repository memory +on: {re.escape(str(proj.resolve()))} \(3 files"
+    assert re.search(row, render(summary), re.MULTILINE)
+
+
+def test_bench_no_index_replays_the_model_alone(tmp_path):
+    _, summary = _bench_memory(tmp_path, "--no-index")
+    assert summary["memory"]["workspace"] is None and summary["memory"]["state"] == "off"
+    assert summary["memory"]["note"].startswith("--no-index")
+    assert summary["shown"] == 0, summary  # no memory, no proposal: the fake changes nothing
+
+
+def test_bench_refuses_contradicting_options_and_a_missing_workspace(tmp_path):
+    out = run_cli("bench", "--no-index", "--workspace", str(tmp_path))
+    assert out.returncode == 2 and "pass one of them" in out.stderr
+    out = run_cli("bench", "--workspace", str(tmp_path / "nowhere"))
+    assert out.returncode == 2 and "is not a folder" in out.stderr
+
+
+SOLO = "    quantum_flux = recalibrate_capacitor(gigawatts=121, year=1985)"
+SOLO_TYPED = "    quantum_flux = reca"
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("elsewhere", [False, True])
+async def test_the_typed_file_is_the_buffer_as_typed_never_its_indexed_copy(tmp_path, elsewhere):
+    """The bench opens a file at its own path in the workspace with the lines to type cut out: the
+    server must answer from the buffer as typed, never from the indexed copy of the file on disk,
+    which holds those lines (before the buffer replaces it in the index, and after)."""
+    from dlm.lsp.bench import document_uri
+
+    root = tmp_path / "proj"
+    root.mkdir()
+    path = root / "solo.py"
+    path.write_text(f"def flux():\n{SOLO}\n    return quantum_flux\n")
+    if elsewhere:  # the control: the same line in another file is the memory's to propose
+        (root / "other.py").write_text(f"def other():\n{SOLO}\n")
+    env = server_env(DLM_ENGINE_FACTORY="fake_engine:echo_proposals", XDG_CACHE_HOME=str(tmp_path / "cache"),
+                     HOME=str(tmp_path / "home"))
+    client = await ClientServerConfig(server_command=SERVER, server_env=env).start()
+    await client.initialize_session(types.InitializeParams(
+        capabilities=client_capabilities("visual-studio-code"), root_uri=root.as_uri(),
+        initialization_options={"deadlineMs": 5000}))
+    try:
+        for _ in range(600):
+            stats = await request(client, "dlm/stats", {})
+            if stats["state"] == "ready" and stats["index"]["state"] == "ready":
+                break
+            await asyncio.sleep(0.05)
+        uri = document_uri(path, 1)
+        client.text_document_did_open(types.DidOpenTextDocumentParams(types.TextDocumentItem(
+            uri=uri, language_id="python", version=1, text="def flux():\n\n    return quantum_flux\n")))
+        client.text_document_did_change(types.DidChangeTextDocumentParams(
+            types.VersionedTextDocumentIdentifier(uri=uri, version=2),
+            [types.TextDocumentContentChangePartial(range=types.Range(types.Position(1, 0), types.Position(1, 0)),
+                                                    text=SOLO_TYPED)]))
+        answers = []
+        for wait_s in (0.0, 1.5):  # the disk's copy indexed; then the buffer (after the index's debounce)
+            await asyncio.sleep(wait_s)
+            res = await client.text_document_inline_completion_async(types.InlineCompletionParams(
+                text_document=types.TextDocumentIdentifier(uri), position=types.Position(1, len(SOLO_TYPED)),
+                context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)))
+            answers.append([i.insert_text for i in res.items])
+        rest = SOLO[len(SOLO_TYPED):]
+        if elsewhere:
+            assert answers == [[rest], [rest]]
+        else:
+            assert not any("gigawatts" in text for items in answers for text in items), answers
+    finally:
+        await client.shutdown_session()
+
+
+def test_the_default_workspace_is_the_typed_files_project_and_never_the_home_folder(tmp_path, monkeypatch):
+    from dlm.lsp.bench import default_files, default_workspace, own_root
+
+    home = tmp_path / "home"
+    (home / "repo" / ".git").mkdir(parents=True)
+    (home / "repo" / "pkg").mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    inside = home / "repo" / "pkg" / "m.py"
+    assert default_workspace([inside], own=False) == (str((home / "repo").resolve()), "")
+    root, why = default_workspace([home / "loose.py"], own=False)
+    assert root is None and f"not indexing {home.resolve()}" in why and "--workspace DIR" in why
+    # dlm's own files: the folder holding them
+    assert default_workspace(default_files(), own=True) == (str(own_root()), "")

@@ -19,6 +19,13 @@ from dlm.lsp.predict_cli import fit_prompt, unified_diff
 needs_patch = pytest.mark.skipif(shutil.which("patch") is None, reason="needs the `patch` program")
 
 
+@pytest.fixture(autouse=True)
+def _index_cache(tmp_path_factory, monkeypatch):
+    """The index predict builds of each test's folder goes to a cache of the test session's, never
+    the user's (the subprocesses inherit the variable)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("index-cache")))
+
+
 def _predict(path, line, col, model, *extra, cwd=None):
     return subprocess.run(
         [sys.executable, "-m", "dlm.lsp.cli", "predict", str(path), "--line", str(line), "--col", str(col),
