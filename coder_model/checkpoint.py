@@ -15,6 +15,8 @@ a model fed prompts in a layout it never saw writes nonsense without an error.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -167,6 +169,32 @@ def check_layout(raw: dict, d: str | Path) -> None:
     )
 
 
+_INITIALISERS = ("normal_", "uniform_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_",
+                 "xavier_normal_", "trunc_normal_", "zeros_", "ones_", "constant_", "orthogonal_")
+
+
+@contextmanager
+def meta_without_init() -> Iterator[None]:
+    """Build modules on the meta device without running torch.nn.init's initialisers: the
+    weights are loaded next. On the meta device an initialiser dispatches through torch._refs,
+    which imports torch._dynamo and sympy: 150 MB resident in a server that never compiles.
+    (The initialisers are module functions, swapped for the block's length: build models on
+    one thread at a time.)"""
+    saved = {name: getattr(torch.nn.init, name) for name in _INITIALISERS if hasattr(torch.nn.init, name)}
+
+    def keep(tensor, *args, **kwargs):
+        return tensor
+
+    for name in saved:
+        setattr(torch.nn.init, name, keep)
+    try:
+        with torch.device("meta"):
+            yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.nn.init, name, fn)
+
+
 def load_model(
     directory: str | Path | None = None, device: str = "cpu", impl: str = "auto",
     dtype: torch.dtype | None = None, any_layout: bool = False,
@@ -203,7 +231,7 @@ def load_model(
         )
     dev = resolve_device(device) if isinstance(device, str) else device
 
-    with torch.device("meta"):
+    with meta_without_init():
         model = DLM(cfg, impl=impl)
     expected = {k: v for k, v in model.state_dict().items()}
     files = weight_files(d)

@@ -180,6 +180,15 @@ def load_engine(model: str | Path | None = None, device: str = "auto", impl: str
     diffusion coder families are loaded by dlm.coder_model.families.
     """
     d, family, dev = open_checkpoint(model, device)
+    if dev == "cpu":
+        from dlm.coder_model.devices import cpu_threads
+
+        threads = cpu_threads()
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
+            log.info("the model uses %d CPU thread(s): one core is left to the server (OMP_NUM_THREADS sets it)", threads)
     if family != "dlm":
         from dlm.coder_model.families import load_family_engine
         from dlm.coder_model.families.engine import FamilyEngineOptions

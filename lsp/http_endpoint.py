@@ -637,6 +637,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    from dlm.lsp.heap import fix_mmap_threshold
+
+    fix_mmap_threshold()  # a --workspace index's dropped tables go back to the system
     try:
         host, port = parse_host_port(args.listen, default_port=None)
     except ValueError as exc:

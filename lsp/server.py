@@ -263,18 +263,24 @@ class DlmServer(LanguageServer):
             before, after = text_around(doc, row, col)
 
             def propose() -> None:
+                # The indexer waits from here until the model's step ends too: its Python work
+                # would otherwise take the GIL between the step's torch calls, each time for a
+                # whole switch interval.
+                end = self.workspace_index.begin_prediction()
+                out.add_done_callback(lambda _: end())
                 try:
-                    with self.workspace_index.prediction():  # the indexer starts nothing meanwhile
-                        proposals = memory_proposals(memory, before, after, rel, opened)
-                        if cancel.cancelled:
-                            out.set_result(None)
-                            return
-                        # typing: snippets of other files in the layout's snippet sections too
-                        with_memory = context.with_snippets(built, memory, rel)
-                        with_memory = replace(with_memory, prompt=replace(with_memory.prompt, proposals=proposals))
-                        inner = engine_future(engine, self.pool, with_memory, ctx_ms, params, cancel, deadline,
-                                              self.refused)
-                        chain(inner, out)
+                    t_memory = time.monotonic()
+                    proposals = memory_proposals(memory, before, after, rel, opened)
+                    self.stats.stage("memory_ms", (time.monotonic() - t_memory) * 1000)
+                    if cancel.cancelled:
+                        out.set_result(None)
+                        return
+                    # typing: snippets of other files in the layout's snippet sections too
+                    with_memory = context.with_snippets(built, memory, rel)
+                    with_memory = replace(with_memory, prompt=replace(with_memory.prompt, proposals=proposals))
+                    inner = engine_future(engine, self.pool, with_memory, ctx_ms, params, cancel, deadline,
+                                          self.refused)
+                    chain(inner, out)
                 except Exception as exc:  # a memory failure costs this keystroke, never the server
                     if not out.done():
                         out.set_exception(exc)
@@ -509,6 +515,9 @@ def chain(inner: Future, out: Future) -> None:
 
     def done(f: Future) -> None:
         if out.done():
+            return
+        if f.cancelled():
+            out.cancel()
             return
         exc = f.exception()
         if exc is not None:

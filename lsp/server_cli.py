@@ -59,7 +59,10 @@ def run(args: argparse.Namespace) -> int:
             return 2
 
     from dlm.lsp.engine_holder import make_engine_factory
+    from dlm.lsp.heap import fix_mmap_threshold
     from dlm.lsp.server import create_server
+
+    fix_mmap_threshold()  # the index's dropped tables go back to the system
 
     # The model thread re-takes the GIL between small torch ops; with the default 5 ms switch
     # interval the event loop waits up to 5 ms per handoff to read the next keystroke.

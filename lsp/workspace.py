@@ -266,18 +266,37 @@ class Workspace:
     def prediction(self):
         """Wrap each prediction (from any thread): the indexer starts nothing new until it
         ends, and saves the index only after a quiet spell."""
-        with self._cv:
-            self._predicting += 1
-            self._no_prediction.clear()
+        end = self.begin_prediction()
         try:
             yield
         finally:
+            end()
+
+    def begin_prediction(self) -> Callable[[], None]:
+        """`prediction()` for a prediction that ends on another thread (the model's step): the
+        indexer waits until the returned function is called (once; later calls do nothing)."""
+        with self._cv:
+            self._predicting += 1
+            self._no_prediction.clear()
+        ended = threading.Lock()
+
+        def end() -> None:
+            if not ended.acquire(blocking=False):
+                return
             with self._cv:
                 self._predicting -= 1
                 self._last_prediction = time.monotonic()
                 if self._predicting == 0:
                     self._no_prediction.set()
                     self._cv.notify_all()
+
+        return end
+
+    def _pause_for_predictions(self) -> None:
+        """The memory's pause between slices of a file's indexing: wait while a prediction runs,
+        so that the indexer's Python work (lexing, tables) never holds the GIL against it."""
+        while not self._stop and not self._no_prediction.wait(0.25):
+            pass
 
     def status(self) -> dict[str, Any]:
         """The index over all roots, for dlm/status and dlm/stats: `state` (off, loading,
@@ -699,12 +718,18 @@ class Workspace:
                 log.info("index: the persisted index of %s was built with other options (%s); rebuilding it",
                          ri.real, header.get("shape"))  # fmt: skip
             else:
-                ri.memory = memory
+                ri.memory = self._yielding(memory)
                 ri.manifest = {str(k): (int(v[0]), int(v[1])) for k, v in manifest.items()}
                 log.info("index: loaded %s: %d files", ri.store.path, len(ri.manifest))
                 return
-        ri.memory = mem_cls(max_tokens=self.options.max_tokens)
+        ri.memory = self._yielding(mem_cls(max_tokens=self.options.max_tokens))
         ri.manifest = {}
+
+    def _yielding(self, memory: Any) -> Any:
+        """The memory, pausing its writes for predictions (RepoMemory.pause) where it can."""
+        if hasattr(memory, "pause"):
+            memory.pause = self._pause_for_predictions
+        return memory
 
     def _shape(self) -> dict[str, Any]:
         """What a persisted index must have been built with to be reused."""

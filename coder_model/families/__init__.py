@@ -39,7 +39,9 @@ def load_family_model(path: str | Path, device: str = "auto", dtype: str = "auto
         dt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}.get(dtype)
         if dt is None:
             raise ValueError(f"dtype={dtype!r}: use auto, bfloat16, float16 or float32")
-    with torch.device("meta"):
+    from dlm.coder_model.checkpoint import meta_without_init
+
+    with meta_without_init():
         model = BidirectionalLM(arch, impl=impl)
     loader.load_weights(model, arch, path, device, dt)
     model.eval()

@@ -24,7 +24,7 @@ import threading
 import typing
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from dlm.coder_model.memory.lexer import is_line_break, lex, line_start
@@ -51,6 +51,10 @@ RETRIEVED_EXTRA_LINES = 10  # lines after a retrieved window counted with it
 SEAL_TOKENS = 40_000  # pending tokens sealed once a query has counted some of them
 SEAL_TOKENS_BULK = 250_000  # pending tokens sealed when no query has counted them
 TIER = 4  # sorted tables of one size tier merged into one
+MAX_SEGMENTS = 8  # past this many sorted tables, the two adjacent ones smallest together merge
+# No merge (but a full compact) makes a table of more tokens: a merge holds its inputs and its
+# output at once, and the output of a merge of tables this large is what the peak memory pays.
+MERGE_MAX_TOKENS = 4_000_000
 QUERY_COUNT_TOKENS = 10_000  # pending tokens one query counts, at most (a few ms of work)
 QUERY_PIECE_TOKENS = 20_000  # a pending file longer than this is counted QUERY_COUNT_TOKENS a query
 # Of the current document above the cursor's line (below: half), for the file level. Measured on
@@ -63,6 +67,7 @@ TAIL_CHARS = 4096  # of `before` lexed for the context, at most
 TYPED_WORD = -2  # token id of a half-typed word the vocabulary does not know
 MEMO_ENTRIES = 50_000  # next-token answers cached across keystrokes
 INTERN_BATCH = 4096  # new tokens interned per hold of the readers' lock
+WINDOW_BATCH_LINES = 2000  # lines whose snippet windows are found between two pauses
 LEX_CHUNK_CHARS = 1 << 16  # an indexed file is lexed this much at a time (its token strings die per chunk)
 PROVISIONAL = MAX_TOKEN_ID + 1  # ids of a file's new tokens until they are interned
 _LINE_BREAK = re.compile(r"\r\n|\n|\r")  # the lexer's line breaks
@@ -154,6 +159,10 @@ class RepoMemory:
         self._retrieved: tuple[tuple, DictTable | None] | None = None
         self._memo: dict = {}
         self._memo_signature: tuple | None = None
+        # Called by a writer between slices of its work (a lexed chunk, a batch of windows or
+        # of new tokens, a slice of a table's build): the server's indexer waits there while
+        # a suggestion is computed, so its Python work never holds the GIL against one.
+        self.pause: Callable[[], None] = _no_pause
 
     # --- sizes ---------------------------------------------------------------------------------
 
@@ -213,6 +222,8 @@ class RepoMemory:
                 chunk.append(i)
             out.extend(chunk)
             pos = end
+            if pos < n:
+                self.pause()
         return out, list(new)
 
     def _settle(self, ids: array, new: list[str]) -> None:
@@ -224,6 +235,8 @@ class RepoMemory:
             return
         real = array("I")
         for lo in range(0, len(new), INTERN_BATCH):
+            if lo:
+                self.pause()
             with self._lock:
                 real.extend(self._intern(new[lo : lo + INTERN_BATCH]))
         import numpy as np
@@ -246,8 +259,12 @@ class RepoMemory:
         ids, new = self._lex_ids(text)
         # the snippet windows' identifiers (regular expressions over every line) are found here,
         # outside the readers' lock, which then covers only their insertion
-        windows = snippet_windows(_LINE_BREAK.split(text))
+        lines = _LINE_BREAK.split(text)
         del text
+        windows = []
+        for lo in range(0, len(lines), WINDOW_BATCH_LINES):
+            self.pause()
+            windows += snippet_windows(lines, lo, lo + WINDOW_BATCH_LINES)
         with self._write_lock:
             old = self._files.get(path)
             if self._tokens - (len(old) if old is not None else 0) + len(ids) > self.max_tokens:
@@ -314,7 +331,7 @@ class RepoMemory:
         if self._delta_parts:
             new: tuple[_Segment, ...] = ()
             if parts:
-                new = (_Segment(SortedTable.build(self.order, [(t, sign) for _, t, sign in parts]), parts),)
+                new = (_Segment(SortedTable.build(self.order, [(t, sign) for _, t, sign in parts], self.pause), parts),)
             with self._lock:
                 self._segments = self._segments + new
                 self._delta = DictTable(self.order)
@@ -329,7 +346,7 @@ class RepoMemory:
             lo, hi = group
             merged_parts = _cancel([p for s in segs[lo:hi] for p in s.parts])
             # counts add up: the merged tables' arrays, not their token streams, are counted again
-            table = SortedTable.merge(self.order, [s.table for s in segs[lo:hi]])
+            table = SortedTable.merge(self.order, [s.table for s in segs[lo:hi]], self.pause)
             with self._lock:
                 self._segments = segs[:lo] + (_Segment(table, merged_parts),) + segs[hi:]
             if full and len(self._segments) <= 1:
@@ -633,6 +650,10 @@ class RepoMemory:
         return persist.load(cls, fh)
 
 
+def _no_pause() -> None:
+    pass
+
+
 def _window() -> int:
     from dlm.coder_model.memory.retrieve import WINDOW
 
@@ -643,10 +664,18 @@ def _merge_group(segs: Sequence[_Segment], full: bool) -> tuple[int, int] | None
     """Which adjacent tables to merge next: TIER of one size tier, or all of them when `full`."""
     if full:
         return (0, len(segs)) if len(segs) > 1 else None
-    tiers = [_tier(s.size) for s in segs]
+    sizes = [s.size for s in segs]
+    tiers = [_tier(n) for n in sizes]
     for lo in range(len(segs) - TIER, -1, -1):
-        if len(set(tiers[lo : lo + TIER])) == 1:
+        if len(set(tiers[lo : lo + TIER])) == 1 and sum(sizes[lo : lo + TIER]) <= MERGE_MAX_TOKENS:
             return lo, lo + TIER
+    if len(segs) > MAX_SEGMENTS:
+        # tiers interleaved by seal sizes (a bulk seal between query-time seals) never line up
+        # TIER of a kind: the two adjacent tables smallest together merge instead, since every
+        # query asks every table and its cost grows with their number
+        lo = min(range(len(segs) - 1), key=lambda i: sizes[i] + sizes[i + 1])
+        if sizes[lo] + sizes[lo + 1] <= MERGE_MAX_TOKENS:
+            return lo, lo + 2
     return None
 
 

@@ -7,9 +7,8 @@ two kinds of table with the same `lookup`:
 
 - `SortedTable`: arrays sorted by context, successors of a context sorted
   by count, built by sorting hashed keys (no per-n-gram Python object
-  survives the build). A context seen with one successor costs 12 bytes, one
-  with several 12 bytes plus 8 per successor (about 17 bytes a token on
-  Python sources at order 6). Counts are signed: a table built from a file's
+  survives the build). A context seen with one successor costs 8 bytes, one
+  with several 12 bytes plus 8 per successor. Counts are signed: a table built from a file's
   removal subtracts.
 - `DictTable`: dicts, for small, changing token streams (the current file,
   an open buffer, the changes since the last sealed table).
@@ -49,6 +48,7 @@ CTX_MASK = (1 << CTX_BITS) - 1
 SEED = 0x2545F4914F6CDD1D
 LOW_MASK = (1 << 32) - 1  # the low half of a context key, stored; its high bits pick a bucket
 BUCKETS = 1 << (CTX_BITS - 32)
+SINGLE_MAX_COUNT = 0xFF  # a one-successor context's count shares a 32-bit word with its token
 TOKEN_BITS = 24  # token ids in a combined (context, token) sort key
 MAX_TOKEN_ID = (1 << TOKEN_BITS) - 1
 BOS = 0  # token id 0: the empty string, pads contexts before a file's first token
@@ -181,11 +181,12 @@ class DictTable:
 class SortedTable:
     """Counts in arrays sorted by context key; successors by count. Immutable once built.
 
-    Per order, a context key's top KEY_HI_BITS pick a bucket (`*_bucket`: where
-    each bucket starts) and its low 32 bits are stored. Contexts seen with one
-    successor (most of them at the longer orders) keep only (key, token, count):
-    12 bytes, where a context with several successors costs 12 bytes plus 8 per
-    successor (`offsets` into `succ_tok`/`succ_cnt`, `totals`).
+    Per order, a context key's top CTX_BITS - 32 bits pick a bucket (`*_bucket`:
+    where each bucket starts) and its low 32 bits are stored. A context seen with
+    one successor, 1 to SINGLE_MAX_COUNT times (most contexts at the longer
+    orders), keeps only its key and (token << 8 | count): 8 bytes. Any other
+    context costs 12 bytes plus 8 per successor (`offsets` into
+    `succ_tok`/`succ_cnt`, `totals`).
     """
 
     __slots__ = (
@@ -195,9 +196,8 @@ class SortedTable:
         "order",
         "serial",
         "single_bucket",
-        "single_cnt",
         "single_keys",
-        "single_tok",
+        "single_succ",
         "succ_cnt",
         "succ_tok",
         "tokens",
@@ -208,8 +208,7 @@ class SortedTable:
         self.order = order
         self.serial = next(_serials)
         self.single_keys = [array("I") for _ in range(order)]
-        self.single_tok = [array("I") for _ in range(order)]
-        self.single_cnt = [array("i") for _ in range(order)]
+        self.single_succ = [array("I") for _ in range(order)]  # token << 8 | count
         self.single_bucket = [array("I", [0] * (BUCKETS + 1)) for _ in range(order)]
         self.keys = [array("I") for _ in range(order)]
         self.bucket = [array("I", [0] * (BUCKETS + 1)) for _ in range(order)]
@@ -220,13 +219,15 @@ class SortedTable:
         self.tokens = 0  # signed: tokens added minus tokens removed
 
     @classmethod
-    def build(cls, order: int, parts: Sequence[tuple[Sequence[int], int]]) -> SortedTable:
+    def build(cls, order: int, parts: Sequence[tuple[Sequence[int], int]],
+              pause: Callable[[], None] | None = None) -> SortedTable:
         """Count every (token stream, sign) part; each stream is a whole file from its start.
 
         Per order: the hash chain of every position (8 bytes a token), the
         (context, token) keys of the positive and the negative parts sorted in
         one uint64 array each (8 bytes a token), then counted slice by slice
-        (`_fill_order`). Nothing per position is a Python object.
+        (`_fill_order`). Nothing per position is a Python object. `pause` is
+        called between slices (the caller may wait there for readers).
         """
         np = _numpy()
         table = cls(order)
@@ -250,20 +251,21 @@ class SortedTable:
                 at[sign] += len(toks)
             for run, _ in runs:
                 run.sort()  # numpy's sort: in place, in C, without the GIL
-            table._fill_order(k, runs, ())
+            table._fill_order(k, runs, (), pause)
         return table
 
     @classmethod
-    def merge(cls, order: int, tables: Sequence[SortedTable]) -> SortedTable:
+    def merge(cls, order: int, tables: Sequence[SortedTable], pause: Callable[[], None] | None = None) -> SortedTable:
         """The table of all `tables`' parts together: counts of equal (context, token) keys add up
         (zeros dropped), as `build` over their parts would count them."""
         table = cls(order)
         table.tokens = sum(t.tokens for t in tables)
         for k in range(order):
-            table._fill_order(k, (), [t for t in tables if t.entries_of(k)])
+            table._fill_order(k, (), [t for t in tables if t.entries_of(k)], pause)
         return table
 
-    def _fill_order(self, k: int, runs: Sequence[tuple[typing.Any, int]], tables: Sequence[SortedTable]) -> None:
+    def _fill_order(self, k: int, runs: Sequence[tuple[typing.Any, int]], tables: Sequence[SortedTable],
+                    pause: Callable[[], None] | None = None) -> None:
         """Arrays of order k from sorted (context << TOKEN_BITS | token) key runs (each occurrence
         counts its run's sign) and from tables' order-k entries, SLICE_ENTRIES at a time: the
         context key space is cut into equal ranges (keys are hashes, spread evenly), and each
@@ -281,6 +283,8 @@ class SortedTable:
         single_per_bucket = np.zeros(BUCKETS, dtype=np.int64)
         multi_per_bucket = np.zeros(BUCKETS, dtype=np.int64)
         for i in range(slices):
+            if pause is not None:
+                pause()
             combs = []
             cnts = []
             for rc, (r, sign) in zip(rcuts, runs):
@@ -328,13 +332,13 @@ class SortedTable:
             del group
             cnt = cnt[by]
             toks = toks[by]
-            one = sizes == 1
+            first = cnt[starts]
+            one = (sizes == 1) & (first >= 1) & (first <= SINGLE_MAX_COUNT)
             at = starts[one]
             keys = ctxs[at]
             single_per_bucket += np.bincount((keys >> np.uint64(32)).astype(np.int64), minlength=BUCKETS)
             _extend(self.single_keys[k], (keys & np.uint64(LOW_MASK)).astype(np.uint32))
-            _extend(self.single_tok[k], toks[at])
-            _extend(self.single_cnt[k], cnt[at].astype(np.int32))
+            _extend(self.single_succ[k], (toks[at] << np.uint32(8)) | cnt[at].astype(np.uint32))
             many = ~one
             if not many.any():
                 continue
@@ -358,8 +362,9 @@ class SortedTable:
         a, b = _position(self.single_bucket[k], self.single_keys[k], lo), _position(self.single_bucket[k], self.single_keys[k], hi)
         if a < b:
             ctx = _full_keys(np, self.single_bucket[k], self.single_keys[k], a, b)
-            combs.append((ctx << np.uint64(TOKEN_BITS)) | np.frombuffer(self.single_tok[k], dtype=np.uint32)[a:b].astype(np.uint64))
-            cnts.append(np.frombuffer(self.single_cnt[k], dtype=np.int32)[a:b].astype(np.int64))
+            succ = np.frombuffer(self.single_succ[k], dtype=np.uint32)[a:b]
+            combs.append((ctx << np.uint64(TOKEN_BITS)) | (succ >> np.uint32(8)).astype(np.uint64))
+            cnts.append((succ & np.uint32(0xFF)).astype(np.int64))
         a, b = _position(self.bucket[k], self.keys[k], lo), _position(self.bucket[k], self.keys[k], hi)
         if a < b:
             off = np.frombuffer(self.offsets[k], dtype=np.uint32)
@@ -378,8 +383,9 @@ class SortedTable:
             keys = self.single_keys[k]
             i = bisect_left(keys, low, lo, hi)
             if i < hi and keys[i] == low:
-                c = self.single_cnt[k][i]
-                return Stats(c, 1, [(self.single_tok[k][i], c)] if limit > 0 else [])
+                v = self.single_succ[k][i]
+                c = v & 0xFF
+                return Stats(c, 1, [(v >> 8, c)] if limit > 0 else [])
         bucket = self.bucket[k]
         lo, hi = bucket[b], bucket[b + 1]
         if lo == hi:
@@ -398,8 +404,8 @@ class SortedTable:
         rows = []
         for b in range(BUCKETS):
             for i in range(self.single_bucket[k][b], self.single_bucket[k][b + 1]):
-                c = self.single_cnt[k][i]
-                rows.append(((b << 32) | self.single_keys[k][i], c, [(self.single_tok[k][i], c)]))
+                v = self.single_succ[k][i]
+                rows.append(((b << 32) | self.single_keys[k][i], v & 0xFF, [(v >> 8, v & 0xFF)]))
             for i in range(self.bucket[k][b], self.bucket[k][b + 1]):
                 lo, hi = self.offsets[k][i], self.offsets[k][i + 1]
                 succ = list(zip(self.succ_tok[k][lo:hi], self.succ_cnt[k][lo:hi]))
@@ -408,7 +414,7 @@ class SortedTable:
         return rows
 
     def entries_of(self, k: int) -> int:
-        return len(self.single_tok[k]) + len(self.succ_tok[k])
+        return len(self.single_succ[k]) + len(self.succ_tok[k])
 
     def entries(self) -> int:
         return sum(self.entries_of(k) for k in range(self.order))
@@ -416,7 +422,7 @@ class SortedTable:
     def nbytes(self) -> int:
         return sum(a.itemsize * len(a) for name in self.ARRAYS for a in getattr(self, name))
 
-    ARRAYS = ("single_bucket", "single_keys", "single_tok", "single_cnt", "bucket", "keys", "offsets", "totals", "succ_tok", "succ_cnt")
+    ARRAYS = ("single_bucket", "single_keys", "single_succ", "bucket", "keys", "offsets", "totals", "succ_tok", "succ_cnt")
 
 
 def _position(bucket: array, keys: array, key: int) -> int:

@@ -41,9 +41,12 @@ def identifiers(lines: Sequence[str]) -> set[str]:
     return out
 
 
-def snippet_windows(lines: Sequence[str]) -> list[tuple[int, set[str]]]:
-    """(first line, identifiers) of each window of a file's lines: WINDOW lines every STRIDE."""
+def snippet_windows(lines: Sequence[str], lo: int = 0, hi: int | None = None) -> list[tuple[int, set[str]]]:
+    """(first line, identifiers) of each window of a file's lines: WINDOW lines every STRIDE;
+    only the windows starting in lines [lo, hi) when given (a batch of a long file)."""
     starts = range(0, max(len(lines) - WINDOW, 0) + 1, STRIDE) if lines else range(0)
+    if lo or hi is not None:
+        starts = starts[-(-lo // STRIDE) : None if hi is None else -(-hi // STRIDE)]
     return [(start, identifiers(lines[start : start + WINDOW])) for start in starts]
 
 

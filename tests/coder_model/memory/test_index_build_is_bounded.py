@@ -232,3 +232,16 @@ def test_saved_index_is_at_most_four_times_its_source_and_loads_the_same_tables(
     (want,) = mem._segments
     assert _arrays(seg.table) == _arrays(want.table)
     assert loaded._line_starts == mem._line_starts
+
+
+def test_a_context_seen_more_often_than_a_packed_count_holds_keeps_its_count() -> None:
+    """One-successor contexts pack their count beside the token; one seen 300 times (and one
+    counted negative, by a removal) must keep its exact count."""
+    parts = [(array("I", [7, 8] * 300 + [9]), 1), (array("I", [3, 4, 5]), -1), (array("I", [1, 2] * 2), 1)]
+    want = _reference_build(3, [(list(t), s) for t, s in parts])
+    table = SortedTable.build(3, parts)
+    assert _table_as_dicts(table) == want
+    assert _table_as_dicts(SortedTable.merge(3, [table, SortedTable.build(3, parts[:1])])) == _reference_build(
+        3, [(list(t), s) for t, s in parts + parts[:1]]
+    )
+    assert table.lookup(2, next(k for k, succ in want[1].items() if succ == [(8, 300)]), 4).total == 300
