@@ -557,6 +557,8 @@ class Workspace:
                 if not self._turn():
                     return True
                 self._apply(path, action)
+            for ri in list(self._roots.values()):
+                self._seal(ri)
             if self._files() != files:  # dlm/status follows the count, not every buffer update
                 self._notify_status()
             return True
@@ -683,6 +685,7 @@ class Workspace:
             rel = ri.rel(p)
             if rel is not None and ri.manifest.get(rel) != BUFFER_SIG:
                 self._put(ri, rel, text, BUFFER_SIG)
+        self._seal(ri)
         if ri.dirty and time.monotonic() - self._last_prediction >= QUIET_S:
             # Before "ready": RepoMemory.save holds the memory while it writes (else the save
             # waits for SAVE_AFTER_S and a quiet spell: _step).
@@ -724,6 +727,14 @@ class Workspace:
                 return
         ri.memory = self._yielding(mem_cls(max_tokens=self.options.max_tokens))
         ri.manifest = {}
+
+    def _seal(self, ri: RootIndex) -> None:
+        """Count the memory's pending changes into a sorted table here, on the indexer's thread
+        (RepoMemory.compact(full=False): milliseconds for a buffer), so that no suggestion
+        pays for counting them."""
+        compact = getattr(ri.memory, "compact", None)
+        if compact is not None and ri.state != "off":
+            compact(full=False)
 
     def _yielding(self, memory: Any) -> Any:
         """The memory, pausing its writes for predictions (RepoMemory.pause) where it can."""
