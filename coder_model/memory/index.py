@@ -40,7 +40,7 @@ from dlm.coder_model.memory.ngram import (
     order_keys,
 )
 from dlm.coder_model.memory.retrieve import Snippet, SnippetIndex, snippet_windows
-from dlm.lsp.secrets import contains_secret, inserted_secret, mask_secrets
+from dlm.lsp.secrets import contains_secret, inserted_secret, mask_in_pieces, mask_secrets
 
 DEFAULT_ORDER = 6
 LOCAL_EXTRA_ORDER = 6  # the file, open-buffer and retrieved levels count contexts of order 12 (workspace: 6)
@@ -71,7 +71,8 @@ TYPED_WORD = -2  # token id of a half-typed word the vocabulary does not know
 MEMO_ENTRIES = 50_000  # next-token answers cached across keystrokes
 INTERN_BATCH = 4096  # new tokens interned per hold of the readers' lock
 WINDOW_BATCH_LINES = 2000  # lines whose snippet windows are found between two pauses
-LEX_CHUNK_CHARS = 1 << 16  # an indexed file is lexed this much at a time (its token strings die per chunk)
+WINDOW_INSERT_BATCH = 200  # snippet windows inserted per hold of the readers' lock
+LEX_CHUNK_CHARS = 1 << 14  # an indexed file is lexed this much at a time (one regex call, GIL held: ~3 ms)
 PROVISIONAL = MAX_TOKEN_ID + 1  # ids of a file's new tokens until they are interned
 _LINE_BREAK = re.compile(r"\r\n|\n|\r")  # the lexer's line breaks
 
@@ -258,7 +259,7 @@ class RepoMemory:
         and then it seals or merges tables (seconds on a large index),
         while complete() keeps answering from the tables it has.
         """
-        text, _ = mask_secrets(text)  # every caller's text: files read, open buffers
+        text, _ = mask_in_pieces(text, self.pause)  # every caller's text: files read, open buffers
         ids, new = self._lex_ids(text)
         # the snippet windows' identifiers (regular expressions over every line) are found here,
         # outside the readers' lock, which then covers only their insertion
@@ -281,7 +282,15 @@ class RepoMemory:
                 self._line_starts[path] = line_starts
                 self._tokens += len(ids)
                 self._delta_parts.append((path, ids, +1))
-                self._snippets.add_windows(path, windows)
+                first = self._snippets.start_file(path)
+            # the windows go in WINDOW_INSERT_BATCH at a time, each under the readers' lock: a
+            # long file's would hold a suggestion up for tens of milliseconds at once
+            for lo in range(0, len(windows), WINDOW_INSERT_BATCH):
+                self.pause()
+                with self._lock:
+                    self._snippets.append_windows(path, windows[lo : lo + WINDOW_INSERT_BATCH])
+            with self._lock:
+                self._snippets.finish_file(path, first)
             self._maybe_seal()
             return len(ids)
 

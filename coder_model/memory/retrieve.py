@@ -78,8 +78,20 @@ class SnippetIndex:
 
     def add_windows(self, path: str, windows: Sequence[tuple[int, set[str]]]) -> None:
         """Index `path` as `windows` (from `snippet_windows`), replacing what was there."""
+        first = self.start_file(path)
+        self.append_windows(path, windows)
+        self.finish_file(path, first)
+
+    def start_file(self, path: str) -> int:
+        """Drop `path`'s windows; the id its new windows start at (`append_windows` them, in
+        batches if need be, then `finish_file`; nothing else may add windows meanwhile)."""
         self.remove_file(path)
-        first = len(self.win_path)
+        return len(self.win_path)
+
+    def finish_file(self, path: str, first: int) -> None:
+        self.by_path[path] = range(first, len(self.win_path))
+
+    def append_windows(self, path: str, windows: Sequence[tuple[int, set[str]]]) -> None:
         for start, words in windows:
             ids = sorted({self._ident(w) for w in words})
             if not ids:
@@ -94,7 +106,6 @@ class SnippetIndex:
             self.win_idents.append(array("I", ids))
             for i in ids:
                 self.postings[i].append(wid)
-        self.by_path[path] = range(first, len(self.win_path))
 
     def remove_file(self, path: str) -> None:
         windows = self.by_path.pop(path, None)
