@@ -244,13 +244,17 @@ class SortedTable:
         for k in range(order):
             at = {1: 0, -1: 0}
             for f, (toks, sign) in enumerate(parts):
+                if pause is not None and len(toks) >= PAUSE_TOKENS:
+                    pause()
                 if k:
                     _chain_back(np, chains[f], toks, k)
                 run = next(r for r, s in runs if s == sign)
                 _combined_into(np, run[at[sign] : at[sign] + len(toks)], chains[f], toks)
                 at[sign] += len(toks)
             for run, _ in runs:
-                run.sort()  # numpy's sort: in place, in C, without the GIL
+                if pause is not None:
+                    pause()
+                run.sort()  # numpy's sort: in place, in C, without the GIL (but on a core)
             table._fill_order(k, runs, (), pause)
         return table
 
@@ -446,6 +450,7 @@ def _by_value_desc(kv: tuple[int, float]) -> float:
 # --- the sorted tables' build, in numpy ---------------------------------------------------------
 
 SLICE_ENTRIES = 1 << 19  # entries counted and sorted at once by `_fill_order`
+PAUSE_TOKENS = 1 << 14  # a build pauses before hashing a part of at least this many tokens
 CHAIN_CHUNK = 1 << 18  # positions hashed at once: bounds the temporaries and each call's GIL hold
 _U64 = (1 << 64) - 1
 _P61 = (1 << 61) - 1  # CPython's int hash modulus
