@@ -156,7 +156,8 @@ class LocalEngine(InferenceThread, NativeModel):
 def verify_prediction(model, tok, prompt: Prompt, params: SamplerParams, ids: list[int], cache,
                       queue_ms: float) -> Prediction:
     """The memory's proposals checked by the denoiser (coder_model.verify): the region with the
-    chosen insertion, or unchanged when the model vetoes them all."""
+    chosen insertion, or unchanged when the model vetoes them all; every proposal let through,
+    with its own confidence, in `proposal_confidences` (the same passes scored them all)."""
     import torch
     from dlm.coder_model.verify import Mix, region_after, verify
 
@@ -170,7 +171,8 @@ def verify_prediction(model, tok, prompt: Prompt, params: SamplerParams, ids: li
                                                                prompt.proposals[v.index].text)
     return Prediction(text=text, confidence=v.confidence, steps=v.passes, tokens=0, queue_ms=queue_ms,
                       prefill_ms=prefill_ms, denoise_ms=v.ms, context_tokens=len(ids), cached_tokens=reused,
-                      blocks=1 if v.passes else 0)
+                      blocks=1 if v.passes else 0,
+                      proposal_confidences=tuple((prompt.proposals[j].text, c) for j, c in v.ranked))
 
 
 def load_engine(model: str | Path | None = None, device: str = "auto", impl: str = "auto"):

@@ -190,6 +190,11 @@ class Prediction:
     # engine computes none (open families, older remote servers), so no confidence gate applies
     confidence: float | None = None
     late: bool = False  # finished after its deadline: never shown
+    # The repository memory's proposals (Prompt.proposals) the check let through, each as
+    # (insertion, its own confidence), best first: the answered one is the first, the others are
+    # the editor's alternatives to it. Empty when the engine checked none (a free decode, the
+    # open families, older remote servers).
+    proposal_confidences: tuple[tuple[str, float], ...] = ()
 
     @property
     def total_ms(self) -> float:

@@ -10,7 +10,8 @@ masked model than one all-masked pass (which ranked the memory's beam worse than
 order, DESIGN §10). All proposals of a pass go through the model in one batched call.
 
 `choose` mixes the memory's probability and the model's score (weights by measurement, `Mix`)
-and may answer None: the model vetoes every proposal.
+and may answer None: the model vetoes every proposal. `ranked` orders every proposal the model
+lets through by that mixed confidence: the editor lists the runners-up as alternatives.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from dlm.coder_model.types import MemoryProposal, SamplerParams
 
-__all__ = ["Mix", "Verdict", "choose", "score_proposals"]
+__all__ = ["Mix", "Verdict", "choose", "ranked", "score_proposals"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,9 @@ class Verdict:
     model_scores: tuple[float | None, ...]  # per proposal (None: it did not fit the block)
     passes: int = 0  # forward passes run
     ms: float = 0.0
+    # (proposal index, mixed confidence) of every proposal not vetoed, best first (`ranked`):
+    # the first is `index`, the others are the alternatives an editor may cycle through
+    ranked: tuple[tuple[int, float], ...] = ()
 
 
 def region_after(region: str, cursor: int, insertion: str) -> str:
@@ -135,18 +139,27 @@ def score_proposals(model, tok, cache, region: str, cursor: int, proposals: tupl
     return scores, ran
 
 
-def choose(proposals: tuple[MemoryProposal, ...], model_scores: list[float | None], mix: Mix) -> tuple[int | None, float | None]:
-    """The proposal with the highest mixed confidence, and that confidence; None when each one
-    is vetoed (model score below `mix.veto`, or no score: it did not fit). With passes == 0 (no
-    model), the memory's own order decides."""
-    best, best_conf = None, None
+def ranked(proposals: tuple[MemoryProposal, ...], model_scores: list[float | None] | tuple[float | None, ...],
+           mix: Mix) -> list[tuple[int, float]]:
+    """(index, mixed confidence) of each proposal the model does not veto (model score below
+    `mix.veto`, or no score: it did not fit), highest confidence first; proposals of equal
+    confidence keep the memory's order. With passes == 0 (no model), every proposal is ranked by
+    the memory's probability alone."""
+    out = []
     for j, (p, s) in enumerate(zip(proposals, model_scores)):
         if mix.passes and (s is None or s < mix.veto):
             continue
-        c = mix.combine(p.score, s)
-        if best_conf is None or c > best_conf:
-            best, best_conf = j, c
-    return best, best_conf
+        out.append((j, mix.combine(p.score, s)))
+    out.sort(key=lambda jc: -jc[1])  # stable: ties keep the memory's order
+    return out
+
+
+def choose(proposals: tuple[MemoryProposal, ...], model_scores: list[float | None],
+           mix: Mix) -> tuple[int | None, float | None]:
+    """The proposal with the highest mixed confidence, and that confidence; None when each one
+    is vetoed (`ranked`). With passes == 0 (no model), the memory's own order decides."""
+    order = ranked(proposals, model_scores, mix)
+    return order[0] if order else (None, None)
 
 
 def verify(model, tok, cache, region: str, cursor: int, proposals: tuple[MemoryProposal, ...], block_len: int,
@@ -157,8 +170,9 @@ def verify(model, tok, cache, region: str, cursor: int, proposals: tuple[MemoryP
                                       mix.passes, insert=insert)
     else:
         scores, ran = [None] * len(proposals), 0
-    index, conf = choose(proposals, scores, mix)
-    return Verdict(index, conf, tuple(scores), ran, (time.perf_counter() - t0) * 1000)
+    order = ranked(proposals, scores, mix)
+    index, conf = order[0] if order else (None, None)
+    return Verdict(index, conf, tuple(scores), ran, (time.perf_counter() - t0) * 1000, tuple(order))
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

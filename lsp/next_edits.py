@@ -28,6 +28,14 @@ history up to HEAD for support, in the background. `propose` answers dlm/editPre
    `elsewhere`). The client opens the file there, and asks again: the edit itself is then
    proposed in that document, at the jump's confidence or above (`Landing`). The scan runs on the
    pool and is kept while the patterns stay the same.
+
+An accepted next edit counts as a repetition of its pattern, as the same edit made again by hand
+does: the client sends `dlm/acceptedEdit {id}` right before it applies the proposal's edits
+(`accepted_edit`), and that edit becomes one edit of its own (the user's open edit is closed first,
+the accepted one as soon as the document holds it). Else a site accepted within the burst
+tracker's pause and gap of the user's own edit would join that edit: the pattern would count as
+made once, and its other sites would wait for a second rename by hand (an ambiguous rename is
+systematic only from the second time, and the calibrated confidence grows with the count).
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,6 +52,7 @@ from dlm.coder_model import limits
 from dlm.coder_model.edit_memory import BurstTracker, EditMemory, GitMiner, Proposal, key_text, span_text
 from dlm.coder_model.types import CancelToken, MemoryProposal, Prompt
 from dlm.lsp import discovery
+from dlm.lsp.convert import param
 from dlm.lsp.documents import Document
 from dlm.lsp.workspace import file_path
 
@@ -62,6 +72,10 @@ ELSEWHERE_SCAN_S = 0.15
 # accepting it): one rename of a local name says little about the same name in another file, and
 # sending the user to another file costs more than a proposal in place.
 JUMP_MIN_APPLIED = 2
+# The client's report that it applies a next edit (see the module doc): the in-document proposals
+# answered last are kept by id for it, at most this many (a client accepts one it just showed).
+ACCEPTED_EDIT = "dlm/acceptedEdit"
+MAX_ANSWERED = 32
 
 
 @dataclass
@@ -100,6 +114,24 @@ class Landing:
         return uri == self.uri and _site_key(p) == self.site
 
 
+@dataclass
+class Answered:
+    """An in-document proposal as answered: its document, the version its ranges are for, its sites."""
+
+    uri: str
+    version: int
+    sites: tuple
+
+
+@dataclass
+class Accepting:
+    """An accepted next edit the client is applying: the document's text once it is applied, and
+    how many more changes may come before it is (then it is no longer waited for)."""
+
+    expected: str
+    changes_left: int
+
+
 def _site_key(p: Proposal) -> tuple:
     return (p.pattern.key, p.site.line, p.site.start)
 
@@ -117,6 +149,8 @@ class NextEdits:
         self.documents: dict[str, tuple[Document, str]] = {}
         self.elsewhere: Elsewhere | None = None  # the last scan of the other files (propose_elsewhere)
         self.landing: Landing | None = None  # the last jump answered (propose_elsewhere)
+        self.answered: OrderedDict[str, Answered] = OrderedDict()  # id -> in-document proposal (result)
+        self.accepting: dict[str, Accepting] = {}  # uri -> the accepted edit being applied (accepted_edit)
 
     def close(self) -> None:
         """Stop every git miner (its process group is killed): nothing of a server outlives its shutdown."""
@@ -144,6 +178,9 @@ class NextEdits:
         self.close_open_edit(uri)
         self.trackers.pop(uri, None)
         self.documents.pop(uri, None)
+        self.accepting.pop(uri, None)
+        for item in [k for k, a in self.answered.items() if a.uri == uri]:
+            del self.answered[item]  # a re-open may reuse a version number: its ranges mean nothing
 
     def close_open_edit(self, uri: str) -> None:
         tracker, (doc, path) = self.trackers.get(uri), self.documents.get(uri, (None, ""))
@@ -190,6 +227,14 @@ def record(ls: DlmServer, doc: Document, change) -> None:
             # the change that closed the edit is in doc.lines already: its lines are not looked at
             skip = (change.start_line, change.new_end_line + 1)
             ls.next_edits.memory.observe(ls.path_of(doc.uri), edit, doc.lines, skip)
+        acc = ne.accepting.get(doc.uri)
+        if acc is not None:
+            acc.changes_left -= 1
+            if doc.size == len(acc.expected) and doc.text == acc.expected:
+                ne.close_open_edit(doc.uri)  # the accepted edit is in: one edit, whatever comes next
+                del ne.accepting[doc.uri]
+            elif acc.changes_left <= 0:
+                del ne.accepting[doc.uri]  # applied otherwise: its burst closes as any other does
     except Exception:  # the memory must never cost a keystroke
         log.exception("edit memory: could not record a change of %s", doc.uri)
         ls.next_edits.trackers.pop(doc.uri, None)
@@ -321,11 +366,59 @@ def result(ls: DlmServer, doc: Document, p: Proposal, confidence: float, row: in
         "confidence": confidence, "rewritesRecent": False,
         "source": "editMemory", "label": p.pattern.label(),
     }
+    answered = ls.next_edits.answered
+    answered[out["id"]] = Answered(doc.uri, doc.version, p.sites)
+    while len(answered) > MAX_ANSWERED:
+        answered.popitem(last=False)
     first = p.sites[0]
     if min(abs(s.line - row) for s in p.sites) > ls.options.next_edits.jump_lines:
         # far from the cursor: the client shows a "jump to" hint first (README "Next edits")
         out["jump"] = {"position": edits[0]["range"]["start"], "lines": first.line - row, "label": p.pattern.label()}
     return out
+
+
+def accepted_edit(ls: DlmServer, params: Any) -> None:
+    """`dlm/acceptedEdit {id, textDocument?}`: the client applies the in-document next edit `id`
+    now (sent right before the edit's didChange; see the module doc). The document's open edit, the
+    user's own, is closed and remembered, and the accepted edit is closed once the document holds it:
+    the edit memory then sees the accepted site as the pattern applied once more, exactly as it
+    sees the same edit made again by hand. Ignored when the id is not a proposal answered here, was
+    reported already, or the document is no longer at the proposal's version with its sites intact
+    (the client applied it before telling: its change is then a burst like any other)."""
+    opts = ls.options.next_edits
+    if not (ls.options.edit_predictions and opts.enabled):
+        return
+    item = param(params, "id")
+    key = str(item) if isinstance(item, (str, int)) and not isinstance(item, bool) else None
+    ne = ls.next_edits
+    answer = ne.answered.pop(key, None) if key is not None else None
+    if answer is None:
+        log.debug("%s for an id that is no next edit answered here (%.40r); ignored", ACCEPTED_EDIT, item)
+        return
+    doc = ls.documents.get(answer.uri)
+    if doc is None or doc.version != answer.version or any(span_text(doc.lines, s) != s.old_text
+                                                           for s in answer.sites):
+        log.debug("%s %s: the document changed since the proposal; not counted as a repetition",
+                  ACCEPTED_EDIT, key)
+        return
+    try:
+        ne.close_others(doc.uri)
+        ne.close_open_edit(doc.uri)
+        ne.accepting[doc.uri] = Accepting(applied_text(doc.lines, answer.sites), 2 * len(answer.sites) + 2)
+    except Exception:  # the memory must never cost the server
+        log.exception("edit memory: could not take the accepted edit %s of %s", key, doc.uri)
+
+
+def applied_text(lines: list[str], sites) -> str:
+    """The text of `lines` with each site's span replaced by its new text (sites not overlapping)."""
+    starts = [0]
+    for x in lines:
+        starts.append(starts[-1] + len(x))
+    text = "".join(lines)
+    for s in sorted(sites, key=lambda s: (s.line, s.start), reverse=True):
+        a, b = starts[s.line] + s.start, starts[s.last_line] + s.end
+        text = text[:a] + s.new_text + text[b:]
+    return text
 
 
 # ---- a jump to another file (module doc, step 4) ----------------------------------------------

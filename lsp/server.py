@@ -47,6 +47,7 @@ from dlm.lsp import (
     next_edits,
     positions,
     postprocess,
+    secrets,
     syntax_check,
 )
 from dlm.lsp.convert import ACCEPT_COMMAND
@@ -354,6 +355,8 @@ class DlmServer(LanguageServer):
         result = {
             "version": version, "row": row, "col": col, "built": built, "sugg": sugg,
             "confidence": pred.confidence, "late": late,
+            # the memory's proposals the check let through, best first (inline_alternatives)
+            "proposal_confidences": getattr(pred, "proposal_confidences", ()),
             "inline_rewrites_recent": rewrites_recent(inline_spans),
             "edits_rewrite_recent": rewrites_recent([(e.start, e.end) for e in sugg.edits]),
         }  # fmt: skip
@@ -368,13 +371,7 @@ class DlmServer(LanguageServer):
             return None
         t0 = time.monotonic()
         try:
-            language = language_name(doc.language_id, doc.uri)
-            root = doc.syntax.tree().root_node if doc.syntax is not None else None  # the context parsed it
-            replaces = sugg.replace_end is not None
-            return syntax_check.check(language, doc.lines, row, col, sugg.insert_text, replaces, root)
-        except Exception:  # a grammar edge case must not cost the suggestion
-            log.exception("syntax check failed at row %d, column %d", row, col)
-            return None
+            return syntax_problem(doc, row, col, sugg)
         finally:
             self.stats.stage("syntax_ms", (time.monotonic() - t0) * 1000)
 
@@ -442,6 +439,16 @@ class DlmServer(LanguageServer):
             return None
         return text[len(typed) :]
 
+    def alternatives_through(self, doc: Document, row: int, col: int) -> list[tuple[str, dict | None]]:
+        """While typing through the first item (`from_type_through`): the rest of each
+        alternative listed with it that starts with what is typed, in their order."""
+        entry = self.type_through.get(doc.uri)
+        if entry is None:
+            return []
+        typed = doc.line(row)[len(entry["before"]) : col]
+        return [(t[len(typed) :], d) for t, d in entry.get("alternatives", ())
+                if t.startswith(typed) and len(t) > len(typed)]
+
     def inline_item(
         self, doc: Document, row: int, col: int, text: str, end: types.Position | None, data: dict | None = None
     ) -> types.InlineCompletionItem:
@@ -449,6 +456,28 @@ class DlmServer(LanguageServer):
         if end is None:  # typing through it shows the rest with the same data
             self.type_through[doc.uri]["data"] = data
         return convert.inline_item(doc, row, col, text, end, item_id, data)
+
+    def inline_items(
+        self, doc: Document, row: int, col: int, text: str, end: types.Position | None, data: dict | None,
+        alternatives: list[tuple[str, dict | None]],
+    ) -> list[types.InlineCompletionItem]:
+        """The inline list: the first item (`inline_item`), then the alternatives to it (pure
+        insertions at the cursor, each with its own id and data). Typing through the first item
+        keeps the alternatives that start with what is typed (`from_type_through`)."""
+        first = self.inline_item(doc, row, col, text, end, data)
+        if end is not None or not alternatives:
+            return [first]
+        self.type_through[doc.uri]["alternatives"] = alternatives
+        return [first, *(convert.inline_item(doc, row, col, t, None, self.next_id(), d) for t, d in alternatives)]
+
+    def inline_alternatives(self, doc: Document, row: int, col: int, res: dict) -> list[tuple[str, dict]]:
+        """The alternatives to the first inline item (module `inline_alternatives`), each with
+        its data (its own confidence); their time is the `alternatives_ms` stage."""
+        t0 = time.monotonic()
+        found = inline_alternatives(doc, row, col, res, self.options)
+        if res.get("proposal_confidences"):
+            self.stats.stage("alternatives_ms", (time.monotonic() - t0) * 1000)
+        return [(text, convert.suggestion_data(confidence, False)) for text, confidence in found]
 
 
 @dataclass(frozen=True)
@@ -482,6 +511,67 @@ def engine_future(engine: Engine, pool: ThreadPoolExecutor, built: context.Built
             out.set_result(Ran(built, f.result(), context_ms))
 
     inner.add_done_callback(done)
+    return out
+
+
+MAX_INLINE_ITEMS = 3  # the inline list: the answer and up to two alternatives (inline_alternatives)
+
+
+def syntax_problem(doc: Document, row: int, col: int, sugg: postprocess.Suggestion) -> str | None:
+    """Why accepting `sugg`'s inline text would break the document's syntax (lsp.syntax_check),
+    or None; a failure of the check (a grammar edge case) lets the text through."""
+    try:
+        language = language_name(doc.language_id, doc.uri)
+        root = doc.syntax.tree().root_node if doc.syntax is not None else None  # the context parsed it
+        replaces = sugg.replace_end is not None
+        return syntax_check.check(language, doc.lines, row, col, sugg.insert_text, replaces, root)
+    except Exception:  # a grammar edge case must not cost the suggestion
+        log.exception("syntax check failed at row %d, column %d", row, col)
+        return None
+
+
+def inline_alternatives(doc: Document, row: int, col: int, res: dict,
+                        options: Options) -> list[tuple[str, float]]:
+    """The other proposals of the repository memory the model's check let through, as
+    (insertion, confidence), best first, at most MAX_INLINE_ITEMS - 1, for the result `res` of
+    DlmServer.predict whose first item is shown. They cost no model pass of their own: the check
+    scored every proposal in the passes that chose the first (Prediction.proposal_confidences).
+
+    Each passes the first item's filters: the inline post-processing (degenerate answers held
+    back), the gate with its own confidence, no secret put on the cursor's line, the syntax
+    check. None repeats the text of an item listed before it, or only its beginning (accepting
+    a part of that item gives as much). Only a pure insertion at the cursor has alternatives;
+    the shown/held-back counters stay the first item's."""
+    ranked = res.get("proposal_confidences") or ()
+    sugg, prompt = res["sugg"], res["built"].prompt
+    if len(ranked) < 2 or sugg.replace_end is not None or not sugg.insert_text:
+        return []
+    proposed = {p.text for p in prompt.proposals}  # only what the memory proposed for this prompt
+    line = doc.line(row)
+    listed, out = [sugg.insert_text], []
+    for text, confidence in ranked:
+        if len(out) >= MAX_INLINE_ITEMS - 1:
+            break
+        if text not in proposed:
+            continue
+        if not gate.decide(confidence, False, res["late"], options.min_confidence,
+                           options.min_confidence_rewrite_recent).show:
+            continue
+        new = prompt.region[: prompt.cursor] + text + prompt.region[prompt.cursor :]
+        alt = postprocess.suggest(prompt.region, prompt.cursor, new, prompt.suffix, prompt.prefix)
+        ins = alt.insert_text
+        if alt.held_back or not ins or alt.replace_end is not None or alt.edits:
+            continue
+        if any(item.startswith(ins) for item in listed):
+            continue
+        if secrets.inserted_secret(line[:col], ins, line[col:]):
+            continue
+        problem = syntax_problem(doc, row, col, alt)
+        if problem:
+            log.debug("held back an alternative that %s: %.80r", problem, ins)
+            continue
+        listed.append(ins)
+        out.append((ins, confidence))
     return out
 
 
@@ -675,14 +765,17 @@ async def text_document_inline_completion(ls: DlmServer, params: types.InlineCom
         ls.stats.add("cache_hits")
         ls.stats.add("requests")
         data = ls.type_through[doc.uri].get("data")
-        return types.InlineCompletionList(items=[ls.inline_item(doc, row, col, rest, None, data)])
+        items = ls.inline_items(doc, row, col, rest, None, data, ls.alternatives_through(doc, row, col))
+        return types.InlineCompletionList(items=items)
     res = await ls.predict(doc, row, col, context.choose_mode(doc, row, ls.options.context, col=col))
     if not ls.proposes(res, "insert_text") or not ls.gate(res, res["inline_rewrites_recent"]):
         return empty
     sugg, built = res["sugg"], res["built"]
     end = convert.replace_end(doc, built, sugg)
     data = convert.suggestion_data(res["confidence"], res["inline_rewrites_recent"])
-    return types.InlineCompletionList(items=[ls.inline_item(doc, row, col, sugg.insert_text, end, data)])
+    alternatives = ls.inline_alternatives(doc, row, col, res)
+    return types.InlineCompletionList(items=ls.inline_items(doc, row, col, sugg.insert_text, end, data,
+                                                            alternatives))
 
 
 async def text_document_completion(ls: DlmServer, params: types.CompletionParams):
@@ -790,6 +883,7 @@ def create_server(engine_factory: Callable[[], Engine]) -> DlmServer:
     )
     server.feature(types.TEXT_DOCUMENT_COMPLETION)(text_document_completion)
     server.feature(EDIT_PREDICTION)(dlm_edit_prediction)
+    server.feature(next_edits.ACCEPTED_EDIT)(next_edits.accepted_edit)
     server.feature(STATS)(dlm_stats)
     server.feature(DID_SHOW)(text_document_did_show_completion)
     server.feature(DID_PARTIALLY_ACCEPT)(text_document_did_partially_accept_completion)

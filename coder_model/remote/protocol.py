@@ -13,9 +13,11 @@ msgpack map `{"t": type, "id": int, ...}`. Types:
   deadline_ms?}: `deadline_ms` (optional, float > 0) is the time the request had left
   when it was sent.
 - ``cancel``  {id}: stop request `id`; the server answers it with a cancelled result.
-- ``result``  {id, text, steps, tokens, timings, cancelled, ..., confidence?, late?}:
-  one per predict; `confidence` (optional, float in [0, 1]) and `late` (optional, bool)
-  come from engines that compute them.
+- ``result``  {id, text, steps, tokens, timings, cancelled, ..., confidence?, late?,
+  proposal_confidences?}: one per predict; `confidence` (optional, float in [0, 1]) and
+  `late` (optional, bool) come from engines that compute them; `proposal_confidences`
+  (optional, at most MAX_PROPOSALS [text, confidence] pairs, best first) from a check of the
+  prompt's proposals.
 - ``error``   {id, code, message}: id 0 = about the connection (the server closes it
   right after); id > 0 = about that request only (the connection stays up).
 
@@ -376,7 +378,7 @@ def deadline_from_wire(msg: dict[str, Any], request_id: int) -> float | None:
 _PREDICTION_FIELDS = [f.name for f in fields(Prediction)]
 # Optional result fields, sent when the engine's Prediction carries them (getattr with
 # these defaults: engines that do not compute them leave them out of the result).
-_OPTIONAL_RESULT_FIELDS = {"confidence": None, "late": None}
+_OPTIONAL_RESULT_FIELDS = {"confidence": None, "late": None, "proposal_confidences": None}
 
 
 def _valid_confidence(value: Any) -> bool:
@@ -395,7 +397,17 @@ def result_message(request_id: int, prediction: Prediction) -> dict[str, Any]:
     late = getattr(prediction, "late", None)
     if isinstance(late, bool):
         msg["late"] = late
+    ranked = getattr(prediction, "proposal_confidences", ())
+    if ranked and _valid_proposal_confidences(ranked):  # left out rather than sent invalid
+        msg["proposal_confidences"] = [[text, float(c)] for text, c in ranked]
     return msg
+
+
+def _valid_proposal_confidences(value: Any) -> bool:
+    return (isinstance(value, (list, tuple)) and len(value) <= limits.MAX_PROPOSALS
+            and all(isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str)
+                    and len(item[0]) <= limits.MAX_PROPOSAL_CHARS and _valid_confidence(item[1])
+                    for item in value))
 
 
 def prediction_from_wire(msg: dict[str, Any]) -> Prediction:
@@ -406,11 +418,20 @@ def prediction_from_wire(msg: dict[str, Any]) -> Prediction:
                             f"{msg['confidence']!r:.40}")
     if "late" in msg and not isinstance(msg["late"], bool):
         raise ProtocolError("bad_frame", f"result.late must be a boolean, got {type(msg['late']).__name__}")
+    if "proposal_confidences" in msg and not _valid_proposal_confidences(msg["proposal_confidences"]):
+        raise ProtocolError("bad_frame", f"result.proposal_confidences must be a list of at most "
+                            f"{limits.MAX_PROPOSALS} [text of at most {limits.MAX_PROPOSAL_CHARS} "
+                            "characters, a confidence in [0, 1]] pairs")
     for f in fields(Prediction):
         if f.name not in msg:
             continue
         if f.name in _OPTIONAL_RESULT_FIELDS:  # validated above; a Prediction with these fields takes them
-            kwargs[f.name] = float(msg[f.name]) if f.name == "confidence" else msg[f.name]
+            if f.name == "confidence":
+                kwargs[f.name] = float(msg[f.name])
+            elif f.name == "proposal_confidences":
+                kwargs[f.name] = tuple((limits.clean_text(t), float(c)) for t, c in msg[f.name])
+            else:
+                kwargs[f.name] = msg[f.name]
             continue
         value = msg[f.name]
         if f.type == "str":

@@ -638,3 +638,194 @@ def test_nvim_next_edit_in_another_file_hint_and_accept_opens_it(nvim011, tmp_pa
                 "and require('dlm.edit').current(0) == nil", 10, "the hint cleared by typing")  # fmt: skip
     finally:
         nv.close()
+
+
+def edit_marks(nv: Nvim) -> list[dict]:
+    """The edit prediction's extmarks: row, end_row (a highlight's), virtual text."""
+    marks = nv.lua("vim.api.nvim_buf_get_extmarks(0, require('dlm.edit').ns, 0, -1, {details = true})")
+    return [{"row": m[1], "end_row": m[3].get("end_row"),
+             "text": "".join(chunk[0] for chunk in m[3].get("virt_text") or [])} for m in marks]  # fmt: skip
+
+
+def open_file(nv: Nvim, path: Path) -> None:
+    """Edit `path` in the current window and wait for the client to attach to it."""
+    nv.lua(f"vim.cmd.edit(vim.fn.fnameescape({lua_str(str(path))})) or true")
+    nv.wait("require('dlm').client(0) ~= nil", 30, f"the client attached to {path.name}")
+
+
+NEXT_EDITS = ("server_options = { history = { idleS = 30 }, index = { enabled = false }, nextEdits = { "
+              "minConfidence = {gate}, checkWithModel = false, gitCommits = 0, modelFallback = false } }")
+
+
+def test_nvim_a_whole_line_edit_is_labelled_on_its_first_line(nvim011, tmp_path):
+    """A next edit that deletes whole lines (its range ends at column 0 of the line after them),
+    from the real server: the label is on the first deleted line, the struck-out highlight covers
+    the deleted lines and nothing of the line after them. A whole-line replacement's text ends
+    with the line break that ends its last line: no "(+1 lines)" for it."""
+    guarded = tmp_path / "ws.py"
+    guarded.write_text(
+        "class WS:\n    def send_str(self, data):\n        if self._closed:\n            raise RuntimeError('closed')\n"
+        "        self._writer.send(data)\n\n    def send_bytes(self, data):\n        if self._closed:\n"
+        "            raise RuntimeError('closed')\n        self._writer.send(data)\n")  # fmt: skip
+    cmd = [sys.executable, "-m", "dlm.lsp.cli", "--stdio"]
+    nv = Nvim(nvim011, tmp_path, cmd, fake_env(tmp_path),
+              extra="edit_predictions = true, " + NEXT_EDITS.replace("{gate}", "0"))
+    try:
+        nv.wait("require('dlm').status and require('dlm').status.state == 'ready'", 60, "dlm/status ready")
+        open_file(nv, guarded)
+        nv.send("<Esc>:3,4d<CR>")  # send_str's guard deleted: the server proposes send_bytes' one
+        pred = nv.wait("require('dlm.edit').current(0)", 30, "the next edit")
+        (edit,) = pred["edits"]
+        assert edit["range"] == {"start": {"line": 5, "character": 0}, "end": {"line": 7, "character": 0}}
+        assert edit["newText"] == ""
+        marks = edit_marks(nv)
+        assert {"row": 5, "end_row": None, "text": "✎ delete"} in marks, marks
+        (hl,) = [m for m in marks if m["end_row"] is not None]
+        assert (hl["row"], hl["end_row"]) == (5, 6)  # the two deleted lines, not the one after
+        assert [m for m in marks if m["row"] > 5] == [], marks
+
+        # a whole-line replacement, handed over: labelled on its line with its text alone
+        line = {"range": {"start": {"line": 1, "character": 0}, "end": {"line": 2, "character": 0}},
+                "newText": "    def send_text(self, data):\n"}  # fmt: skip
+        assert receive(nv, {"id": "x", "edits": [line], "source": "editMemory", "label": "replace"}) is True
+        assert [(m["row"], m["text"]) for m in edit_marks(nv) if m["text"]] == [
+            (1, "✎     def send_text(self, data):")]
+    finally:
+        nv.close()
+
+
+def edge_hints(nv: Nvim) -> list[tuple[int, str]]:
+    return [(row, text) for row, text in hint_marks(nv) if "next edit:" in text]
+
+
+def wait_for(check, timeout: float) -> bool:
+    """Poll `check` every 0.1 s: True once it holds, False when `timeout` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_nvim_an_edit_outside_the_window_has_a_hint_at_its_edge(nvim011, tmp_path):
+    """An edit below the window's last visible line: `↓ next edit: line N: label` on that line;
+    above its first: `↑ ...` on it; in view: no hint. The hint follows the window as it scrolls,
+    and goes when the prediction is dismissed or accepted."""
+    long = tmp_path / "long.py"
+    long.write_text("".join(f"x{i} = {i}\n" for i in range(200)))
+    cmd = [sys.executable, "-m", "dlm.lsp.cli", "--stdio"]
+    nv = Nvim(nvim011, tmp_path, cmd, fake_env(tmp_path), extra="edit_predictions = false")
+    try:
+        nv.wait("require('dlm').status and require('dlm').status.state == 'ready'", 60, "dlm/status ready")
+        open_file(nv, long)
+        bottom = nv.lua("vim.fn.line('w$')")  # 1-based, as the hint counts lines
+        assert nv.lua("vim.fn.line('w0')") == 1 and 10 < bottom < 150
+        target = bottom + 2  # 1-based line of the edit, just off-screen
+        value = len(f"x{target - 1} = ")  # the column of the line's number
+        edit = {"range": {"start": {"line": target - 1, "character": value},
+                          "end": {"line": target - 1, "character": value + len(str(target - 1))}},
+                "newText": "99"}  # fmt: skip
+        pred = {"id": "3", "edits": [edit], "source": "editMemory", "label": "replace 1 → 99"}
+        assert receive(nv, pred) is True
+        assert edge_hints(nv) == [(bottom - 1, f"↓ next edit: line {target}: replace 1 → 99")], hint_marks(nv)
+        # the window scrolls the edit into view: no hint (the cursor goes along, as with <C-e>)
+        nv.lua("vim.fn.winrestview({topline = 5, lnum = 5}) or true")
+        assert wait_for(lambda: edge_hints(nv) == [], 10), hint_marks(nv)
+        assert (target - 1, "✎ 99") in hint_marks(nv)
+        # ... and past it: the hint at the top, pointing up
+        top = target + 5
+        nv.lua(f"vim.fn.winrestview({{topline = {top}, lnum = {top}}}) or true")
+        up = f"↑ next edit: line {target}: replace 1 → 99"
+        assert wait_for(lambda: edge_hints(nv) == [(top - 1, up)], 10), hint_marks(nv)
+        # dismissed: gone
+        assert nv.lua("require('dlm').dismiss()") is True
+        assert hint_marks(nv) == []
+        # accepted: gone (and the edit applied)
+        nv.lua("vim.fn.winrestview({topline = 1, lnum = 1}) or true")
+        assert receive(nv, pred) is True and edge_hints(nv)
+        assert nv.lua("require('dlm.edit').accept(0)") is True
+        assert hint_marks(nv) == []
+        assert nv.lua(f"vim.api.nvim_buf_get_lines(0, {target - 1}, {target}, true)[1]") == f"x{target - 1} = 99"
+    finally:
+        nv.close()
+
+
+def test_nvim_after_an_accepted_rename_site_the_far_one_is_proposed(nvim011, tmp_path):
+    """The user renames count -> tally by hand; the server proposes the use on the next line and
+    <M-CR> (require('dlm.edit').accept) applies it. The plugin reports the accept
+    (dlm/acceptedEdit) before it applies the edit, so the server counts the rename as made twice:
+    the use 20 lines below is proposed with no second rename by hand. (The server waits 30 s
+    before a pause ends an edit, and its gate, 0.5, is over that use's confidence for a rename
+    made once: unreported, the accepted site would join the user's edit and nothing would come.)"""
+    stats = tmp_path / "stats.py"
+    text = ("def total(rows):\n    n = count(rows)\n    m = count(rows) * 2\n    return n + m\n\n\n"
+            + "".join(f"# filler {i}\n" for i in range(15))
+            + "def mean(rows):\n    return sum(rows) / count(rows)\n")  # fmt: skip
+    stats.write_text(text)
+    far = text.splitlines().index("    return sum(rows) / count(rows)")
+    cmd = [sys.executable, "-m", "dlm.lsp.cli", "--stdio"]
+    nv = Nvim(nvim011, tmp_path, cmd, fake_env(tmp_path), pre=RECORD_SENT,
+              extra="edit_predictions = true, " + NEXT_EDITS.replace("{gate}", "0.5"))
+    first_edit = "(function() local p = require('dlm.edit').current(0); return p and p.edits[1] end)()"
+    try:
+        nv.wait("require('dlm').status and require('dlm').status.state == 'ready'", 60, "dlm/status ready")
+        open_file(nv, stats)
+        nv.lua("vim.api.nvim_win_set_cursor(0, {2, 8})")
+        nv.send("ciwtally<Esc>")
+        edit = nv.wait(f"{first_edit} and {first_edit}.range.start.line == 2 and {first_edit}", 30,
+                       "the next edit at the use on line 3")  # fmt: skip
+        assert edit["newText"] == "tally"
+        assert nv.lua("require('dlm.edit').accept(0)") is True
+        assert nv.lua("vim.api.nvim_buf_get_lines(0, 1, 3, true)") == ["    n = tally(rows)", "    m = tally(rows) * 2"]
+        edit = nv.wait(f"{first_edit} and {first_edit}.range.start.line == {far} and {first_edit}", 30,
+                       "the next edit at the far use")  # fmt: skip
+        assert edit["newText"] == "tally"
+        assert nv.lua(f"vim.api.nvim_buf_get_lines(0, {far}, {far + 1}, true)[1]") == "    return sum(rows) / count(rows)"
+    finally:
+        nv.close()
+
+
+def test_nvim_cycles_through_the_servers_alternatives_and_accepts_the_one_shown(nvim011, tmp_path):
+    """The server lists alternatives after its answer (the repository memory's other proposals;
+    the ScoredProposalsEngine double, tests/lsp/scored_proposals_engine.py, sets their
+    confidences): the ghost text shows the first with a "1/2" hint, <M-]> and <M-[> cycle
+    (wrapping around), and <Tab> inserts the item shown, whose own accept command runs."""
+    (tmp_path / "handlers.py").write_text("".join(
+        f"def handler_{k}(registry):\n    frobnicate_{rest}\n    return registry\n\n\n"
+        for k, rest in enumerate(["gadget(registry)", "widget(registry)"] * 3)))  # fmt: skip
+    env = env_with(tmp_path, DLM_ENGINE_FACTORY="scored_proposals_engine:scored",
+                   FAKE_PROPOSAL_SCORES=json.dumps([["gadget", 0.9], ["widget", 0.8]]))
+    cmd = [sys.executable, "-m", "dlm.lsp.cli", "--stdio"]
+    record_accept = ("local dlm = require('dlm'); local exec_accept = dlm.exec_accept\n"
+                     "dlm.exec_accept = function(client, command, bufnr) "
+                     "_G.dlm_accepted = command and command.arguments; "
+                     "return exec_accept(client, command, bufnr) end")
+    nv = Nvim(nvim011, tmp_path, cmd, env, pre=record_accept,
+              extra="edit_predictions = false, min_confidence = 0.5, deadline_ms = 60000")
+    ghost = "require('dlm.ghost')"
+    hint = (f"(function() local m = vim.api.nvim_buf_get_extmarks(0, {ghost}.hint_ns, 0, -1, "
+            "{details = true})[1]; return m and m[4].virt_text[1][1] end)()")  # fmt: skip
+    try:
+        nv.wait("require('dlm').status and require('dlm').status.state == 'ready' and "
+                "require('dlm').status.index.state == 'ready'", 60, "model and index ready")  # fmt: skip
+        nv.send("Go    frobnicate_")
+        items = answer_here(nv, 30)["items"]
+        assert [i["insertText"] for i in items] == ["gadget(registry)", "widget(registry)"]
+        assert nv.lua(f"{ghost}.shown(0)") == "gadget(registry)" and nv.lua(f"{ghost}.position(0)") == [1, 2]
+        assert nv.lua(hint) == " 1/2"
+        nv.send("<M-]>")
+        nv.wait(f"{ghost}.shown(0) == 'widget(registry)'", 10, "the second item after <M-]>")
+        assert nv.lua(f"{ghost}.position(0)") == [2, 2] and nv.lua(hint) == " 2/2"
+        assert nv.lua(f"{ghost}.current_item(0)") == items[1]
+        nv.send("<M-[>")
+        nv.wait(f"{ghost}.shown(0) == 'gadget(registry)'", 10, "the first item after <M-[>")
+        nv.send("<M-[>")  # from the first, back wraps around to the last
+        nv.wait(f"{ghost}.shown(0) == 'widget(registry)'", 10, "the last item after <M-[> on the first")
+        assert nv.lua(f"{ghost}.position(0)") == [2, 2]
+        check_ghost_and_accept(nv, items[1])
+        assert nv.lua("vim.api.nvim_buf_get_lines(0, 3, 4, true)[1]") == "    frobnicate_widget(registry)"
+        assert nv.lua("_G.dlm_accepted") == items[1]["command"]["arguments"]  # the second item's id and data
+        assert items[1]["command"]["arguments"][0] != items[0]["command"]["arguments"][0]
+    finally:
+        nv.close()

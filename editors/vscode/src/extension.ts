@@ -26,6 +26,7 @@ import {
   INLINE_EDIT_PROPOSAL,
   SettingsError,
   userOnlyValue,
+  acceptedItemIndex,
   acceptedLength,
   buildServerCommand,
   findExecutable,
@@ -180,7 +181,7 @@ class DlmExtension implements vscode.Disposable {
   /** The server's counters (dlm/stats) as last fetched: shown / held back / accepted. */
   private counts: StatsSummary | null = null;
   private statsTimer: NodeJS.Timeout | undefined;
-  private shownItem: ShownItem | undefined;
+  private shownItems: ShownItem[] = []; // the inline list last handed to VS Code, best first
   private prediction: ShownPrediction | undefined;
   private predictionTimer: NodeJS.Timeout | undefined;
   private predictionCancel: vscode.CancellationTokenSource | undefined;
@@ -452,34 +453,43 @@ class DlmExtension implements vscode.Disposable {
     position: vscode.Position,
     result: vscode.InlineCompletionItem[] | vscode.InlineCompletionList | null | undefined,
   ): void {
+    // Every item is handed to VS Code: the server's answer first, then its alternatives, which
+    // VS Code's inline suggestion widget cycles through (Alt+] / Alt+[).
     const items = Array.isArray(result) ? result : (result?.items ?? []);
-    const item = items[0];
-    if (!item) {
-      this.shownItem = undefined;
-      return;
-    }
-    const text = typeof item.insertText === "string" ? item.insertText : item.insertText.value;
-    const range = item.range ?? new vscode.Range(position, position);
-    const lspItem: Record<string, unknown> = {
-      insertText: text,
-      range: {
-        start: { line: range.start.line, character: range.start.character },
-        end: { line: range.end.line, character: range.end.character },
-      },
-    };
-    if (item.command) lspItem.command = { title: item.command.title, command: item.command.command, arguments: item.command.arguments };
-    this.log.debug(`inline item ${itemIdOf(item.command) ?? "(no id)"} at ${position.line}:${position.character}`);
-    this.shownItem = { uri: document.uri.toString(), startOffset: document.offsetAt(range.start), text, lspItem };
-    // VS Code's stable API has no "shown" callback; an item handed to the editor is as close as we get.
-    void this.running()?.sendNotification("textDocument/didShowCompletion", { item: lspItem });
+    this.shownItems = items.map((item) => {
+      const text = typeof item.insertText === "string" ? item.insertText : item.insertText.value;
+      const range = item.range ?? new vscode.Range(position, position);
+      const lspItem: Record<string, unknown> = {
+        insertText: text,
+        range: {
+          start: { line: range.start.line, character: range.start.character },
+          end: { line: range.end.line, character: range.end.character },
+        },
+      };
+      if (item.command) lspItem.command = { title: item.command.title, command: item.command.command, arguments: item.command.arguments };
+      return { uri: document.uri.toString(), startOffset: document.offsetAt(range.start), text, lspItem };
+    });
+    const first = this.shownItems[0];
+    if (!first) return;
+    this.log.debug(`inline item ${itemIdOf(items[0].command) ?? "(no id)"} at ${position.line}:${position.character}` +
+      (items.length > 1 ? ` (+${items.length - 1} alternative(s))` : ""));
+    // VS Code's stable API has no "shown" callback; an item handed to the editor is as close as we get
+    // (the first: the one VS Code shows until the user cycles).
+    void this.running()?.sendNotification("textDocument/didShowCompletion", { item: first.lspItem });
   }
 
   private async partialAccept(builtin: string): Promise<void> {
     await vscode.commands.executeCommand(builtin);
     const editor = vscode.window.activeTextEditor;
-    const shown = this.shownItem;
-    if (!editor || !shown || editor.document.uri.toString() !== shown.uri) return;
-    const n = acceptedLength(shown.startOffset, editor.document.offsetAt(editor.selection.active), shown.text);
+    const first = this.shownItems[0];
+    if (!editor || !first || editor.document.uri.toString() !== first.uri) return;
+    const cursor = editor.document.offsetAt(editor.selection.active);
+    // the item the user cycled to: the one whose text starts with what was just inserted
+    const inserted = cursor > first.startOffset
+      ? editor.document.getText(new vscode.Range(editor.document.positionAt(first.startOffset), editor.selection.active))
+      : "";
+    const shown = this.shownItems[acceptedItemIndex(this.shownItems.map((i) => i.text), inserted)];
+    const n = acceptedLength(shown.startOffset, cursor, shown.text);
     if (n > 0) {
       await this.running()?.sendNotification("textDocument/didPartiallyAcceptCompletion", {
         item: shown.lspItem,

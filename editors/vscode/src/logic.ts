@@ -514,6 +514,18 @@ export function acceptedLength(itemStartOffset: number, cursorOffset: number, it
 }
 
 /**
+ * Which item of an inline list (the server's answer, then its alternatives, all inserted at the
+ * cursor) a partial accept took its text from: the first whose text starts with the text
+ * `inserted` since the list was shown (VS Code shows one item at a time and the user may have
+ * cycled to another). 0 (the answer) when none does.
+ */
+export function acceptedItemIndex(itemTexts: string[], inserted: string): number {
+  if (!inserted) return 0;
+  const i = itemTexts.findIndex((t) => t.startsWith(inserted));
+  return i < 0 ? 0 : i;
+}
+
+/**
  * An inline completion's text without the blank lines it ends with: ghost text never ends in
  * empty lines (VS Code draws them as nothing, and Tab would insert them). When the line goes on
  * after the inserted text (`restOfLine`, the text after the item's range on its last line, is

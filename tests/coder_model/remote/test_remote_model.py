@@ -335,6 +335,10 @@ def test_memory_proposals_travel_and_the_server_checks_them_as_local_does(local,
         assert not got.cancelled and got.text == want.text and got.steps == want.steps == 2
         assert got.confidence == pytest.approx(want.confidence)
         assert got.text in {p.region[: p.cursor] + x.text + p.region[p.cursor :] for x in proposals}
+        # every proposal's own confidence comes back too (the editor's alternatives)
+        assert [t for t, _ in got.proposal_confidences] == [t for t, _ in want.proposal_confidences]
+        assert [c for _, c in got.proposal_confidences] == pytest.approx([c for _, c in want.proposal_confidences])
+        assert len(want.proposal_confidences) >= 2
     finally:
         eng.close()
 

@@ -1,7 +1,9 @@
 -- Edit predictions (dlm/editPrediction): edits away from the cursor, shown as
--- virtual text at the end of their line; accept applies them all. A next edit in
--- another file comes as a jump with no edits: a hint at the cursor's line, and
--- accept opens that file where the edit starts (the server answers the edit there).
+-- virtual text at the end of their first line; accept applies them all, and tells the server
+-- first (dlm/acceptedEdit: the edit memory counts an accepted next edit as the pattern made
+-- again). An edit outside the window has a hint at the window's edge. A next edit in another
+-- file comes as a jump with no edits: a hint at the cursor's line, and accept opens that file
+-- where the edit starts (the server answers the edit there).
 local dlm = require("dlm")
 local M = {}
 
@@ -17,6 +19,9 @@ function M.clear(bufnr)
   local s = state[bufnr]
   if vim.api.nvim_buf_is_valid(bufnr) then
     vim.api.nvim_buf_clear_namespace(bufnr, M.ns, 0, -1)
+  end
+  if s then
+    s.edge_mark = nil
   end
   if s and s.pred then
     s.pred = nil
@@ -66,8 +71,89 @@ function M.file_jump_text(fj)
   return string.format("⇥ %s:%d: %s", one_line(fj.path), fj.position.line + 1, one_line(fj.label))
 end
 
+--- Whether an edit replaces or inserts whole lines: its range runs from column 0 to column 0
+--- of a later line, or it inserts text that ends in a line break at column 0. Its text's last
+--- line break ends its last line (no line of its own), and it is about its first line.
+local function whole_lines(e)
+  local r = e.range
+  if r.start.character ~= 0 or r["end"].character ~= 0 then
+    return false
+  end
+  return r["end"].line > r.start.line or e.newText:sub(-1) == "\n"
+end
+
+--- The virtual text of an edit: `✎ new text` (a whole-line edit's text without the line break
+--- that ends it), `✎ delete` for a deletion.
+local function edit_label(e)
+  if e.newText == "" then
+    return "✎ delete"
+  end
+  local text = e.newText
+  if whole_lines(e) then
+    text = text:gsub("\r?\n$", "")
+  end
+  return "✎ " .. one_line(text)
+end
+
+--- The window that shows `bufnr`: the current one when it does, else the first that does; nil when none.
+local function window_of(bufnr)
+  local cur = vim.api.nvim_get_current_win()
+  if vim.api.nvim_win_get_buf(cur) == bufnr then
+    return cur
+  end
+  local win = vim.fn.bufwinid(bufnr)
+  return win ~= -1 and win or nil
+end
+
+--- The hint at the window's edge for an edit outside it: `↓ next edit: line 124: <label>` on
+--- the last visible line (the edit is below), `↑ ...` on the first (above); `nil` when the
+--- edit is in view, when there is no window, or when the prediction has a hint of its own at
+--- the cursor's line (a jump: far from the cursor, or in another file).
+function M.edge_hint(bufnr, pred)
+  if type(pred) ~= "table" or pred.file_jump or pred.jump ~= nil or type(pred.edits) ~= "table" then
+    return nil
+  end
+  local first = pred.edits[1]
+  local win = window_of(bufnr)
+  if not first or not win then
+    return nil
+  end
+  local nlines = vim.api.nvim_buf_line_count(bufnr)
+  local row = math.min(first.range.start.line, nlines - 1) -- 0-based: the edit's first line
+  local top, bottom = vim.fn.line("w0", win) - 1, vim.fn.line("w$", win) - 1
+  local label = type(pred.label) == "string" and pred.label or edit_label(first)
+  if row < top then
+    return { row = top, text = string.format("↑ next edit: line %d: %s", row + 1, one_line(label)) }
+  elseif row > bottom then
+    return { row = bottom, text = string.format("↓ next edit: line %d: %s", row + 1, one_line(label)) }
+  end
+  return nil
+end
+
+--- Place (again) the edge hint of the shown prediction of `bufnr` for where its window is now.
+function M.refresh_edge(bufnr)
+  bufnr = buf(bufnr)
+  local s = state[bufnr]
+  if not s or not vim.api.nvim_buf_is_valid(bufnr) then
+    return
+  end
+  if s.edge_mark then
+    pcall(vim.api.nvim_buf_del_extmark, bufnr, M.ns, s.edge_mark)
+    s.edge_mark = nil
+  end
+  local hint = s.pred and M.edge_hint(bufnr, s.pred)
+  if hint then
+    s.edge_mark = vim.api.nvim_buf_set_extmark(bufnr, M.ns, hint.row, 0, {
+      virt_text = { { hint.text, "DlmEditPrediction" } },
+      virt_text_pos = "eol",
+    })
+  end
+end
+
 local function show(bufnr, client, pred)
   vim.api.nvim_buf_clear_namespace(bufnr, M.ns, 0, -1)
+  local s = state[bufnr]
+  s.edge_mark = nil
   if pred.file_jump then
     -- the next edit is in another file: a hint at the cursor's line (accept opens it there)
     local row = vim.api.nvim_win_get_cursor(0)[1] - 1
@@ -81,17 +167,28 @@ local function show(bufnr, client, pred)
   local nlines = vim.api.nvim_buf_line_count(bufnr)
   for _, e in ipairs(pred.edits) do
     local r = e.range
-    if r.start.line < nlines and r["end"].line < nlines then
+    local whole = whole_lines(e)
+    -- a whole-line edit may end at column 0 of the line after the buffer's last (the end of the text)
+    local last = whole and r["end"].line > r.start.line and r["end"].line - 1 or r["end"].line
+    if r.start.line < nlines and last < nlines then
       local sc = vim.lsp.util._get_line_byte_from_position(bufnr, r.start, enc)
-      local ec = vim.lsp.util._get_line_byte_from_position(bufnr, r["end"], enc)
-      if r.start.line ~= r["end"].line or sc ~= ec then
+      local er, ec
+      if whole then
+        -- to the end of its last line: nothing of the line after it is marked
+        er = last
+        ec = #(vim.api.nvim_buf_get_lines(bufnr, last, last + 1, false)[1] or "")
+      else
+        er, ec = r["end"].line, vim.lsp.util._get_line_byte_from_position(bufnr, r["end"], enc)
+      end
+      if r.start.line ~= r["end"].line or r.start.character ~= r["end"].character then
         vim.api.nvim_buf_set_extmark(bufnr, M.ns, r.start.line, sc, {
-          end_row = r["end"].line, end_col = ec, hl_group = "DlmEditPredictionDelete",
+          end_row = er, end_col = ec, hl_group = "DlmEditPredictionDelete",
         })
       end
-      local label = e.newText == "" and "✎ delete" or ("✎ " .. one_line(e.newText))
-      vim.api.nvim_buf_set_extmark(bufnr, M.ns, r["end"].line, 0, {
-        virt_text = { { label, "DlmEditPrediction" } },
+      -- on the edit's first line: the line it changes (a multi-line range ends on a later
+      -- line, and a whole-line one at column 0 of the line after it, which it leaves alone)
+      vim.api.nvim_buf_set_extmark(bufnr, M.ns, r.start.line, 0, {
+        virt_text = { { edit_label(e), "DlmEditPrediction" } },
         virt_text_pos = "eol",
       })
     end
@@ -107,6 +204,7 @@ local function show(bufnr, client, pred)
       virt_text_pos = "eol",
     })
   end
+  M.refresh_edge(bufnr)
 end
 
 --- A dlm/editPrediction answer for `bufnr` (current, text at changedtick `tick` when asked;
@@ -250,6 +348,12 @@ function M.accept(bufnr)
   if vim.lsp.util.buf_versions[bufnr] ~= pred.version then
     return false
   end
+  if pred.id ~= nil then
+    -- before the edit's didChange (the server has the text at pred.version, the one checked
+    -- above): it takes that change as the accepted next edit, one edit of its own that counts as
+    -- its pattern made again, so the pattern's other sites are proposed (lsp/next_edits.py)
+    dlm.notify(client, "dlm/acceptedEdit", { id = pred.id, textDocument = { uri = vim.uri_from_bufnr(bufnr) } })
+  end
   vim.lsp.util.apply_text_edits(pred.edits, bufnr, client.offset_encoding or "utf-16")
   dlm.exec_accept(client, { command = "dlm.acceptCompletion", arguments = { pred.id } }, bufnr)
   return true
@@ -259,6 +363,24 @@ function M.current(bufnr)
   local s = state[buf(bufnr)]
   return s and s.pred or nil
 end
+
+-- A scrolled window may bring an edit into view or take it out: its edge hint follows.
+vim.api.nvim_create_autocmd("WinScrolled", {
+  group = vim.api.nvim_create_augroup("dlm.edit.scroll", { clear = true }),
+  callback = function()
+    local seen = {}
+    for key in pairs(vim.v.event or {}) do
+      local win = tonumber(key)
+      if win and vim.api.nvim_win_is_valid(win) then
+        local b = vim.api.nvim_win_get_buf(win)
+        if not seen[b] and state[b] and state[b].pred then
+          seen[b] = true
+          M.refresh_edge(b)
+        end
+      end
+    end
+  end,
+})
 
 function M.attach(bufnr)
   local s = state[bufnr] or {}

@@ -1,10 +1,15 @@
 -- Ghost text for Neovim 0.10/0.11 (no vim.lsp.inline_completion): our own
 -- textDocument/inlineCompletion requests after each keystroke in insert mode,
--- shown with an extmark (inline virtual text + virtual lines).
+-- shown with an extmark (inline virtual text + virtual lines). The server may
+-- list alternatives after its answer: the plugin keeps the list, next/prev cycle
+-- through it, a "2/3" hint at the end of the line says which one is shown, and
+-- accept inserts that one.
 local dlm = require("dlm")
 local M = {}
 
 M.ns = vim.api.nvim_create_namespace("dlm.ghost")
+-- the "i/n" hint: an extmark of its own, so that M.ns holds exactly the ghost text
+M.hint_ns = vim.api.nvim_create_namespace("dlm.ghost.hint")
 local state = {} -- bufnr -> { items, index, row, col, tick, extmark, req_id, timer }
 
 local function st(bufnr)
@@ -21,6 +26,7 @@ function M.clear(bufnr)
   local had = s.items ~= nil
   if vim.api.nvim_buf_is_valid(bufnr) then
     vim.api.nvim_buf_clear_namespace(bufnr, M.ns, 0, -1)
+    vim.api.nvim_buf_clear_namespace(bufnr, M.hint_ns, 0, -1)
   end
   s.items, s.index, s.shown = nil, nil, nil
   return had
@@ -55,11 +61,21 @@ function M.display(bufnr, client, item, row, col)
   return text
 end
 
+--- The "i/n" hint of a list of several items (nil for one item).
+function M.hint(s)
+  if not s or not s.items or #s.items < 2 then
+    return nil
+  end
+  return string.format("%d/%d", s.index, #s.items)
+end
+
 local function show(bufnr)
   local s = st(bufnr)
   local client = dlm.client(bufnr)
   local item = s.items and s.items[s.index]
   vim.api.nvim_buf_clear_namespace(bufnr, M.ns, 0, -1)
+  vim.api.nvim_buf_clear_namespace(bufnr, M.hint_ns, 0, -1)
+  s.shown = nil -- set below when this item draws something (accept inserts only a shown item)
   if not item or not client then
     return
   end
@@ -79,6 +95,14 @@ local function show(bufnr)
     virt_lines = #virt_lines > 0 and virt_lines or nil,
     hl_mode = "combine",
   })
+  local hint = M.hint(s)
+  if hint then
+    vim.api.nvim_buf_set_extmark(bufnr, M.hint_ns, s.row, 0, {
+      virt_text = { { " " .. hint, "DlmGhostText" } },
+      virt_text_pos = "eol",
+      hl_mode = "combine",
+    })
+  end
   dlm.notify(client, "textDocument/didShowCompletion", { item = item })
 end
 
@@ -152,16 +176,26 @@ function M.accept()
   return true
 end
 
-function M.next()
+--- Show the item `step` places on in the list (wrapping around), when it holds several and
+--- the text has not changed since; else ask the server again (1 = Invoked).
+local function cycle(step)
   local bufnr = vim.api.nvim_get_current_buf()
   local s = state[bufnr]
-  if s and s.items and #s.items > 1 then
-    s.index = s.index % #s.items + 1
+  if s and s.items and #s.items > 1 and vim.api.nvim_buf_get_changedtick(bufnr) == s.tick then
+    s.index = (s.index - 1 + step) % #s.items + 1
     show(bufnr)
     return true
   end
-  M.request(bufnr, 1) -- 1 = Invoked: ask again
+  M.request(bufnr, 1)
   return true
+end
+
+function M.next()
+  return cycle(1)
+end
+
+function M.prev()
+  return cycle(-1)
 end
 
 --- Test/statusline helper: the text shown now (nil when none).
@@ -186,6 +220,12 @@ end
 function M.current_item(bufnr)
   local s = state[bufnr == 0 and vim.api.nvim_get_current_buf() or bufnr]
   return s and s.items and s.items[s.index] or nil
+end
+
+--- Test/statusline helper: which item of how many is shown, { index, count } (nil when none).
+function M.position(bufnr)
+  local s = state[bufnr == 0 and vim.api.nvim_get_current_buf() or bufnr]
+  return s and s.items and { s.index, #s.items } or nil
 end
 
 function M.attach(bufnr)

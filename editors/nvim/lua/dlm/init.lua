@@ -33,7 +33,8 @@ M.defaults = {
   deadline_ms = nil, -- a suggestion not ready this long after the keystroke is not shown; nil: 250
   server_options = nil, -- any other initializationOptions (README "Protocol"), e.g. { context = { idleMs = 400 } }
   edit_prediction_delay_ms = 300,
-  keymaps = { accept = "<Tab>", next = "<M-]>", dismiss = "<C-]>", accept_edit = "<M-CR>" },
+  -- next/prev cycle through the server's alternatives (next with none shown asks again)
+  keymaps = { accept = "<Tab>", next = "<M-]>", prev = "<M-[>", dismiss = "<C-]>", accept_edit = "<M-CR>" },
 }
 
 M.config = vim.deepcopy(M.defaults)
@@ -322,16 +323,29 @@ function M.accept()
   return require("dlm.ghost").accept()
 end
 
-function M.next()
+--- Show the next (count 1) or previous (count -1) item of the inline list.
+local function cycle(count)
   if M.use_native() then
     local ic = vim.lsp.inline_completion
     local f = ic.select or ic.jump
     if f then
-      f({ count = 1 })
+      f({ count = count })
     end
     return true
   end
-  return require("dlm.ghost").next()
+  local ghost = require("dlm.ghost")
+  if count < 0 then
+    return ghost.prev()
+  end
+  return ghost.next()
+end
+
+function M.next()
+  return cycle(1)
+end
+
+function M.prev()
+  return cycle(-1)
 end
 
 function M.dismiss()
@@ -410,6 +424,7 @@ function M.setup(opts)
   local k = M.config.keymaps or {}
   map("i", k.accept, M.accept, "dlm: accept suggestion", true)
   map("i", k.next, M.next, "dlm: next suggestion", true)
+  map("i", k.prev, M.prev, "dlm: previous suggestion", true)
   map("i", k.dismiss, M.dismiss, "dlm: dismiss suggestion", true)
   map({ "n", "i" }, k.accept_edit, function()
     return require("dlm.edit").accept(0)

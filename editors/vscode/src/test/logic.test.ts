@@ -8,6 +8,7 @@ import {
   SettingsError,
   INLINE_EDIT_PROPOSAL,
   MAX_INLINE_EDIT_LINES,
+  acceptedItemIndex,
   acceptedLength,
   buildServerCommand,
   findExecutable,
@@ -217,6 +218,15 @@ test("partial accept length and item ids", () => {
   assert.equal(itemIdOf({ command: "dlm.acceptCompletion", arguments: ["c-12"] }), "c-12");
   assert.equal(itemIdOf({ command: "other", arguments: ["c-12"] }), null);
   assert.equal(itemIdOf(undefined), null);
+});
+
+test("a partial accept is counted for the item the user cycled to", () => {
+  const items = ["gadget(registry)", "widget(registry)", "widget(registry, strict=True)"];
+  assert.equal(acceptedItemIndex(items, "gadget("), 0);
+  assert.equal(acceptedItemIndex(items, "widget("), 1); // the first of the items it could be
+  assert.equal(acceptedItemIndex(items, "widget(registry, "), 2);
+  assert.equal(acceptedItemIndex(items, ""), 0);
+  assert.equal(acceptedItemIndex(items, "sprocket"), 0); // typed by hand: the answer
 });
 
 test("inline edits are used only where VS Code has them and allows the proposal", () => {
