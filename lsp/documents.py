@@ -66,6 +66,7 @@ class Document:
         text = clean(text)
         self.lines = split_lines(text)
         self._chars = len(text)
+        self._binary: tuple[int, bool] | None = None  # (version, holds a NUL byte)
         self.last_change_at = 0.0  # monotonic time of the last edit (0 = never edited)
         self.last_change_line = -1
         self.syntax: SyntaxTree | None = None
@@ -78,6 +79,13 @@ class Document:
     @property
     def text(self) -> str:
         return "".join(self.lines)
+
+    @property
+    def binary(self) -> bool:
+        """Does the text hold a NUL byte (a binary file opened as text)? Checked once a version."""
+        if self._binary is None or self._binary[0] != self.version:
+            self._binary = (self.version, any("\x00" in line for line in self.lines))
+        return self._binary[1]
 
     @property
     def size(self) -> int:

@@ -79,6 +79,19 @@ MAX_REMEMBERED_ITEMS = 256
 
 
 INDEX_BUSY = ("loading", "indexing")  # index states in which the status is not "ready"
+# Why an explicit trigger showed nothing, from what the request counted, most telling first.
+TRIGGER_REASONS = {
+    "binary": "a binary document (it holds NUL bytes): no suggestions",
+    "held_back_syntax": "held back: accepting it would break the syntax",
+    "held_back_degenerate": "held back: a degenerate answer (repeats, blank lines)",
+    "gated_low_confidence": "nothing over the confidence gate (minConfidence)",
+    "gated_rewrites_recent": "nothing over the gate for text that rewrites what you just typed",
+    "gated_late": "the answer came after its deadline",
+    "no_steps": "no time for a model step (deadlineMs)",
+    "no_change": "nothing to propose here: the memory has no continuation and the model proposes no change",
+    "failed": "the model failed on this request (see the server log)",
+    "refused": "the model refused this request (see the server log)",
+}
 
 
 def status_text(state: str, message: str, index: dict) -> str:
@@ -113,6 +126,8 @@ class DlmServer(LanguageServer):
         self.recent: dict[str, gate.RecentEdits] = {}  # uri -> lines typed recently (confidence gate)
         self._ids = itertools.count(1)
         self._last_status_at = 0.0
+        self.last_trigger: dict | None = None  # the last explicit trigger: {shown, reason} (dlm/status)
+        self.last_confidence: float | None = None  # of the last answer the gate judged
         self._initialized = False
         # The text windows for the engine's budget (context.windows_for), kept until the budget
         # changes: a remote engine may reconnect to a server whose model takes another context.
@@ -152,6 +167,7 @@ class DlmServer(LanguageServer):
             "shown": c["shown"],
             **self.stats.held_back(),
             "index": index,
+            "trigger": self.last_trigger,
         }
 
     def send_status(self) -> None:
@@ -375,6 +391,24 @@ class DlmServer(LanguageServer):
         finally:
             self.stats.stage("syntax_ms", (time.monotonic() - t0) * 1000)
 
+    def report_trigger(self, uri: str, got: types.InlineCompletionList, before: dict) -> None:
+        """After an explicit trigger: dlm/status `trigger` {shown, reason}, sent now (the editor
+        may say why nothing came). The reason is what this request counted (lsp.stats)."""
+        if got.items:
+            self.last_trigger = {"shown": True, "reason": ""}
+        else:
+            counted = {k for k, v in self.stats.counts.items() if v > before.get(k, 0)}
+            if self.documents.get(uri) is None:
+                reason = ("this document is not open in the server (never opened, or over "
+                          "maxDocumentChars): reopen it, or raise maxDocumentChars")
+            else:
+                reason = next((TRIGGER_REASONS[k] for k in TRIGGER_REASONS if k in counted),
+                              "no answer: the request was superseded, or the model is not ready (see dlm/status)")
+                if any(k.startswith("gated_") for k in counted) and self.last_confidence is not None:
+                    reason += f" (confidence {self.last_confidence:.2f}, gate {self.options.min_confidence:.2f})"
+            self.last_trigger = {"shown": False, "reason": reason}
+        self.send_status()
+
     def proposes(self, res: dict | None, what: str) -> bool:
         """Did a completed run propose something of this kind (an insertion, edits)? A run that
         proposed nothing is counted as `no_change`, so every completed run has an outcome."""
@@ -407,6 +441,7 @@ class DlmServer(LanguageServer):
 
     def gate(self, res: dict, rewrites_recent: bool) -> bool:
         """Show this result? (lsp.gate); counts what it holds back by reason."""
+        self.last_confidence = res["confidence"]
         verdict = gate.decide(res["confidence"], rewrites_recent, res["late"], self.options.min_confidence,
                               self.options.min_confidence_rewrite_recent)
         self.stats.add("offered" if verdict.show else f"gated_{verdict.reason}")
@@ -755,9 +790,24 @@ def forget_results(ls: DlmServer, uri: str) -> None:
 
 
 async def text_document_inline_completion(ls: DlmServer, params: types.InlineCompletionParams):
+    context_ = getattr(params, "context", None)
+    if getattr(context_, "trigger_kind", None) == types.InlineCompletionTriggerKind.Invoked:
+        # The explicit trigger answers or says why not: dlm/status `trigger` (sent at once)
+        before = dict(ls.stats.counts)
+        got = await inline_completion(ls, params)
+        ls.report_trigger(params.text_document.uri, got, before)
+        return got
+    return await inline_completion(ls, params)
+
+
+async def inline_completion(ls: DlmServer, params: types.InlineCompletionParams):
     empty = types.InlineCompletionList(items=[])
     doc = ls.documents.get(params.text_document.uri)
     if doc is None:
+        return empty
+    if doc.binary:  # a binary file opened as text: nothing to complete (the index skips them too)
+        ls.stats.add("requests")
+        ls.stats.add("binary")
         return empty
     row, col = doc.clamp(params.position.line, params.position.character)
     rest = ls.from_type_through(doc, row, col)
@@ -833,6 +883,7 @@ def dlm_stats(ls: DlmServer, params: Any) -> dict:
     out["state"] = ls.holder.status.state
     out["workspace_folders"] = len(ls.roots)
     out["index"] = ls.workspace_index.status()
+    out["trigger"] = ls.last_trigger  # the last explicit trigger: {shown, reason} (also in dlm/status)
     return out
 
 

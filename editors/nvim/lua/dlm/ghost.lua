@@ -146,6 +146,12 @@ function M.request(bufnr, trigger_kind)
     end
     local items = result.items or result
     if #items == 0 then
+      -- An explicit trigger says why nothing came: the server's dlm/status `trigger`, sent
+      -- before this answer.
+      local t = trigger_kind == 1 and type(dlm.status) == "table" and dlm.status.trigger or nil
+      if type(t) == "table" and t.shown == false and type(t.reason) == "string" and t.reason ~= "" then
+        vim.notify("dlm: no suggestion: " .. t.reason, vim.log.levels.INFO)
+      end
       return
     end
     s.items, s.index, s.row, s.col, s.tick = items, 1, row, col, tick
