@@ -69,7 +69,10 @@ class EngineHolder:
             )
         finally:
             self._loaded.set()
-        self._on_change()
+        try:
+            self._on_change()
+        except Exception:  # the front end is ending (its event loop closed): nobody is left to tell
+            log.debug("the engine's new state was not announced", exc_info=True)
 
     def loading(self) -> bool:
         """True while the loader thread runs (started and not finished)."""

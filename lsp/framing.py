@@ -20,17 +20,26 @@ on the next `Content-Length:` header in the stream:
 
 `serve_stdio` and `serve_tcp` replace pygls' `start_io` / `start_tcp` loops
 (lsp.server.DlmServer calls them); everything after framing (structuring,
-dispatch, responses) is still pygls'.
+dispatch, responses) is still pygls'. They also see the client go, whenever
+it goes: a write that fails is dropped quietly (pygls logs a traceback for it
+and raises it into the handler that answered), the end of the input, a
+client that closed only its end of stdout; they return, and `server.link`
+says how the conversation ended (lsp.server_cli.leave ends the process).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
 import re
+import select
+import stat
 import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
@@ -238,49 +247,251 @@ async def serve(reader: FrameReader, protocol: Any, stop_event: threading.Event)
             log.exception("could not handle a %s message", message.get("method", "response"))
 
 
-def serve_stdio(server: Any, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None:
-    """pygls' `start_io`, with our framing."""
-    from pygls.io_ import StdoutWriter
+class Link:
+    """How the conversation with the client ends: its `exit` (`exit_code`), or the client going away
+    (`ended`: one line saying how; the first one wins). The process then leaves through one function
+    (lsp.server_cli.leave). `ended` wakes the serving loop (`on_end`): a thread may still block in a
+    read of stdin, and the process must not wait for input that will never come."""
 
+    def __init__(self) -> None:
+        self.exit_code: int | None = None
+        self.ended: str | None = None
+        self._lock = threading.Lock()
+        self._wake: Callable[[], None] | None = None
+
+    def end(self, message: str) -> None:
+        with self._lock:
+            if self.ended is not None or self.exit_code is not None:
+                return
+            self.ended = message
+            wake = self._wake
+        if wake is not None:
+            wake()
+
+    def went_away(self, why: str) -> None:
+        self.end(f"the client went away ({why})")
+
+    def on_end(self, wake: Callable[[], None]) -> None:
+        with self._lock:
+            self._wake = wake
+            ended = self.ended
+        if ended is not None:
+            wake()
+
+
+class PipeWriter:
+    """pygls' writer on a byte stream (stdout): each message written and flushed whole, under a lock
+    (answers, dlm/status and log records are written from the event loop, and may be from other
+    threads). A write that fails (the client closed its end of the pipe: EPIPE; or the stream is
+    closed) returns quietly and calls `on_lost` with the reason: pygls would log a traceback for it
+    and raise it into whatever was answering, which logs another. After that, `lost` is true and
+    every message is dropped without a word: nobody is left to read it."""
+
+    def __init__(self, stream: BinaryIO, on_lost: Callable[[str], None]) -> None:
+        self._stream = stream
+        self._on_lost = on_lost
+        self._lock = threading.Lock()
+        self.lost = False  # nothing more reaches the client (a write failed, or `exit` closed the stream)
+
+    def write(self, data: bytes) -> None:
+        with self._lock:
+            if self.lost:
+                return
+            try:
+                self._stream.write(data)
+                self._stream.flush()
+                return
+            except (OSError, ValueError) as exc:  # ValueError: the stream is closed
+                self.lost = True
+                why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        self._on_lost(f"a message to it could not be written: {why}")
+
+    def close(self) -> None:
+        """`exit`: the stream is closed (the client reads its end); nothing is written after it."""
+        with self._lock:
+            self.lost = True
+            try:
+                self._stream.close()
+            except (OSError, ValueError):  # it had gone already; unwritten bytes have no reader
+                pass
+
+
+INPUT_SILENT_MS = 200  # the client's input, still open, says nothing this long: it is gone
+
+
+def _pipe_fd(stream: Any) -> int | None:
+    """The descriptor of `stream` when it is a pipe or a socket (what poll() can watch for the
+    other end closing), else None (a file, a terminal, a test's in-memory stream)."""
+    if getattr(select, "poll", None) is None:
+        return None
+    try:
+        fd = stream.fileno()
+        mode = os.fstat(fd).st_mode
+    except (AttributeError, OSError, ValueError):
+        return None
+    return fd if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) else None
+
+
+def end_when_input_is_silent(stdin: Any, link: Link, why: str) -> None:
+    """The client reads no more of what the server writes (`why`). What it sent before it went is
+    still handled (Neovim quits right after sending `shutdown`, which saves the index): while its
+    input has bytes to read, the reader goes on, and at the end of the input the link ends as
+    always. Input still open and silent means the client closed only its reading end: the link
+    ends now."""
+    fd = _pipe_fd(stdin)
+    if fd is not None:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        while True:
+            try:
+                events = poller.poll(INPUT_SILENT_MS)
+            except OSError:
+                break
+            if not events:
+                break
+            if events[0][1] & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                return  # the end of its input is there, after what is left to read
+            time.sleep(0.05)  # bytes the reader has yet to take
+    link.went_away(why)
+
+
+def watch_hangup(stdout: Any, writer: PipeWriter, on_lost: Callable[[str], None]) -> None:
+    """When stdout is a pipe or a socket, a thread waits for the client to close its end (poll()
+    reports POLLERR or POLLHUP, asked for or not): the output is lost then, not at the next message
+    the server writes, which an idle server whose client stopped reading would wait for forever."""
+    fd = _pipe_fd(stdout)
+    if fd is None:
+        return  # a file or a terminal has no reader to lose
+    poller = select.poll()
+    poller.register(fd, 0)  # no events asked for: only POLLERR, POLLHUP and POLLNVAL wake it
+
+    def wait() -> None:
+        try:
+            poller.poll()
+        except OSError:
+            return
+        if not writer.lost:  # `exit` closing stdout is not the client going away
+            on_lost("it closed its end of the server's stdout")
+
+    threading.Thread(target=wait, name="dlm-stdout-hangup", daemon=True).start()
+
+
+async def _serve_until_end(serving: Awaitable[None], link: Link) -> None:
+    """Run `serving` until it returns or the link ends, whichever is first."""
+    loop = asyncio.get_running_loop()
+    ended = loop.create_future()
+
+    def set_ended() -> None:
+        if not ended.done():
+            ended.set_result(None)
+
+    def wake() -> None:
+        try:
+            loop.call_soon_threadsafe(set_ended)
+        except RuntimeError:  # the loop is closed: serving is over already
+            pass
+
+    link.on_end(wake)
+    task = asyncio.ensure_future(serving)
+    await asyncio.wait({task, ended}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        task.result()
+        return
+    task.cancel()  # it waits for stdin, which may never answer; the thread reading it is left behind
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def serve_stdio(server: Any, stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> None:
+    """pygls' `start_io`, with our framing. Returns when the client is done: `server.link` says how
+    (its `exit`, the end of its input, a write to it that failed, its end of stdout closed)."""
     stdin = stdin or sys.stdin.buffer
+    stdout = stdout or sys.stdout.buffer
     read1 = getattr(stdin, "read1", None) or stdin.read
+    link = server.link = Link()
     server._stop_event = threading.Event()
-    server.protocol.set_writer(StdoutWriter(stdout or sys.stdout.buffer))
+    output_lost_once = threading.Lock()
+
+    def output_lost(why: str) -> None:
+        if output_lost_once.acquire(blocking=False):  # the first reason; the rest say the same
+            threading.Thread(target=end_when_input_is_silent, args=(stdin, link, why),
+                             name="dlm-client-gone", daemon=True).start()  # fmt: skip
+
+    writer = PipeWriter(stdout, output_lost)
+    server.protocol.set_writer(writer)
     # One thread blocks in read(); the server's pool stays for handlers.
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlm-stdin")
+
+    def read(n: int) -> bytes:
+        try:
+            return read1(n)
+        except (OSError, ValueError) as exc:  # e.g. ECONNRESET on a socket whose peer was killed
+            link.went_away(f"reading its messages failed: {getattr(exc, 'strerror', None) or exc}")
+            return b""
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
 
         def read_chunk() -> Awaitable[bytes]:
-            return loop.run_in_executor(executor, read1, READ_CHUNK)
+            return loop.run_in_executor(executor, read, READ_CHUNK)
 
-        await serve(FrameReader(read_chunk), server.protocol, server._stop_event)
+        await _serve_until_end(serve(FrameReader(read_chunk), server.protocol, server._stop_event), link)
+        link.went_away("end of input: it closed the server's stdin")
 
+    watch_hangup(stdout, writer, output_lost)
     try:
         asyncio.run(main())
-    except BrokenPipeError:
-        log.error("the connection to the client is lost (broken pipe); shutting down")
+    except BrokenPipeError:  # a write outside the writer (none is known): the same end, told the same way
+        link.went_away("broken pipe")
     except KeyboardInterrupt:
-        pass
+        link.end("interrupted (SIGINT)")
     except SystemExit as exc:  # pygls' `exit`: 0 after `shutdown`, else 1 (LSP spec); the CLI returns it
-        server.exit_code = exc.code if isinstance(exc.code, int) else 1
+        link.exit_code = exc.code if isinstance(exc.code, int) else 1
     finally:
         executor.shutdown(wait=False, cancel_futures=True)
         server.shutdown()
 
 
+class SocketWriter:
+    """pygls' writer on a TCP connection: once the connection is closing, messages are dropped
+    without a word (asyncio would warn for each) and the link ends."""
+
+    def __init__(self, writer: asyncio.StreamWriter, link: Link) -> None:
+        self._writer = writer
+        self._link = link
+        self.lost = False
+
+    def write(self, data: bytes) -> None:
+        if self.lost:
+            return
+        if self._writer.transport.is_closing():
+            self.lost = True
+            self._link.went_away("it closed the connection")
+            return
+        self._writer.write(data)
+
+    def close(self) -> None:
+        self.lost = True
+        self._writer.close()
+
+
 def serve_tcp(server: Any, host: str, port: int) -> None:
-    """pygls' `start_tcp`, with our framing."""
+    """pygls' `start_tcp`, with our framing. Returns when the client is done (`server.link`)."""
     server._stop_event = stop_event = threading.Event()
+    link = server.link = Link()
 
     async def connection(stream: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        server.protocol.set_writer(writer)
+        server.protocol.set_writer(SocketWriter(writer, link))
 
         async def read_chunk() -> bytes:
-            return await stream.read(READ_CHUNK)
+            try:
+                return await stream.read(READ_CHUNK)
+            except OSError as exc:  # ECONNRESET: the client was killed with unread data
+                link.went_away(f"reading its messages failed: {exc.strerror or exc}")
+                return b""
 
         await serve(FrameReader(read_chunk), server.protocol, stop_event)
+        link.went_away("it closed the connection")
         server.shutdown()
 
     async def main() -> None:
@@ -293,5 +504,7 @@ def serve_tcp(server: Any, host: str, port: int) -> None:
         asyncio.run(main())
     except asyncio.CancelledError:
         log.debug("the TCP server was cancelled")
+    except KeyboardInterrupt:
+        link.end("interrupted (SIGINT)")
     except SystemExit as exc:  # `exit`, as in serve_stdio
-        server.exit_code = exc.code if isinstance(exc.code, int) else 1
+        link.exit_code = exc.code if isinstance(exc.code, int) else 1

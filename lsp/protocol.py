@@ -127,19 +127,24 @@ class ClientLogHandler(logging.Handler):
     Neovim's lsp.log records all of a server's stderr as [ERROR]; a logMessage carries
     the level (Error/Warning/Info). pygls' own records are not sent (it logs every
     message it sends, this one included). `connected()` says whether records go to the
-    client; stderr takes them otherwise (before initialize, after shutdown).
+    client; stderr takes them otherwise (before initialize, after shutdown, once the
+    client is gone). `fallback` (the stderr handler) takes a record that was to be sent
+    but could not be: the client went away between the choice and the sending.
     """
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: Any, fallback: logging.Handler | None = None) -> None:
         super().__init__(logging.INFO)
         self.server = server
+        self.fallback = fallback
         self._local = threading.local()
 
     def connected(self) -> bool:
         server = self.server
+        writer = server.protocol.writer
         return bool(
             getattr(server, "_initialized", False)
-            and server.protocol.writer is not None
+            and writer is not None
+            and not getattr(writer, "lost", False)  # lsp.framing's writers: a write failed, or `exit`
             and not server.protocol._shutdown
             and server.loop is not None
             and not server.loop.is_closed()
@@ -149,24 +154,37 @@ class ClientLogHandler(logging.Handler):
         return record.levelno >= logging.INFO and not record.name.startswith("pygls") and self.connected()
 
     def emit(self, record: logging.LogRecord) -> None:
-        if getattr(self._local, "busy", False) or not self.sends(record):
+        if getattr(self._local, "busy", False):
+            return
+        if not self.sends(record):
+            if getattr(record, "dlm_kept_from_stderr", False):  # stderr left it to us a moment ago
+                self._not_sent(record)
             return
         self._local.busy = True  # a record logged while sending this one is not sent again
         try:
-            params = types.LogMessageParams(type=message_type(record.levelno), message=self.format(record))
-            loop = self.server.loop
-            loop.call_soon_threadsafe(self._send, params)
+            self.server.loop.call_soon_threadsafe(self._send, record)
+        except RuntimeError:  # the event loop closed since `sends` (the client is gone)
+            self._not_sent(record)
         except Exception:  # noqa: BLE001 - logging must never raise into the caller
             self.handleError(record)
         finally:
             self._local.busy = False
 
-    def _send(self, params: types.LogMessageParams) -> None:
-        if self.connected():
-            try:
-                self.server.protocol.notify(types.WINDOW_LOG_MESSAGE, params)
-            except Exception:  # the client went away: drop the record (stderr may be gone too)
-                logging.getLogger("pygls").debug("could not send a log record", exc_info=True)
+    def _send(self, record: logging.LogRecord) -> None:
+        if not self.connected():
+            self._not_sent(record)
+            return
+        try:
+            params = types.LogMessageParams(type=message_type(record.levelno), message=self.format(record))
+            self.server.protocol.notify(types.WINDOW_LOG_MESSAGE, params)
+        except Exception:  # a record that cannot be formatted or sent is not worth a crash
+            logging.getLogger("pygls").debug("could not send a log record", exc_info=True)
+        if getattr(self.server.protocol.writer, "lost", False):  # this very write found the client gone
+            self._not_sent(record)
+
+    def _not_sent(self, record: logging.LogRecord) -> None:
+        if self.fallback is not None:
+            self.fallback.handle(record)
 
 
 class NotSentToClient(logging.Filter):
@@ -177,4 +195,7 @@ class NotSentToClient(logging.Filter):
         self.client = client
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not self.client.sends(record)
+        if self.client.sends(record):
+            record.dlm_kept_from_stderr = True  # the client handler writes it to stderr if it cannot send it
+            return False
+        return True

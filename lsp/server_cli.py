@@ -10,6 +10,7 @@ import argparse
 import logging
 import os
 import sys
+from typing import NoReturn
 
 from dlm.coder_model.devices import add_device_argument
 from dlm.coder_model.remote.client import parse_host_port
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     # before initialize (and DEBUG); --log-file keeps everything.
     from dlm.lsp.protocol import ClientLogHandler, NotSentToClient
 
-    to_client = ClientLogHandler(server)
+    to_client = ClientLogHandler(server, fallback=None if args.log_file else handler)
     to_client.setFormatter(logging.Formatter("%(name)s: %(message)s"))
     root.addHandler(to_client)
     if not args.log_file:
@@ -85,20 +86,55 @@ def run(args: argparse.Namespace) -> int:
         server.start_tcp(host, port)
     else:
         server.start_io()
-    # `exit` without `shutdown` exits 1 (LSP spec); end of input or an `exit` after `shutdown`: 0
-    code = getattr(server, "exit_code", 0)
+    leave(server)  # never returns: the serving process ends there
+
+
+def leave(server) -> NoReturn:
+    """The one way a serving process ends, whatever ended it (lsp.framing.Link): the client's
+    `exit` (exit code 0 after `shutdown`, else 1: LSP spec), or the client going away (end of its
+    input, a write to it that failed, its end of stdout closed; exit code 0), at any moment: while
+    idle, while answers or notifications are written, while the model loads or the workspace is
+    indexed. One INFO line says which; then the logs are flushed and the process leaves at once.
+
+    At once (os._exit), because waiting for the interpreter's shutdown is wrong in each case: the
+    loader thread may be inside torch (its import, or reading weights in C++), and tearing its
+    thread state down under it aborts the process (SIGABRT, "terminate called without an active
+    exception"); a thread still blocks in a read of stdin when the client closed only stdout, and
+    the interpreter would join it (the executor's exit hook) forever; a prediction or the indexer
+    would be waited for. Nothing of theirs needs saving: `shutdown` saved the index; without it the
+    next start re-reads what changed.
+    """
+    link = getattr(server, "link", None)
+    code = link.exit_code if link is not None else None
+    shut_down = bool(getattr(server.protocol, "_shutdown", False))
+    if code is not None:
+        message = "exit after shutdown" if shut_down else "exit without shutdown (code 1: LSP specification)"
+    else:
+        code = 0
+        message = (link.ended if link is not None else None) or "the client went away"
+        if not shut_down:
+            message += " without shutdown"
     if server.holder.loading():
-        # The loader thread is inside torch (its import, or reading weights in C++): the interpreter's
-        # shutdown would tear its thread state down under it and abort the process (SIGABRT,
-        # "terminate called without an active exception"). Nothing of it needs saving: leave at once,
-        # with the exit code the protocol asks for, after the logs are flushed.
-        log = logging.getLogger(__name__)
-        log.info("exit while the model is still loading: leaving without waiting for it")
-        logging.shutdown()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):  # `exit` closed stdout already; nothing is left to say there
-                pass
-        os._exit(code)
-    return code
+        message += "; the model is still loading: not waiting for it"
+    log = logging.getLogger(__name__)
+    log.info("%s; exiting with code %d", message, code)
+    if not shut_down:
+        _stop_children()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # the client closed it, or `exit` did: nothing is left to say there
+            pass
+    os._exit(code)
+
+
+def _stop_children() -> None:
+    """The git children of the edit memory (their process groups), which `shutdown` stops: os._exit
+    skips the atexit hook that would kill them (on Linux PDEATHSIG kills them anyway)."""
+    git_read = sys.modules.get("dlm.coder_model.edit_memory.git_read")
+    if git_read is not None:
+        try:
+            git_read.kill_all()
+        except Exception:  # leaving goes on; their deadline ends them
+            logging.getLogger(__name__).debug("could not stop the git children", exc_info=True)
