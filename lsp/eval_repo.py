@@ -17,26 +17,47 @@ pause, as an editor does; only that last answer is judged.
   product never shows a suggestion the denoiser did not check);
 - `verify`: the memory proposes, the denoiser scores each proposal with the
   suffix in view and the mix of both picks one or vetoes all (the default).
+
+Syntax, on Python files (`judge_case`):
+- broken when accepted: the file with the shown suggestion accepted (the document
+  at the pause with the suggestion's text replacing what its range covers, as
+  `dlm.lsp.eval.judge` applies it) is given to `ast.parse`; a case is broken when
+  the real file (the case's target: the line whole) parses and the edited one does
+  not. A file that does not parse as it is never counts. Reported per threshold:
+  Python cases shown, and broken among them;
+- right answers the check would hold back: the server's syntax check
+  (`dlm.lsp.syntax_check`) run on the true rest of the line at the pause, as the
+  server runs it on a suggestion; a case counts when the check holds the true rest
+  back, over the Python cases whose true rest is not empty. A right suggestion in
+  such a case is never shown: this is how many right answers the check costs. It is
+  measured this way rather than from the server's held-back texts because the
+  server exposes those only in its log (a line per held-back answer, cut at 80
+  characters and not tied to a request), and its `held_back_syntax` counter counts
+  every keystroke's request, not the judged one; that counter, over the whole
+  replay, is printed beside it.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import asyncio
 import hashlib
 import os
 import shutil
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlm.lsp.eval import Answer, EvalReplay, TypingCase, visible
+from dlm.lsp.eval import Answer, EvalReplay, TypingCase, _offset, visible
 
 CONFIGS = ("model", "memory", "verify")
 TYPE_LAST = 3  # characters of the line typed through the server before the judged pause
 LENGTH_BINS = ((1, 2), (3, 10), (11, 30), (31, None))  # length of the answer, characters
 IN_TIME_MS = 300.0
+PYTHON_SUFFIXES = (".py", ".pyi")
 
 
 @dataclass
@@ -44,6 +65,82 @@ class RepoCase:
     typing: TypingCase
     answer: str
     typed: bool
+    before: str = ""  # the document at the pause, up to the cursor
+    after: str = ""  # the document at the pause, from the cursor on (the line's break, the rest of the file)
+
+
+@dataclass
+class Shown:
+    """The suggestion answered at the pause: `insert` replaces text[cursor:replace_to]."""
+
+    text: str
+    cursor: int
+    insert: str
+    replace_to: int
+
+
+@dataclass
+class Judged:
+    """A case's syntax judgement (None: not judged: not Python, nothing shown, or the file does not
+    parse as it is)."""
+
+    python: bool = False
+    broken: bool | None = None  # the shown suggestion, accepted, makes the file fail ast.parse
+    truth_held_back: bool | None = None  # the server's check holds back the true rest of the line
+
+
+def parses(source: str) -> bool:
+    """Does `ast.parse` accept the source? (its warnings, e.g. invalid escapes, silenced)"""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            ast.parse(source)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return False
+    return True
+
+
+def accepted(text: str, cursor: int, insert: str, replace_to: int) -> str:
+    """The document with an inline suggestion accepted: text[cursor:replace_to] replaced by `insert`
+    (what `dlm.lsp.eval.judge` compares with the case's target). At the pause the cursor line ends at
+    the cursor, so this is the real file with the rest of the cursor line replaced by the inserted
+    text; a multi-line insertion goes in as it is, followed by the document after its range."""
+    return text[:cursor] + insert + text[replace_to:]
+
+
+def broken_by(original: str, edited: str, original_parses: bool | None = None) -> bool | None:
+    """Is `edited` broken where `original` was not? None: the original does not parse, so nothing
+    can be said (`original_parses`: that answer, when already known)."""
+    if not (parses(original) if original_parses is None else original_parses):
+        return None
+    return not parses(edited)
+
+
+def truth_held_back(before: str, after: str, answer: str) -> bool | None:
+    """Would the server's syntax check hold back the true rest of the line, typed at the pause
+    (`before`|`after`)? None: an empty rest (nothing to check)."""
+    if not answer:
+        return None
+    from dlm.lsp import syntax_check
+
+    return syntax_check.check_text("python", before, after, answer) is not None
+
+
+def is_python(path: str) -> bool:
+    return path.endswith(PYTHON_SUFFIXES)
+
+
+def judge_case(case: RepoCase, shown: Shown | None, original_parses: bool | None = None) -> Judged:
+    """The syntax judgement of one case (module docstring): `shown` is the suggestion answered at the
+    pause (None: nothing shown); the real file is the case's target."""
+    if not is_python(case.typing.name):
+        return Judged()
+    original = case.typing.final_target or case.before + case.answer + case.after
+    broken = None
+    if shown is not None:
+        edited = accepted(shown.text, shown.cursor, shown.insert, shown.replace_to)
+        broken = broken_by(original, edited, original_parses)
+    return Judged(True, broken, truth_held_back(case.before, case.after, case.answer))
 
 
 def config_options(config: str, sampler: dict | None = None) -> dict:
@@ -84,7 +181,7 @@ def typing_cases(cases) -> list[RepoCase]:
             typed = "\n" + typed_part
         target = c.before + c.answer + c.after
         tc = TypingCase("repo", c.path, text, row, col, typed, final_target=target)
-        out.append(RepoCase(tc, c.answer, c.typed))
+        out.append(RepoCase(tc, c.answer, c.typed, c.before, c.after))
     return out
 
 
@@ -93,6 +190,7 @@ class RepoReplay(EvalReplay):
         super().__init__(args, cases)
         self.root = root
         self.options = options
+        self.shown: dict[int, Shown] = {}  # case index -> the suggestion answered at the pause
 
     def initialization_options(self) -> dict:
         return {**self.options, "deadlineMs": self.args.deadline_ms}
@@ -110,21 +208,93 @@ class RepoReplay(EvalReplay):
             return
         self.index_status = await self.wait_index(client, log_file, time.monotonic() + self.args.load_timeout)
 
+    async def _type(self, client, types, uri: str, case: TypingCase, change, current, target: str) -> None:
+        # the replay keeps a verdict per answer, not its text: the requests are seen here, and the
+        # pause's answer (the last request) is kept for the syntax judgement
+        seen = _SeenRequests(client, current)
+        n = getattr(self, "case_index", -1)
+        await super()._type(seen, types, uri, case, change, current, target)
+        if not seen.requests:
+            return
+        snapshot, position, task = seen.requests[-1]
+        if not task.done() or task.cancelled() or task.exception() is not None:
+            return
+        items = getattr(task.result(), "items", None) or []
+        if not items or not isinstance(items[0].insert_text, str):
+            return
+        item = items[0]
+        cursor = _offset(snapshot, position.line, position.character)
+        end = cursor if item.range is None else _offset(snapshot, item.range.end.line,
+                                                         item.range.end.character)
+        self.shown[n] = Shown(snapshot, cursor, item.insert_text, end)
 
-def summarize_repo(finals: list[tuple[RepoCase, Answer]], thresholds: list[float]) -> dict:
+
+class _SeenRequests:
+    """The client, keeping each inline completion request: (document text, position, task)."""
+
+    def __init__(self, client, current) -> None:
+        self._client = client
+        self._current = current
+        self.requests: list[tuple[str, object, asyncio.Future]] = []
+
+    def text_document_inline_completion_async(self, params):
+        task = asyncio.ensure_future(self._client.text_document_inline_completion_async(params))
+        self.requests.append((self._current(), params.position, task))
+        return task
+
+    def __getattr__(self, name: str):
+        return getattr(self._client, name)
+
+
+def judge_cases(finals: list[tuple[RepoCase, Answer]], shown: dict[int, Shown]) -> list[Judged]:
+    """`judge_case` for each case (`shown`: case index -> the suggestion answered at the pause), each
+    real file parsed once."""
+    original_parses: dict[str, bool] = {}
+    out = []
+    for i, (c, _) in enumerate(finals):
+        name = c.typing.name
+        if is_python(name) and i in shown and name not in original_parses:
+            original_parses[name] = parses(c.typing.final_target or "")
+        out.append(judge_case(c, shown.get(i), original_parses.get(name)))
+    return out
+
+
+def summarize_syntax(judged: list[Judged], server: dict | None = None) -> dict:
+    """The right answers the server's check would hold back, over the Python cases with a true rest;
+    `server`: dlm/stats at the end of the replay (its held_back_syntax counts every request)."""
+    from dlm.coder_model import regions
+
+    checked = [j for j in judged if j.python and j.truth_held_back is not None]
+    k = sum(1 for j in checked if j.truth_held_back)
+    return {"python_cases": sum(1 for j in judged if j.python), "checked": len(checked), "truth_held_back": k,
+            "truth_held_back_share": k / len(checked) if checked else None,
+            "grammar": regions.grammar("python") is not None,
+            "server_held_back_syntax": (server or {}).get("held_back_syntax")}  # fmt: skip
+
+
+def summarize_repo(finals: list[tuple[RepoCase, Answer]], thresholds: list[float],
+                   judged: list[Judged] | None = None, server: dict | None = None) -> dict:
+    """The rows per threshold, by answer length, latency; with `judged` (judge_cases), the syntax
+    figures: broken among the shown Python cases per threshold, and `summarize_syntax`."""
     from dlm.coder_model.evaluation.repo_cases import wilson  # the one interval of the repository figures
 
     n = len(finals)
     rows = []
     for t in thresholds:
-        shown = [(c, a) for c, a in finals if visible(a, t, t)]
-        exact = sum(1 for _, a in shown if a.exact)
-        rows.append({
+        shown = [(i, c, a) for i, (c, a) in enumerate(finals) if visible(a, t, t)]
+        exact = sum(1 for _, _, a in shown if a.exact)
+        row = {
             "threshold": t, "cases": n, "shown": len(shown), "shown_share": len(shown) / n if n else 0.0,
             "exact": exact, "exact_share": exact / n if n else 0.0, "exact_ci": wilson(exact, n),
             "precision": exact / len(shown) if shown else None,
-            "accepted_chars_per_case": sum(a.accepted_chars for _, a in shown) / n if n else 0.0,
-        })  # fmt: skip
+            "accepted_chars_per_case": sum(a.accepted_chars for _, _, a in shown) / n if n else 0.0,
+        }  # fmt: skip
+        if judged is not None:
+            judgeable = [judged[i] for i, _, _ in shown if judged[i].broken is not None]
+            broken = sum(1 for j in judgeable if j.broken)
+            row.update({"python_shown": len(judgeable), "broken": broken,
+                        "broken_share": broken / len(judgeable) if judgeable else None})
+        rows.append(row)
     by_len = {}
     for lo, hi in LENGTH_BINS:
         mine = [(c, a) for c, a in finals if len(c.answer) >= lo and (hi is None or len(c.answer) <= hi)]
@@ -135,12 +305,15 @@ def summarize_repo(finals: list[tuple[RepoCase, Answer]], thresholds: list[float
     in_time = sum(1 for _, a in finals if a.latency_ms is not None and a.latency_ms <= IN_TIME_MS)
     from dlm.coder_model.quantiles import percentile
 
-    return {
+    out = {
         "rows": rows, "by_answer_length": by_len,
         "latency": {"answered": len(lat), "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99),
                     "in_time_share": in_time / n if n else 0.0},
         "typed_share": sum(1 for c, _ in finals if c.typed) / n if n else 0.0,
     }  # fmt: skip
+    if judged is not None:
+        out["syntax"] = summarize_syntax(judged, server)
+    return out
 
 
 def render_repo(name: str, config: str, s: dict, meta: dict) -> str:
@@ -164,7 +337,29 @@ def render_repo(name: str, config: str, s: dict, meta: dict) -> str:
     for k, v in s["by_answer_length"].items():
         share = "-" if v["exact_share"] is None else f"{100 * v['exact_share']:.1f}%"
         out.append(f"| {k} | {v['cases']} | {v['exact']} ({share}) |")
+    if "syntax" in s:
+        out += ["", render_syntax(name, s)]
     return "\n".join(out) + "\n"
+
+
+def render_syntax(name: str, s: dict) -> str:
+    """The syntax figures of a summary (summarize_repo with `judged`) as markdown."""
+    syn = s["syntax"]
+    out = [(f"Syntax in {name} (Python files; ast.parse of the file with the shown suggestion accepted, "
+            "counted only where the real file parses):"), "",
+           "| min confidence | Python cases shown | broken when accepted |", "| --- | --- | --- |"]
+    for r in s["rows"]:
+        share = "-" if r.get("broken_share") is None else f"{100 * r['broken_share']:.1f}%"
+        out.append(f"| {r['threshold']:g} | {r.get('python_shown', 0)} | {r.get('broken', 0)} ({share}) |")
+    share = "-" if syn["truth_held_back_share"] is None else f"{100 * syn['truth_held_back_share']:.1f}%"
+    held = syn.get("server_held_back_syntax")
+    line = (f"Right answers the check would hold back (the server's syntax check on the true rest of the "
+            f"line): {syn['truth_held_back']} of {syn['checked']} ({share})")
+    if not syn["grammar"]:
+        line += "; no Python grammar installed, so the check holds nothing back"
+    if held is not None:
+        line += f"; the server held back {held} answers for syntax over all requests (every keystroke)"
+    return "\n".join([*out, "", line + "."])
 
 
 def _ms(v) -> str:
@@ -214,7 +409,8 @@ def run_repo(args: argparse.Namespace, thresholds: list[float]) -> int:
         if a.final:
             finals_by_case[a.case_index] = a
     finals = [(c, finals_by_case.get(i, Answer("repo"))) for i, c in enumerate(rcases)]
-    summary = summarize_repo(finals, thresholds)
+    judged = judge_cases(finals, replay.shown)
+    summary = summarize_repo(finals, thresholds, judged, res.server)
     meta = {"model": res.status.get("model", ""), "device": res.status.get("device", ""),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "repo": str(repo), "config": args.config,
             "cases": len(rcases), "wall_s": round(time.monotonic() - t0, 1), "seed": args.seed,
@@ -225,7 +421,10 @@ def run_repo(args: argparse.Namespace, thresholds: list[float]) -> int:
     (out / "eval-repo.md").write_text(md, encoding="utf-8")
     (out / "eval-repo.json").write_text(json.dumps({"meta": meta, "summary": summary, "cases": [
         {"path": c.typing.name, "answer": c.answer, "typed": c.typed, "exact": a.exact, "shown": a.shown,
-         "confidence": a.confidence, "latency_ms": a.latency_ms} for c, a in finals]}, indent=1, default=str))
+         "confidence": a.confidence, "latency_ms": a.latency_ms,
+         "suggestion": replay.shown[i].insert if i in replay.shown else None,
+         "broken": j.broken, "truth_held_back": j.truth_held_back}
+        for i, ((c, a), j) in enumerate(zip(finals, judged))]}, indent=1, default=str))
     print(md)
     print(f"wrote {out / 'eval-repo.md'}, {out / 'eval-repo.json'}")
     return 0
