@@ -69,6 +69,22 @@ def _starts_token(root, lines: list[str], r: int) -> bool:
     return node is not None and (node.start_point[0], node.start_point[1]) == (point[0], point[1])
 
 
+def _inside_prose(root, lines: list[str], row: int, col: int) -> bool:
+    """Is (row, col) strictly inside a string or comment of the document's tree? Anything typed
+    there is text, not code: the check has nothing to judge (a doctest line in a docstring)."""
+    if root is None:
+        return False
+    point = (row, utf8_length(content(lines[row])[:col]))
+    node = root.descendant_for_point_range(point, point)
+    for _ in range(4):  # the string's content node, the string, a concatenation
+        if node is None:
+            return False
+        if ("string" in node.type or "comment" in node.type) and node.start_point < point < node.end_point:
+            return True
+        node = node.parent
+    return False
+
+
 def window(lines: list[str], row: int, root=None) -> Window:
     """The lines around `row` the check parses: from the nearest line at indentation 0 within
     MAX_BEFORE lines (else the least indented one there, the nearest of those), to MAX_AFTER lines
@@ -212,6 +228,8 @@ def check(
         return None
     if not _starts_token(root, lines, row) and content(lines[row])[:col].strip():
         return None  # inside a string or comment begun on a line above (a docstring's prose)
+    if _inside_prose(root, lines, row, col):
+        return None  # the cursor is inside a string or comment (a blank line of a docstring)
     win = window(lines, row, root)
     wl, wr = win.lines, win.row
     line = wl[wr]
