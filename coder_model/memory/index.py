@@ -3,7 +3,8 @@
 Writers (`update_file`, `remove_file`) and readers (`complete`, `retrieve`)
 may run on different threads. Counts of the workspace live in a few sorted
 tables (an LSM: changed files wait in a list, counted into a small dict
-table by the next query, and are sealed into a sorted table at SEAL_TOKENS;
+table by the next queries while few are waiting, and are sealed into a
+sorted table by the server's indexer when it is idle, or at SEAL_TOKENS_BULK;
 TIER tables of one size tier merge into one), so a file saved in the editor
 costs milliseconds and a bulk index of a 200k-line repository a few
 rebuilds at most. Seals and merges build outside the lock that readers
@@ -48,7 +49,7 @@ RETRIEVED_EXTRA_LINES = 10  # lines after a retrieved window counted with it
 # Changed files wait in a list; a query counts them into dicts (about 150 bytes per n-gram), so
 # while queries come they are sealed into a sorted table early, and a bulk index with no query
 # in between seals big batches (fewer rebuilds).
-SEAL_TOKENS = 40_000  # pending tokens sealed once a query has counted some of them
+SEAL_TOKENS = 40_000  # the smallest tables' size tier (_tier) starts at twice this
 SEAL_TOKENS_BULK = 250_000  # pending tokens sealed when no query has counted them
 TIER = 4  # sorted tables of one size tier merged into one
 MAX_SEGMENTS = 8  # past this many sorted tables, the two adjacent ones smallest together merge
@@ -59,6 +60,9 @@ MERGE_MAX_TOKENS = 4_000_000
 # on 2.5 GHz Xeon). The server's indexer seals what is pending as soon as it has nothing else to
 # do (lsp.workspace), so a query counts only what arrived during a bulk index.
 QUERY_COUNT_TOKENS = 1_000
+# More pending than this is a bulk index under way: queries count none of it (their answers would
+# change, and their memo reset, at every seal of SEAL_TOKENS), and it is sealed at SEAL_TOKENS_BULK.
+QUERY_COUNT_MAX_PENDING = 20_000
 QUERY_PIECE_TOKENS = 20_000  # a pending file longer than this is counted QUERY_COUNT_TOKENS a query
 # Of the current document above the cursor's line (below: half), for the file level. Measured on
 # xarray and astropy (200 cases each): 4k to 200k characters give the same exact match within a
@@ -323,9 +327,13 @@ class RepoMemory:
             starts.frombytes(at.astype(np.uint32).tobytes())
         return starts
 
+    def _pending_tokens(self) -> int:
+        return sum(len(toks) for _, toks, _ in self._delta_parts)
+
     def _maybe_seal(self) -> None:
-        limit = SEAL_TOKENS if self._counted or self._counted_at else SEAL_TOKENS_BULK
-        if sum(len(toks) for _, toks, _ in self._delta_parts) >= limit:
+        # queries count at most QUERY_COUNT_MAX_PENDING of the pending tokens into dicts, so the
+        # pending list may grow to a bulk seal's size
+        if self._pending_tokens() >= SEAL_TOKENS_BULK:
             self._compact_locked(full=False)
 
     def compact(self, full: bool = True) -> None:
@@ -515,7 +523,7 @@ class RepoMemory:
             if table is not None:
                 levels.append(Level(self.weights.retrieved, [(+1, table)]))
         ws: list = [(+1, s.table) for s in self._segments]
-        if self._delta_parts:
+        if self._delta_parts and self._pending_tokens() <= QUERY_COUNT_MAX_PENDING:
             # changes not counted yet are counted now, QUERY_COUNT_TOKENS a query at most (and at
             # least one file, but a file over QUERY_PIECE_TOKENS a piece at a time, the tokens
             # before the piece as its history): a query never counts a bulk index's 250k pending
