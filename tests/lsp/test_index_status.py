@@ -22,17 +22,14 @@ from lsp_helpers import server_env
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, client_capabilities
 from test_workspace_e2e import as_dict, wait_for, write
-from test_workspace_index import FakeMemory  # tests/lsp is on the path, as for lsp_helpers
+from test_workspace_index import (
+    FakeMemory,  # tests/lsp is on the path, as for lsp_helpers
+    cache_home,  # noqa: F401  (autouse: a private cache and HOME)
+)
 
 SLOW_SERVER = [sys.executable, "-m", "slow_index_server", "--stdio"]
 
 
-@pytest.fixture(autouse=True)
-def cache_home(tmp_path: Path, monkeypatch) -> Path:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    return cache
 
 
 def many_files(root: Path, n: int) -> Path:
@@ -90,7 +87,7 @@ def test_the_status_counts_the_files_while_the_index_is_built(tmp_path: Path):
         ws.close()
 
 
-def test_why_an_index_is_off_failed_or_partial(tmp_path: Path, cache_home: Path, monkeypatch):
+def test_why_an_index_is_off_failed_or_partial(tmp_path: Path, cache_home: Path, monkeypatch):  # noqa: F811 (the imported fixture)
     root = many_files(tmp_path / "proj", 3)
     off = Workspace(IndexOptions(enabled=False), memory_class=lambda: FakeMemory)
     off.set_roots([str(root)])

@@ -18,24 +18,10 @@ from dlm.coder_model.memory import RepoMemory
 from dlm.coder_model.memory import index as index_mod
 from dlm.lsp.options import IndexOptions
 from dlm.lsp.workspace import Workspace
+from test_workspace_index import cache_home, wait_until, write  # noqa: F401  (cache_home: autouse)
 
 BLOCKED_S = 0.3  # a pause still running after this long is waiting
 RETURN_S = 10.0  # a released pause returns well within this
-
-
-@pytest.fixture(autouse=True)
-def cache_home(tmp_path: Path, monkeypatch) -> Path:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    return cache
-
-
-def write(root: Path, rel: str, text: str) -> Path:
-    p = root / rel
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(text)
-    return p
 
 
 def make_project(root: Path) -> Path:
@@ -43,15 +29,6 @@ def make_project(root: Path) -> Path:
     write(root, "app/util.py", "def helper():\n    return 42\n")
     write(root, "web/index.ts", "export const answer = 42;\n")
     return root
-
-
-def wait_until(cond: Callable[[], bool], timeout_s: float = 30.0, what: str = "") -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what or cond}")
 
 
 def ready(ws: Workspace) -> dict:
