@@ -200,7 +200,7 @@ def test_readme_limits_table_matches_the_caps():
     from dlm.coder_model import limits
     from dlm.lsp.options import OPTION_CAPS
 
-    readme = Path(__file__).resolve().parents[2].joinpath("README.md").read_text()
+    readme = Path(__file__).resolve().parents[2].joinpath("docs", "configuration.md").read_text()
     section = readme.split("## Limits", 1)[1].split("\n## ", 1)[0]
 
     def camel(name: str) -> str:
