@@ -19,6 +19,18 @@ after the insertion's end is a token the user has yet to type (`if (x) {` wants 
 `let x = f(a)` its `;`): an unfinished line, not a broken one. Hence an insertion that
 opens a bracket passes and one that closes a bracket nothing opened does not.
 
+Below the edited lines: an insertion after which the window has more ERROR nodes below
+them than both the document as it is and the document with the cursor line blank is held
+back (a docstring closed early makes its prose code; a block no longer opened).
+Text typed in a comment or in a string begun on a line above is prose and not judged,
+unless the insertion holds a triple quote (it may end that string).
+
+An indentation-sensitive language (Python) adds one rule tree-sitter's error recovery misses:
+an insertion that leaves a bracket open at the end of the line makes the next lines part of
+that bracket, so the next line of code must be indented deeper than the edited line or close
+it (`"OPTIONS": {` above a `"DIRS": [],` at the same indentation is held back; the parser
+reports that error, if at all, far below the edited lines).
+
 What it cannot see: a valid statement in the wrong place (`del d[k]` under
 `if k not in d:`), or a valid one that means nothing (`self.value` alone on a line).
 
@@ -70,8 +82,10 @@ def _starts_token(root, lines: list[str], r: int) -> bool:
 
 
 def _inside_prose(root, lines: list[str], row: int, col: int) -> bool:
-    """Is (row, col) strictly inside a string or comment of the document's tree? Anything typed
-    there is text, not code: the check has nothing to judge (a doctest line in a docstring)."""
+    """Is (row, col) strictly inside a comment, or a string begun on a line above, of the
+    document's tree? Anything typed there is text, not code: the check has nothing to judge (a
+    doctest line in a docstring). A string opened on the cursor's line is code being typed: what
+    follows its quote is judged (`"` + `OPTIONS": {` opens a bracket past the line)."""
     if root is None:
         return False
     point = (row, utf8_length(content(lines[row])[:col]))
@@ -80,7 +94,7 @@ def _inside_prose(root, lines: list[str], row: int, col: int) -> bool:
         if node is None:
             return False
         if ("string" in node.type or "comment" in node.type) and node.start_point < point < node.end_point:
-            return True
+            return "comment" in node.type or node.start_point[0] < row
         node = node.parent
     return False
 
@@ -196,6 +210,13 @@ class _Parsed:
     def problems(self) -> list:
         return _problems(self.root, self.lo, self.hi, self.typed_to)
 
+    def problems_below(self) -> int:
+        """ERROR nodes that start after the edited lines (the window's own, or ones the insertion
+        caused below: a docstring closed early, a block no longer opened). A MISSING node there
+        is a closer yet to be typed (`if (a) {` wants its `}`), not an error."""
+        return sum(1 for n in _problems(self.root, self.hi + 1, 1 << 62, 0)
+                   if n.start_byte > self.hi and n.type == "ERROR")  # fmt: skip
+
     def typed_errors(self) -> list:
         """ERROR nodes that start in the insertion (or, before it, at or after the cursor)."""
         return [
@@ -203,6 +224,32 @@ class _Parsed:
             for n in self.problems()
             if n.type == "ERROR" and self.cursor <= n.start_byte <= max(self.typed_to - 1, self.cursor)
         ]
+
+
+# languages where a line's indentation is syntax: the open-bracket rule applies (module docstring)
+INDENTED_LANGUAGES = frozenset({"python"})
+
+
+def _next_code_line(lines: list[str], after: int) -> str | None:
+    """The first line after index `after` that holds code (not blank, not only a comment)."""
+    for line in lines[after + 1 :]:
+        stripped = content(line).strip()
+        if stripped and not stripped.startswith("#"):
+            return content(line)
+    return None
+
+
+def _opens_past_the_line(before_line: str, after_line: str, next_line: str | None) -> bool:
+    """Does the edited line leave more brackets open than the line had, with the next line of
+    code neither indented deeper nor closing the innermost of them?"""
+    if next_line is None:
+        return False
+    opened = _open_brackets(after_line)
+    if len(opened) <= len(_open_brackets(before_line)):
+        return False
+    if _indent(next_line) > _indent(after_line):
+        return False
+    return not next_line.lstrip().startswith(_OPEN[opened[-1]])
 
 
 def _parser(language: str):
@@ -228,7 +275,7 @@ def check(
         return None
     if not _starts_token(root, lines, row) and content(lines[row])[:col].strip():
         return None  # inside a string or comment begun on a line above (a docstring's prose)
-    if _inside_prose(root, lines, row, col):
+    if _inside_prose(root, lines, row, col) and '"""' not in text and "'''" not in text:
         return None  # the cursor is inside a string or comment (a blank line of a docstring)
     win = window(lines, row, root)
     wl, wr = win.lines, win.row
@@ -243,10 +290,22 @@ def check(
     after = wl[:wr] + new + wl[wr + 1 :]
     last = wr + len(new) - 1
     typed_to = len("".join(new[:-1])) + len(split_lines(body[:col] + text)[-1])
+    if language in INDENTED_LANGUAGES and _opens_past_the_line(
+        body, content(after[last]), _next_code_line(after, last)
+    ):
+        return "leaves a bracket open that the next lines do not continue"
     parsed_after = _Parsed(parser, after, wr, last, typed_to, col)
+    before = _Parsed(parser, wl, wr, wr, col, col)
+    # Errors below the edited lines that neither the document as it is nor the document without
+    # the half-typed line has: the insertion made them (a half-typed line's own ERROR can swallow
+    # the lines below it, and a line that closes a bracket opened above leaves errors once blanked).
+    below = parsed_after.problems_below()
+    if below > before.problems_below():
+        blank = wl[:wr] + [eol] + wl[wr + 1 :]
+        if below > _Parsed(parser, blank, wr, wr, 0, 0).problems_below():
+            return "breaks the lines below it"
     if not parsed_after.problems():
         return None
-    before = _Parsed(parser, wl, wr, wr, col, col)
     if not before.problems():
         return "introduces a syntax error"
     # A half-typed line: compare both as the user would finish them (open brackets closed).

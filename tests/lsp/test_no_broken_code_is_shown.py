@@ -103,6 +103,51 @@ def test_a_header_whose_body_is_yet_to_be_typed_is_shown():
     assert breaks("python", HEADERS + "    |\n", "def remove(self, name):") is None
 
 
+# -- a bracket left open above lines that do not continue it (Python: indentation is syntax) ------------
+
+SETTINGS = """\
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        |
+        "APP_DIRS": True,
+    },
+]
+"""
+
+
+def test_a_bracket_opened_above_a_line_at_the_same_indentation_is_held_back():
+    # django's settings: the memory proposed `"OPTIONS": {` where the file goes on with `"DIRS": [],`
+    assert breaks("python", SETTINGS, '"OPTIONS": {') == "leaves a bracket open that the next lines do not continue"
+    assert breaks("python", SETTINGS, '"DIRS": [],') is None
+    assert breaks("python", SETTINGS, '"DIRS": [') is not None  # `[` then a line at its indentation
+    # the string's quote typed already: what follows it is code being typed, and judged
+    quoted = SETTINGS.replace("|", '"|')
+    assert breaks("python", quoted, 'OPTIONS": {') == "leaves a bracket open that the next lines do not continue"
+    assert breaks("python", quoted, 'DIRS": [],') is None
+
+
+def test_a_bracket_opened_above_deeper_lines_or_its_closer_is_shown():
+    deeper = 'CONFIG = {\n    |\n        "debug": True,\n    },\n}\n'
+    assert breaks("python", deeper, '"options": {') is None
+    closer = "def f():\n    x = call|\n    )\n"
+    assert breaks("python", closer, "(") is None  # the next line closes it
+    assert breaks("python", "def f():\n    x = call|\n    return x\n", "(") is not None
+    # a language whose indentation is not syntax: the rule does not apply
+    assert breaks("typescript", "const x = {\n  a: 1,\n  |\n  c: 3,\n};\n", "b: {") is None
+
+
+def test_an_insertion_that_makes_errors_below_the_line_is_held_back():
+    # the lines below parse with the line as it is, and with it blank; after the insertion they do not
+    doc = "def f(x):\n    y = {|\n    }\n    return y\n"
+    assert breaks("python", doc, '"a": (1,') is not None  # (the bracket rule also sees this one)
+    assert breaks("python", doc, '"a": 1') is None
+    # a half-typed line that closes a bracket opened above: its own error swallowed the lines below,
+    # and blanked they err; the completion that closes it is shown
+    call = 'def f():\n    raise ValueError(\n        "no such|\n    return 1\n'
+    assert breaks("python", call, ' key")') is None
+
+
 def test_the_rest_of_a_line_replaced_is_judged_as_the_new_line():
     doc = "def f(a, b):\n    x = foo(a|)\n"
     assert breaks("python", doc, ", b)", replace_rest=True) is None
