@@ -162,7 +162,7 @@ def check_layout(raw: dict, d: str | Path) -> None:
     else:
         todo = (f"use a checkpoint trained in layout {LAYOUT_VERSION} (the embedded one), install the older "
                 "dlm-lsp this checkpoint was made with, or fine-tune it into the current layout with "
-                f"python -m dlm.coder_model.training.train --init {d}")
+                f"python -m dlm.drivers.training.train --init {d}")
     raise CheckpointError(
         f"{d} was trained with token layout version {v}, but this dlm-lsp builds prompts in layout "
         f"{LAYOUT_VERSION}; the model would read prompts in a layout it never saw. To fix: {todo}."
@@ -243,7 +243,7 @@ def load_model(
         raise CheckpointError(
             f"{d / 'config.json'} says copy_head: true, but the weights have no copy head "
             f"({', '.join(head_missing[:3])} missing); set copy_head to false in config.json, or fine-tune "
-            "a copy head onto these weights with python -m dlm.coder_model.training.train --init DIR --copy-head")
+            "a copy head onto these weights with python -m dlm.drivers.training.train --init DIR --copy-head")
     if head_unexpected and len(head_unexpected) == len(unexpected) and not cfg.copy_head:
         raise CheckpointError(
             f"the weights in {d} have a copy head ({', '.join(head_unexpected[:3])}), but config.json does not "

@@ -1,6 +1,6 @@
 """The one renderer of edit-history events (DESIGN §1, §4).
 
-Serving (`dlm.lsp.history`) and training (`dlm.coder_model.training`) both
+Serving (`dlm.lsp.history`) and training (`dlm.drivers.training`) both
 write each edit event with `render_event`, so the `<history>` the model sees
 while serving is byte-for-byte what it saw in training: a git `-U0` unified
 diff of one hunk, its lines counted from 1 in the file at the time of the edit.

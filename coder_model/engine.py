@@ -9,14 +9,12 @@ document path, so consecutive keystrokes in one file reuse their context.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 
+from dlm.coder_model.inference_thread import InferenceThread
 from dlm.coder_model.types import (
     CancelToken,
     EngineStatus,
@@ -30,64 +28,6 @@ from dlm.coder_model.types import (
 log = logging.getLogger("dlm.engine")
 
 
-class InferenceThread:
-    """One thread owns the model; `predict` hands it a job and waits, so requests from any
-    thread are serialised and the time a job waited is its `queue_ms`. A failure is raised
-    again in the caller; the thread lives on. Subclasses run a job in `_run`."""
-
-    def _start_inference_thread(self, name: str) -> None:
-        self._jobs: queue.Queue = queue.Queue()
-        self._closed = False
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
-
-    def predict(
-        self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, deadline: float | None = None
-    ) -> Prediction:
-        return self.submit(prompt, params, cancel, deadline).result()
-
-    def submit(
-        self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, deadline: float | None = None
-    ) -> Future:
-        """Queue a request without waiting: a Future of its Prediction (the LSP awaits it on its
-        event loop, so no thread of its own sits waiting on the inference thread)."""
-        if self._closed:
-            raise RuntimeError(f"{type(self).__name__} is closed; load the model again for a new engine")
-        fut: Future = Future()
-        self._jobs.put((time.perf_counter(), prompt, params, cancel, deadline, fut))
-        return fut
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._jobs.put(None)
-            # join: a process that exits while the inference thread is still
-            # unwinding can abort in torch's C++ teardown ("terminate called ...")
-            if threading.current_thread() is not self._thread:
-                self._thread.join(timeout=30)
-
-    def _loop(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            t_submit, prompt, params, cancel, deadline, fut = job
-            if not fut.set_running_or_notify_cancel():
-                continue
-            queue_ms = (time.perf_counter() - t_submit) * 1000
-            try:
-                fut.set_result(self._run(prompt, params, cancel, queue_ms, deadline))
-            except ValueError as exc:  # a request the model cannot take: the caller says why, once
-                fut.set_exception(exc)
-            except BaseException as exc:  # hand every failure to the caller: the thread must live on
-                log.exception("prediction failed")
-                fut.set_exception(exc)
-
-    def _run(self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, queue_ms: float,
-             deadline: float | None) -> Prediction:
-        raise NotImplementedError
-
-
 class NativeModel:
     """A loaded native checkpoint as a runner of requests holds it: model and tokenizer, the
     layout budget, the calibration of its confidence and its measured step time. LocalEngine
@@ -95,7 +35,7 @@ class NativeModel:
 
     def __init__(self, model, tok, *, device: str, name: str, max_caches: int, budget: LayoutBudget | None,
                  calibration) -> None:
-        from dlm.coder_model.calibration import Calibration
+        from dlm.coder_model.confidence_calibration import Calibration
         from dlm.coder_model.sampler import StepTimer
 
         self.model, self.tok = model, tok
@@ -193,7 +133,7 @@ def load_engine(model: str | Path | None = None, device: str = "auto", impl: str
             log.info("the model uses %d CPU thread(s): one core is left to the server (OMP_NUM_THREADS sets it)", threads)
     if family != "dlm":
         from dlm.coder_model.families import load_family_engine
-        from dlm.coder_model.families.engine import FamilyEngineOptions
+        from dlm.coder_model.families.family_engine import FamilyEngineOptions
 
         return load_family_engine(d, dev, FamilyEngineOptions(impl=impl))
     m, tok, calibration = load_native(d, dev, impl)
@@ -243,8 +183,8 @@ def open_checkpoint(model: str | Path | None, device: str) -> tuple[Path, str, s
 def load_native(d: Path, device: str, impl: str = "auto"):
     """(model, tokenizer, calibration) of a native ("dlm") checkpoint directory; the calibration
     is the identity when the checkpoint has no calibration.json."""
-    from dlm.coder_model.calibration import Calibration
     from dlm.coder_model.checkpoint import load_model
+    from dlm.coder_model.confidence_calibration import Calibration
 
     calibration = Calibration.load(d)
     model, tok = load_model(d, device=device, impl=impl)

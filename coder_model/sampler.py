@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 import torch
 from dlm import kernels
 from dlm.coder_model.cache import PrefixCache
-from dlm.coder_model.calibration import Calibration
+from dlm.coder_model.confidence_calibration import Calibration
 from dlm.coder_model.layout import new_region
 from dlm.coder_model.model import DLM
 from dlm.coder_model.tokenizer import SPECIAL_TOKENS, Tokenizer

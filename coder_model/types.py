@@ -123,7 +123,7 @@ class SamplerParams:
     # is sigmoid(memory_bias + memory_weight * logit(p_memory) + model_weight * log(p_model)); a
     # proposal the model gives less than `veto` is never answered. verify_passes = 0 skips the model
     # (the memory alone: a diagnostic, never the product's default). Defaults by measurement
-    # (python -m dlm.coder_model.evaluation.memory_mix, xarray + astropy, 500 held-out lines): the
+    # (python -m dlm.drivers.evaluation.memory_mix, xarray + astropy, 500 held-out lines): the
     # model's weight 0.25 was chosen on one half and is neutral on the other (+0.4 points, 95%
     # interval -1.6..+2.4); weights and bias are the logistic fit of "right" on that half. Rerun
     # with the order-12 memory (issue 21): every weight 0..4 within a point of the memory alone

@@ -26,9 +26,9 @@ from pathlib import Path
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("dlm.lsp.predict_cli", "predict the edit at a position of a file"),
-    "bench": ("dlm.lsp.bench", "replay typing through the real server and print latency"),
-    "eval": ("dlm.lsp.eval", "replay held-out typing through the server: precision per confidence threshold"),
-    "serve": ("dlm.coder_model.remote.serve_cli", "serve the model to remote editors over TCP"),
+    "bench": ("dlm.drivers.bench.typing_latency", "replay typing through the real server and print latency"),
+    "eval": ("dlm.drivers.evaluation.eval_cli", "replay held-out typing through the server: precision per confidence threshold"),
+    "serve": ("dlm.coder_model.remote.remote_cli", "serve the model to remote editors over TCP"),
     "http": ("dlm.lsp.http_endpoint", "OpenAI-compatible /v1/completions endpoint (Zed)"),
 }
 SERVER_MODULE = "dlm.lsp.server_cli"

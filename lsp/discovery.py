@@ -23,7 +23,7 @@ without blocking (`O_NOFOLLOW | O_NONBLOCK`: a file swapped for a FIFO after the
 walk cannot hang it), checks again that it is a regular file, and refuses binary
 (NUL bytes) and non-UTF-8 content, minified code (a line over `MAX_LINE_CHARS`),
 and files that changed while being read; a line holding a private key or an access
-token (lsp.secrets) is emptied, and the file's other lines are kept. It never raises
+token (coder_model.secrets) is emptied, and the file's other lines are kept. It never raises
 for a file: a skipped file has a reason.
 
 `read_workspace_file(root, path, max_file_bytes)` is how every part of the server reads
@@ -47,8 +47,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dlm.coder_model import secrets
 from dlm.coder_model.languages import language_for_path
-from dlm.lsp import secrets
 from dlm.lsp.gitignore import IgnoreStack, IgnoreText, Rules
 
 log = logging.getLogger(__name__)
@@ -523,7 +523,7 @@ def _source_of(data: bytes, st: os.stat_result) -> Source | str:
     text = text.removeprefix("\ufeff")
     if any(len(line) > MAX_LINE_CHARS for line in text.splitlines()):
         return "minified"
-    # A line holding a secret (lsp.secrets) is emptied; the file's other lines are indexed.
+    # A line holding a secret (coder_model.secrets) is emptied; the file's other lines are indexed.
     text, masked = secrets.mask_secrets(text)
     if masked:
         log.debug("index: %d line(s) holding a secret masked", masked)
@@ -533,7 +533,7 @@ def _source_of(data: bytes, st: os.stat_result) -> Source | str:
 def check_text(text: str, max_file_bytes: int) -> str:
     """Why an open buffer's text may not be indexed ('' when it may): the content rules of
     `read_source` for text that comes from the editor instead of the disk. A secret does not
-    refuse a buffer: RepoMemory.update_file empties its line (lsp.secrets), whoever calls it."""
+    refuse a buffer: RepoMemory.update_file empties its line (coder_model.secrets), whoever calls it."""
     if len(text) > max_file_bytes or len(text.encode("utf-8", errors="replace")) > max_file_bytes:
         return "too_large"
     if "\0" in text:

@@ -9,12 +9,12 @@ request per keystroke: a newer request for the same file cancels the one
 still running (latest wins).
 
 With `--workspace DIR` the endpoint also has the repository memory of DIR: the
-language server's indexer (lsp.workspace: the same walk, ignore rules, secret
+language server's indexer (lsp.workspace_index: the same walk, ignore rules, secret
 filter and on-disk cache) indexes it, and a typing request (a fill-in-the-middle
 or plain prompt, or a zeta prompt whose cursor is at a completion point) gets the
 memory's proposals at the cursor, checked by the denoiser, as the language
 server's typing mode does. The prompt's text is the current document; the path
-Zed names in it only selects which indexed file that is (`WorkspaceIndex.current`):
+Zed names in it only selects which indexed file that is (`FolderIndex.current`):
 the endpoint never opens a file a prompt names, and a path outside DIR or not
 indexed gets no memory (the model answers alone). Serving a workspace needs a
 token even on loopback: any local user could otherwise read the indexed code
@@ -49,17 +49,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from dlm.coder_model import budget as budget_rules
-from dlm.coder_model import limits
+from dlm.coder_model import limits, secrets
 from dlm.coder_model.devices import add_device_argument
 from dlm.coder_model.limits import MAX_PATH_CHARS
 from dlm.coder_model.remote.auth import AuthConfigError, check_bind_allowed, load_token
 from dlm.coder_model.remote.client import parse_host_port
 from dlm.coder_model.types import CancelToken, LayoutBudget, SamplerParams
-from dlm.lsp import context, discovery, gate, postprocess, secrets, syntax_check
+from dlm.lsp import context, discovery, gate, postprocess, syntax_check
 from dlm.lsp.cli import expand_path
 from dlm.lsp.engine_holder import EngineHolder, make_engine_factory
 from dlm.lsp.options import IndexOptions, Options
-from dlm.lsp.workspace import Workspace
+from dlm.lsp.workspace_index import WorkspaceIndex
 from dlm.lsp.zed_prompts import (
     Built,
     PromptFormatError,
@@ -141,8 +141,8 @@ def indexed_path(path: str, roots: tuple[str, ...], indexed: set[str] | list[str
     return None
 
 
-class WorkspaceIndex:
-    """The repository memory of one folder for the endpoint: lsp.workspace.Workspace, the
+class FolderIndex:
+    """The repository memory of one folder for the endpoint: lsp.workspace_index.WorkspaceIndex, the
     language server's indexer (walk, ignore rules, secrets, caps, the on-disk cache in
     lsp.index_store), with the folder as its only root. The endpoint gets no file events, so
     the folder is rescanned by size and mtime every `options.rescan_s`."""
@@ -159,7 +159,7 @@ class WorkspaceIndex:
         self.root = root
         self.roots = tuple(dict.fromkeys((root, os.path.realpath(root))))  # as given, as resolved
         self.proposals = memory_proposals
-        self.index = Workspace(options or IndexOptions())
+        self.index = WorkspaceIndex(options or IndexOptions())
         self.index.set_roots([root])
 
     def status(self) -> dict[str, Any]:
@@ -284,7 +284,7 @@ def fit_to_budget(built: Built, budget: LayoutBudget) -> Built | None:
 class Predictor:
     """Parse -> predict -> render, with latest-wins cancellation per file."""
 
-    def __init__(self, holder: EngineHolder, opts: EndpointOptions, workspace: WorkspaceIndex | None = None):
+    def __init__(self, holder: EngineHolder, opts: EndpointOptions, workspace: FolderIndex | None = None):
         self.holder = holder
         self.opts = opts
         self.workspace = workspace  # the repository memory (--workspace), or None
@@ -312,7 +312,7 @@ class Predictor:
             raise RequestError(400, str(exc)) from None
         engine = self.engine()
         # The repository memory: only with --workspace, and only for a prompt of no file or of an
-        # indexed file of the folder (WorkspaceIndex.current); the rest is answered by the model alone.
+        # indexed file of the folder (FolderIndex.current); the rest is answered by the model alone.
         found = self.workspace.current(zp) if self.workspace is not None else None
         typing = found is not None and typing_request(zp)
         built = fit_to_budget(build_prompt(zp, self.opts.zeta_lines_before, self.opts.zeta_lines_after, typing),
@@ -351,7 +351,7 @@ class Predictor:
             log.info("%s: held back a degenerate answer (%s)", key, held)
         leaked = [] if pred.cancelled else secrets.introduced_secrets(pred.text, p.region)
         if leaked:  # a secret the region did not hold (seen in a prompt, or made up): never answered
-            log.warning("%s: held back an answer holding %d secret(s) (lsp.secrets)", key, len(leaked))
+            log.warning("%s: held back an answer holding %d secret(s) (coder_model.secrets)", key, len(leaked))
         shown = not pred.cancelled and verdict.show and not held and not leaked
         # An insertion at the cursor that would break the code is never shown (lsp.syntax_check),
         # as the language server holds back such an inline suggestion.
@@ -681,7 +681,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if workspace_dir is not None:
         try:
-            predictor.workspace = WorkspaceIndex(workspace_dir)
+            predictor.workspace = FolderIndex(workspace_dir)
         except WorkspaceRefused as exc:  # checked above; the folder may have gone since
             print(f"dlm-lsp http: --workspace {workspace_dir}: {exc}", file=sys.stderr)
             server.server_close()

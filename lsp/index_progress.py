@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from dlm.lsp.workspace import ProgressEvent
+from dlm.lsp.workspace_index import ProgressEvent
 from lsprotocol import types
 
 log = logging.getLogger(__name__)

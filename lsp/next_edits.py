@@ -24,7 +24,7 @@ history up to HEAD for support, in the background. `propose` answers dlm/editPre
    documents, then in the workspace's indexed files (read from disk), at most
    `nextEdits.otherFiles` files within the request's deadline; the first file with a proposal
    over the gate is answered as a jump to its best site, with no edits (`jump: {uri, path,
-   position, label}`). The scan judges a site by the trees fitted on jumps (edit_memory.calibration,
+   position, label}`). The scan judges a site by the trees fitted on jumps (edit_memory.edit_calibration,
    `elsewhere`). The client opens the file there, and asks again: the edit itself is then
    proposed in that document, at the jump's confidence or above (`Landing`). The scan runs on the
    pool and is kept while the patterns stay the same.
@@ -54,7 +54,7 @@ from dlm.coder_model.types import CancelToken, MemoryProposal, Prompt
 from dlm.lsp import discovery
 from dlm.lsp.convert import param
 from dlm.lsp.documents import Document
-from dlm.lsp.workspace import file_path
+from dlm.lsp.workspace_index import file_path
 
 if TYPE_CHECKING:
     from dlm.lsp.server import DlmServer
@@ -93,7 +93,7 @@ class Landing:
     """The last jump answered: its file, its site (the pattern's key, line, column) and confidence.
     When the client opens the file there and asks again, that site is the same proposal and keeps
     the jump's confidence: the scan's confidence comes from the trees fitted on jumps (`elsewhere`,
-    edit_memory.calibration), the in-document one from the trees fitted on next edits in a file
+    edit_memory.edit_calibration), the in-document one from the trees fitted on next edits in a file
     (`here`), and the two may disagree about one site; a jump that leads to nothing shown would be
     the worst of both."""
 
@@ -486,7 +486,7 @@ def scan_elsewhere(ls: DlmServer, uri: str, opened: list[tuple[str, list[str]]],
     files nearest `uri`, at most `nextEdits.otherFiles` files, until the deadline. A file on disk
     is read only when it holds one of the patterns' key texts (`needles`).
 
-    A jump leads only to a file the index takes (Workspace.accepts: inside a root, not ignored,
+    A jump leads only to a file the index takes (WorkspaceIndex.accepts: inside a root, not ignored,
     not a secret, no link on the way) that `discovery.read_workspace_file` reads (a regular file,
     never a FIFO or a device, within `index.maxFileBytes`): an open document too, whose editor
     may have opened any file."""
@@ -538,7 +538,7 @@ def _open_document_indexable(ls: DlmServer, path: str, lines: list[str], stacks:
 
 def current(ls: DlmServer, uri: str) -> Document | None:
     """The file as it is now: the open document, else read from disk like the index reads it
-    (Workspace.read_file: never through a link, never a FIFO or a device, within
+    (WorkspaceIndex.read_file: never through a link, never a FIFO or a device, within
     `index.maxFileBytes`); None when the index would not take it or it is unreadable."""
     doc = ls.documents.get(uri)
     if doc is not None:

@@ -48,7 +48,7 @@ class SchedulerOptions:
 
 @dataclass
 class IndexOptions:
-    """The workspace index (lsp.workspace; README "Repository memory")."""
+    """The workspace index (lsp.workspace_index; README "Repository memory")."""
 
     enabled: bool = True
     max_files: int = 50_000  # source files per workspace root; the walk stops there

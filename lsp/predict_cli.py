@@ -9,7 +9,7 @@ LSP; the column counts characters (code points) of the line.
 
 The repository memory: predict indexes the file's project, its git root (the nearest folder
 at or above the file's folder holding `.git`), else the file's folder, with the server's own code
-(lsp.workspace.Workspace: the same discovery rules, .gitignore honoured, secrets masked, no
+(lsp.workspace_index.WorkspaceIndex: the same discovery rules, .gitignore honoured, secrets masked, no
 link followed, and the same on-disk cache, so a project the server indexed loads at once). It
 refuses the roots the server refuses (`/`, the home directory and the folders above it) with
 a message and predicts with the model alone then; `--no-index` skips the index. The memory is
@@ -196,15 +196,15 @@ def project_root(path: Path) -> Path:
 
 
 class ProjectIndex:
-    """The server's workspace index (lsp.workspace.Workspace, default index options) over one
+    """The server's workspace index (lsp.workspace_index.WorkspaceIndex, default index options) over one
     project root, built in its background thread while the model loads."""
 
     def __init__(self, root: Path) -> None:
-        from dlm.lsp.workspace import Workspace
+        from dlm.lsp.workspace_index import WorkspaceIndex
 
         self.root = root
         self.t0 = time.monotonic()
-        self.workspace = Workspace()
+        self.workspace = WorkspaceIndex()
         self.workspace.set_roots([str(root)])
 
     def wait(self, timeout_s: float) -> tuple[dict, str]:

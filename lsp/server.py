@@ -13,7 +13,7 @@ Handlers read params, call plain functions (lsp.context builds the prompt,
 the engine predicts, lsp.postprocess makes the suggestion) and translate the
 result with lsp.convert.
 
-The workspace index (lsp.workspace: the repository memory of each workspace
+The workspace index (lsp.workspace_index: the repository memory of each workspace
 folder) starts at `initialized` and follows didOpen/didChange/didSave/didClose,
 workspace/didChangeWatchedFiles and workspace/didChangeWorkspaceFolders.
 
@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from dlm.coder_model import limits
+from dlm.coder_model import limits, secrets
 from dlm.coder_model.languages import language_name
 from dlm.coder_model.types import Engine, LayoutBudget, MemoryProposal, Prediction, SamplerParams
 from dlm.lsp import (
@@ -47,7 +47,6 @@ from dlm.lsp import (
     next_edits,
     positions,
     postprocess,
-    secrets,
     syntax_check,
 )
 from dlm.lsp.convert import ACCEPT_COMMAND
@@ -60,11 +59,11 @@ from dlm.lsp.index_progress import (
     client_supports_watching,
     watch_files,
 )
+from dlm.lsp.latest_wins import LatestWins
 from dlm.lsp.options import Options, parse_options
-from dlm.lsp.protocol import DlmProtocol
-from dlm.lsp.scheduler import LatestWins
+from dlm.lsp.pygls_protocol import DlmProtocol
 from dlm.lsp.stats import Stats
-from dlm.lsp.workspace import Workspace, file_path
+from dlm.lsp.workspace_index import WorkspaceIndex, file_path
 from lsprotocol import types
 from pygls.lsp.server import LanguageServer
 
@@ -119,7 +118,7 @@ class DlmServer(LanguageServer):
         # acceptance counters count only these, each once (a client bug cannot inflate them).
         self.issued: OrderedDict[str, set[str]] = OrderedDict()  # id -> the events counted for it
         self._refused_messages: set[str] = set()  # engine refusals already logged (once each)
-        self.workspace_index = Workspace(on_status=self._status_changed)  # the repository memory
+        self.workspace_index = WorkspaceIndex(on_status=self._status_changed)  # the repository memory
         self.next_edits = next_edits.NextEdits()  # the edit memory (dlm/editPrediction)
         self.last: dict[str, dict] = {}  # uri -> last suggestion (for editPrediction reuse + prefix cache)
         self.type_through: dict[str, dict] = {}  # uri -> the shown insertion (typing through it)
@@ -147,7 +146,7 @@ class DlmServer(LanguageServer):
             loop.call_soon_threadsafe(self.send_status)
 
     def status_payload(self) -> dict:
-        """dlm/status: `state` is the model's; `index` the workspace index's (lsp.workspace);
+        """dlm/status: `state` is the model's; `index` the workspace index's (lsp.workspace_index);
         `ready` is true once both are done (the model answers, the index is built or loaded, or
         it failed or is off: `index` says which) and `text` is the line an editor shows."""
         st = self.holder.status
@@ -879,7 +878,7 @@ async def model_edit_prediction(ls: DlmServer, doc: Document, row: int, col: int
 def dlm_stats(ls: DlmServer, params: Any) -> dict:
     out = ls.stats.snapshot()
     out["documents"] = len(ls.documents)
-    out["pending_futures"] = ls.protocol.pending_futures  # pygls' request table (bounded: lsp.protocol)
+    out["pending_futures"] = ls.protocol.pending_futures  # pygls' request table (bounded: lsp.pygls_protocol)
     out["state"] = ls.holder.status.state
     out["workspace_folders"] = len(ls.roots)
     out["index"] = ls.workspace_index.status()

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     # Once the client is initialized, INFO and above go to it as window/logMessage with their
     # level: Neovim's lsp.log records everything on stderr as [ERROR]. stderr keeps what comes
     # before initialize (and DEBUG); --log-file keeps everything.
-    from dlm.lsp.protocol import ClientLogHandler, NotSentToClient
+    from dlm.lsp.pygls_protocol import ClientLogHandler, NotSentToClient
 
     to_client = ClientLogHandler(server, fallback=None if args.log_file else handler)
     to_client.setFormatter(logging.Formatter("%(name)s: %(message)s"))

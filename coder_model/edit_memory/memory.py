@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, replace
 from dlm.coder_model.edit_history import render_event
 from dlm.coder_model.edit_memory import git_read
 from dlm.coder_model.edit_memory.bursts import Edit
-from dlm.coder_model.edit_memory.calibration import Calibration, load
+from dlm.coder_model.edit_memory.edit_calibration import Calibration, load
 from dlm.coder_model.edit_memory.patterns import (
     DEF_RE,
     Pattern,
@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 # the edit-histories valid split (python -m dlm.coder_model.edit_memory.measure, README "Next edits").
 DEFAULT_PRIORS: dict[str, float] = {"rename": 0.45, "append_arg": 0.15, "insert_line": 0.3, "replace": 0.3}
 # How often a pattern of each kind recurs within its commit, over the edit-histories train split
-# (python -m dlm.coder_model.evaluation.next_edits --split train --corpus-repeat 7: every 7th record,
+# (python -m dlm.drivers.evaluation.edit_memory_tuning --split train --corpus-repeat 7: every 7th record,
 # grouped by commit; insert_line too rare there, a guess). A project
 # whose history repeats a kind more (less) often than these gets that kind's prior scaled up (down).
 CORPUS_REPEAT: dict[str, float] = {"rename": 0.304, "append_arg": 0.055, "insert_line": 0.2, "replace": 0.087}

@@ -54,7 +54,7 @@ def load_family_engine(path: str | Path, device: str = "auto", options=None):
     Raises ValueError for an unsupported model_type (named, with the supported
     ones listed), a missing tensor (named), or a checkpoint without safetensors.
     """
-    from dlm.coder_model.families.engine import FamilyEngine, FamilyEngineOptions
+    from dlm.coder_model.families.family_engine import FamilyEngine, FamilyEngineOptions
 
     options = options or FamilyEngineOptions()
     model, tokenizer, tokens, arch = load_family_model(path, device, options.dtype, options.impl)

@@ -11,7 +11,7 @@ rebuilds at most. Seals and merges build outside the lock that readers
 take: a suggestion never waits for one (update_file does, in its thread:
 call it from a background thread).
 
-Secrets never enter it (dlm.lsp.secrets): a line of an indexed file, an open
+Secrets never enter it (dlm.coder_model.secrets): a line of an indexed file, an open
 buffer or the current document that holds one is emptied before it is lexed
 (so no part of it reaches the vocabulary, the tables, the snippets or the
 saved file), and a continuation that would put a secret on the cursor's line
@@ -34,6 +34,7 @@ from dlm.coder_model.memory.ngram import (
     MAX_TOKEN_ID,
     DictTable,
     Level,
+    Segment,
     Smoothing,
     SortedTable,
     beam_search,
@@ -41,7 +42,7 @@ from dlm.coder_model.memory.ngram import (
     order_keys,
 )
 from dlm.coder_model.memory.retrieve import Snippet, SnippetIndex, snippet_windows
-from dlm.lsp.secrets import contains_secret, inserted_secret, mask_in_pieces, mask_secrets
+from dlm.coder_model.secrets import contains_secret, inserted_secret, mask_in_pieces, mask_secrets
 
 DEFAULT_ORDER = 6
 LOCAL_EXTRA_ORDER = 6  # the file, open-buffer and retrieved levels count contexts of order 12 (workspace: 6)
@@ -58,7 +59,7 @@ MAX_SEGMENTS = 8  # past this many sorted tables, the two adjacent ones smallest
 MERGE_MAX_TOKENS = 4_000_000
 # Pending tokens one query counts, at most: about 10 ms of dict updates (10k cost a query 100 ms
 # on 2.5 GHz Xeon). The server's indexer seals what is pending as soon as it has nothing else to
-# do (lsp.workspace), so a query counts only what arrived during a bulk index.
+# do (lsp.workspace_index), so a query counts only what arrived during a bulk index.
 QUERY_COUNT_TOKENS = 1_000
 # More pending than this is a bulk index under way: queries count none of it (their answers would
 # change, and their memo reset, at every seal of SEAL_TOKENS), and it is sealed at SEAL_TOKENS_BULK.
@@ -103,16 +104,6 @@ class Weights:
 
 
 @dataclass
-class _Segment:
-    table: SortedTable
-    parts: list[tuple[str, array, int]]  # (path, tokens, sign): what the table counts
-
-    @property
-    def size(self) -> int:
-        return sum(len(toks) for _, toks, _ in self.parts)
-
-
-@dataclass
 class _CurrentFile:
     """The file level for one document: the text above the cursor's line and below it, counted."""
 
@@ -153,7 +144,7 @@ class RepoMemory:
         self._files: dict[str, array] = {}
         self._line_starts: dict[str, array] = {}  # path -> token index of each line's first token
         self._tokens = 0
-        self._segments: tuple[_Segment, ...] = ()
+        self._segments: tuple[Segment, ...] = ()
         self._delta = DictTable(order)
         self._delta_parts: list[tuple[str, array, int]] = []  # changes since the last seal
         self._counted = 0  # how many of _delta_parts are counted in _delta
@@ -349,9 +340,9 @@ class RepoMemory:
     def _compact_locked(self, full: bool) -> None:
         parts = _cancel(list(self._delta_parts))
         if self._delta_parts:
-            new: tuple[_Segment, ...] = ()
+            new: tuple[Segment, ...] = ()
             if parts:
-                new = (_Segment(SortedTable.build(self.order, [(t, sign) for _, t, sign in parts], self.pause), parts),)
+                new = (Segment(SortedTable.build(self.order, [(t, sign) for _, t, sign in parts], self.pause), parts),)
             with self._lock:
                 self._segments = self._segments + new
                 self._delta = DictTable(self.order)
@@ -368,7 +359,7 @@ class RepoMemory:
             # counts add up: the merged tables' arrays, not their token streams, are counted again
             table = SortedTable.merge(self.order, [s.table for s in segs[lo:hi]], self.pause)
             with self._lock:
-                self._segments = segs[:lo] + (_Segment(table, merged_parts),) + segs[hi:]
+                self._segments = segs[:lo] + (Segment(table, merged_parts),) + segs[hi:]
             if full and len(self._segments) <= 1:
                 return
 
@@ -683,7 +674,7 @@ def _window() -> int:
     return WINDOW
 
 
-def _merge_group(segs: Sequence[_Segment], full: bool) -> tuple[int, int] | None:
+def _merge_group(segs: Sequence[Segment], full: bool) -> tuple[int, int] | None:
     """Which adjacent tables to merge next: TIER of one size tier, or all of them when `full`."""
     if full:
         return (0, len(segs)) if len(segs) > 1 else None

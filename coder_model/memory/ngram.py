@@ -190,8 +190,8 @@ class SortedTable:
     """
 
     __slots__ = (
-        "keys",
         "bucket",
+        "keys",
         "offsets",
         "order",
         "serial",
@@ -741,3 +741,15 @@ def beam_search(
                 break
     ranked = sorted(done.items(), key=lambda kv: -kv[1][0])[:beam]
     return [(text, prob, sup) for text, (prob, sup) in ranked]
+
+
+@dataclass
+class Segment:
+    """A sealed table of the repository memory and the token streams it counts."""
+
+    table: SortedTable
+    parts: list[tuple[str, array, int]]  # (path, tokens, sign)
+
+    @property
+    def size(self) -> int:
+        return sum(len(toks) for _, toks, _ in self.parts)

@@ -24,14 +24,14 @@ from array import array
 
 MAGIC = b"DLM-REPO-MEMORY\n"
 # A file of another version is rebuilt, never read (older versions may also hold lines holding
-# a secret in clear text: this version's RepoMemory empties them before indexing, dlm.lsp.secrets).
+# a secret in clear text: this version's RepoMemory empties them before indexing, dlm.coder_model.secrets).
 VERSION = 3
 _HEAD = struct.Struct("<IIQ")
 _SECTION = struct.Struct("<cQ")
 _LITTLE = sys.byteorder == "little"
 
-if typing.TYPE_CHECKING:
-    from dlm.coder_model.memory.index import RepoMemory
+# RepoMemory (memory.index) is named in annotations only: index imports this module to save and load
+RepoMemory = typing.Any
 
 
 class _Writer:
@@ -164,8 +164,7 @@ def save(memory: RepoMemory, fh: typing.BinaryIO, vocabulary: int | None = None)
 
 
 def load(cls: type[RepoMemory], fh: typing.BinaryIO) -> RepoMemory:
-    from dlm.coder_model.memory.index import _Segment
-    from dlm.coder_model.memory.ngram import DictTable, SortedTable
+    from dlm.coder_model.memory.ngram import DictTable, Segment, SortedTable
     from dlm.coder_model.memory.retrieve import SnippetIndex
 
     magic = fh.read(len(MAGIC))
@@ -235,7 +234,7 @@ def load(cls: type[RepoMemory], fh: typing.BinaryIO) -> RepoMemory:
     if memory._tokens:
         parts = [(p, files[p], +1) for p in paths if len(files[p])]
         table = SortedTable.build(order, [(toks, sign) for _, toks, sign in parts])
-        memory._segments = (_Segment(table, parts),)
+        memory._segments = (Segment(table, parts),)
     memory._delta = DictTable(order)
     snip = SnippetIndex()
     snip.ident_ids = {s: i for i, s in enumerate(idents)}

@@ -24,7 +24,7 @@ from dlm.coder_model import budget as budget_rules
 from dlm.coder_model.cache import PrefixCache
 from dlm.coder_model.engine import NativeModel, verify_prediction
 from dlm.coder_model.layout import LayoutBudget, encode_prompt
-from dlm.coder_model.remote.scheduler import Request
+from dlm.coder_model.remote.batching import Request
 from dlm.coder_model.sampler import BlockDecoder
 from dlm.coder_model.types import Prediction, Prompt, SamplerParams
 
@@ -174,7 +174,7 @@ def load_scheduler(model_dir: str | None, device: str = "auto", *, max_batch: in
     `max_batch_tokens` None: default_max_batch_tokens(device).
     """
     from dlm.coder_model.engine import load_engine, load_native, open_checkpoint
-    from dlm.coder_model.remote.scheduler import BatchScheduler, EngineScheduler
+    from dlm.coder_model.remote.batching import BatchScheduler, EngineScheduler
 
     d, family, dev = open_checkpoint(model_dir, device)
     if family != "dlm":

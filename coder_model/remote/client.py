@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from dlm.coder_model.remote import auth
-from dlm.coder_model.remote.protocol import (
+from dlm.coder_model.remote.wire import (
     PROTOCOL_VERSION,
     ConnectionClosed,
     ProtocolError,
@@ -41,8 +41,8 @@ from dlm.coder_model.remote.protocol import (
     prediction_from_wire,
     read_frame,
 )
+from dlm.coder_model.secrets import contains_secret
 from dlm.coder_model.types import CancelToken, EngineStatus, LayoutBudget, Prediction, Prompt, SamplerParams
-from dlm.lsp.secrets import contains_secret
 
 log = logging.getLogger("dlm.remote.client")
 

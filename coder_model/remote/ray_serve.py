@@ -1,7 +1,6 @@
 """`dlm-lsp serve --engine ray`: our protocol at the front, Ray Serve replicas of the model behind it.
 
     dlm-lsp serve --engine ray --replicas 2 --listen 0.0.0.0:7341 --token-file ~/.config/dlm/token
-    python -m dlm.coder_model.remote.ray_serve [the same options]
 
 What runs where:
 - The ingress is this process: the same `RemoteServer` as plain `dlm-lsp serve`
@@ -73,9 +72,9 @@ from typing import Any
 # loaded machine); replica code on the replica's main loop gave nothing more.
 import ray
 from dlm.coder_model.layout import LayoutBudget
-from dlm.coder_model.remote.protocol import ProtocolError
+from dlm.coder_model.remote.batching import Request, SchedulerStats
 from dlm.coder_model.remote.ray_options import check_autoscale
-from dlm.coder_model.remote.scheduler import Request, SchedulerStats
+from dlm.coder_model.remote.wire import ProtocolError
 from dlm.coder_model.types import CancelToken, Prediction, Prompt, SamplerParams
 from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError, TaskCancelledError
@@ -501,8 +500,8 @@ def attach_forwarder(*, app_name: str = APP_NAME) -> RayForwarder:
 
 def run(args: argparse.Namespace) -> int:
     """`dlm-lsp serve --engine ray`: the checks and the listening line of plain serve, the model on Ray."""
-    from dlm.coder_model.remote.serve_cli import LISTENING, network_config
-    from dlm.coder_model.remote.server import RemoteServer, ServerOptions
+    from dlm.coder_model.remote.listening import LISTENING, network_config
+    from dlm.coder_model.remote.tcp_server import RemoteServer, ServerOptions
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         stream=sys.stderr)
@@ -569,13 +568,3 @@ def run(args: argparse.Namespace) -> int:
         if deployment is not None:  # the ingress that deployed the replicas removes them; --attach never does
             deployment.shutdown()
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    from dlm.coder_model.remote import serve_cli
-
-    return serve_cli.main(["--engine", "ray", *(argv or sys.argv[1:])])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

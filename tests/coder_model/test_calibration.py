@@ -1,4 +1,4 @@
-"""coder_model.calibration (the monotone map, its file) and the fitting command
+"""coder_model.confidence_calibration (the monotone map, its file) and the fitting command
 (evaluation.calibrate) on a tiny random model: what it writes and when it refuses. Nothing
 here claims model quality: the tiny model's answers are noise."""
 
@@ -10,9 +10,9 @@ import itertools
 import json
 
 import pytest
-from dlm.coder_model.calibration import Calibration, CalibrationError, auroc, isotonic_fit
-from dlm.coder_model.evaluation import calibrate
+from dlm.coder_model.confidence_calibration import Calibration, CalibrationError, auroc, isotonic_fit
 from dlm.coder_model.types import Prompt
+from dlm.drivers.evaluation import calibrate
 
 
 def test_identity_without_a_file(tmp_path):

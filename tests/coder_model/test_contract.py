@@ -140,7 +140,7 @@ def test_served_history_is_the_shared_renderer():
 
 
 def test_served_history_is_what_training_renders_for_the_same_hunk():
-    from dlm.coder_model.training.hunks import Hunk, build_next_edit
+    from dlm.drivers.training.hunks import Hunk, build_next_edit
 
     hunks = [Hunk(1, 1, ("    b = a + 1\n", "    c = b\n")), Hunk(5, 1, ("print(f(2))\n",))]
     built = build_next_edit(BEFORE, hunks, [0, 1], 1, random.Random(0), "m.py", "contract")
@@ -186,7 +186,7 @@ def test_server_and_training_fill_the_same_layout(source):
     from dlm.coder_model.checkpoint import embedded_checkpoint_dir, read_config
     from dlm.coder_model.layout import PREFIX_CUT_QUANTUM, encode_prompt
     from dlm.coder_model.tokenizer import Tokenizer
-    from dlm.coder_model.training import examples
+    from dlm.drivers.training import examples
 
     d = embedded_checkpoint_dir()
     tok = Tokenizer.from_file(d / "tokenizer.json")
@@ -231,11 +231,11 @@ def test_server_and_training_retrieve_the_same_snippets(tmp_path):
     from pathlib import Path
 
     from dlm.coder_model.memory.index import RepoMemory
-    from dlm.coder_model.training.project_snippets import ProjectSnippets
+    from dlm.drivers.training.project_snippets import ProjectSnippets
 
     root = Path(__file__).resolve().parents[2]
     files = {rel: (root / rel).read_text() for rel in (
-        "lsp/server.py", "lsp/context.py", "lsp/workspace.py", "coder_model/engine.py", "coder_model/verify.py")}
+        "lsp/server.py", "lsp/context.py", "lsp/workspace_index.py", "coder_model/engine.py", "coder_model/verify.py")}
     memory = RepoMemory()
     for rel, text in files.items():
         memory.update_file(rel, text)

@@ -14,10 +14,10 @@ from dlm.coder_model.config import ModelConfig
 from dlm.coder_model.layout import encode_prompt
 from dlm.coder_model.model import DLM
 from dlm.coder_model.sampler import generate
-from dlm.coder_model.training.objective import diffusion_loss
-from dlm.coder_model.training.train import add_copy_head
 from dlm.coder_model.types import MemoryProposal, Prompt, SamplerParams
 from dlm.coder_model.verify import score_proposals
+from dlm.drivers.training.objective import diffusion_loss
+from dlm.drivers.training.train import add_copy_head
 
 
 def _model(seed=0, copy_head=True, **kw):
@@ -204,7 +204,7 @@ def test_remote_batched_steps_of_a_head_model_answer_as_local_does(tmp_path, mak
     from dlm.coder_model.engine import load_engine
     from dlm.coder_model.remote.backend import load_scheduler
     from dlm.coder_model.remote.client import RemoteEngine
-    from dlm.coder_model.remote.server import ServerOptions, ServerThread
+    from dlm.coder_model.remote.tcp_server import ServerOptions, ServerThread
     from dlm.coder_model.types import CancelToken
 
     make_checkpoint(tmp_path / "raw", copy_head=True)

@@ -173,7 +173,7 @@ def test_out_of_time_with_an_unsure_left_part_answers_nothing(tiny_model, monkey
 
 
 def test_confidence_combines_content_and_eom_probabilities(tiny_model, monkeypatch):
-    from dlm.coder_model.calibration import Calibration
+    from dlm.coder_model.confidence_calibration import Calibration
 
     model, tok = tiny_model
     ids = tok.encode("    return a + b\n")
@@ -243,7 +243,7 @@ def test_remote_backend_plans_to_the_deadline_the_client_sent(tiny_model):
     """`deadline_ms` of a predict frame reaches the batched backend's decoder, measured from the
     request's arrival; a request with no time left stops before its first step, late."""
     from dlm.coder_model.remote.backend import ModelBackend
-    from dlm.coder_model.remote.scheduler import Request
+    from dlm.coder_model.remote.batching import Request
 
     model, tok = tiny_model
     backend = ModelBackend(model, tok)

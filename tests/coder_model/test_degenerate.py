@@ -100,7 +100,7 @@ def test_the_filter_holds_back_at_most_one_percent_of_real_code():
 def test_the_answers_bench_counts_ends_and_degenerate_answers(tmp_path):
     import json
 
-    from dlm.coder_model.bench import answers
+    from dlm.drivers.bench import answers
 
     out = tmp_path / "a.json"
     assert answers.main(["--typing", "3", "--safim", "0", "--params", "repeat_penalty=0", "--json", str(out)]) == 0

@@ -263,7 +263,7 @@ def _prop(kind, applied, offset, between=0, age=0, **fields):
 
 def test_the_shipped_calibration_ranks_what_the_train_split_says_is_usually_right():
 
-    from dlm.coder_model.edit_memory.calibration import KINDS, load
+    from dlm.coder_model.edit_memory.edit_calibration import KINDS, load
     from dlm.coder_model.edit_memory.patterns import BLOCK_KINDS
 
     cal = load()
@@ -321,7 +321,7 @@ def test_boosted_trees_learn_a_rule_and_read_back_what_they_wrote():
     import random
 
     from dlm.coder_model.edit_memory import boosting
-    from dlm.coder_model.edit_memory.calibration import Calibration
+    from dlm.coder_model.edit_memory.edit_calibration import Calibration
 
     rng = random.Random(0)
     rows = [[rng.random(), rng.random()] for _ in range(2000)]
@@ -341,7 +341,7 @@ def test_boosted_trees_learn_a_rule_and_read_back_what_they_wrote():
 
 def test_a_site_in_a_file_without_the_cursor_is_calibrated_without_its_distance():
 
-    from dlm.coder_model.edit_memory.calibration import load, place
+    from dlm.coder_model.edit_memory.edit_calibration import load, place
 
     cal = load()
 
@@ -362,7 +362,7 @@ def test_a_site_in_a_file_without_the_cursor_is_calibrated_without_its_distance(
 def test_the_shipped_elsewhere_trees_let_a_rename_made_twice_jump_at_the_default_gate():
     # session 10's single set of trees had seen 111 proposals of another document and gave this
     # jump 0.14-0.20, under the gate: the `elsewhere` trees are fitted on the jump replay's own
-    from dlm.coder_model.edit_memory.calibration import load, place
+    from dlm.coder_model.edit_memory.edit_calibration import load, place
     from dlm.lsp.next_edits import JUMP_MIN_APPLIED
     from dlm.lsp.options import NextEditOptions
 
@@ -387,7 +387,7 @@ def test_the_shipped_elsewhere_trees_let_a_rename_made_twice_jump_at_the_default
 
 
 def test_calibration_is_never_fitted_on_valid_or_test(tmp_path):
-    from dlm.coder_model.evaluation.next_edits import main
+    from dlm.drivers.evaluation.edit_memory_tuning import main
 
     with pytest.raises(SystemExit):
         main(["--data", str(tmp_path), "--split", "valid", "--fit-calibration", str(tmp_path / "t.json")])
@@ -398,7 +398,7 @@ def test_cross_validation_judges_each_fold_by_a_model_fitted_on_the_others(tmp_p
     import gzip
     import json
 
-    from dlm.coder_model.evaluation.next_edits import cross_validate, main
+    from dlm.drivers.evaluation.edit_memory_tuning import cross_validate, main
 
     # commits that each rename `count` on one line and then on the next use: the second hunk is the
     # proposal's, byte for byte; and the import in a second file of the commit (one hunk: no
@@ -439,7 +439,7 @@ def test_the_jump_replay_asks_the_other_files_of_a_commit_and_judges_against_the
     import gzip
     import json
 
-    from dlm.coder_model.evaluation.next_edits import jumps, main
+    from dlm.drivers.evaluation.edit_memory_tuning import jumps, main
 
     # one commit renames `count` twice in a.py (a jump needs an edit made twice), and in b.py: b.py's
     # first use is a jump, and exactly one of b.py's hunks; c.py has no use; d.py's use the commit keeps

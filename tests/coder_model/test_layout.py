@@ -22,7 +22,7 @@ def test_budget_and_prefix_stable_while_typing(tiny_model):
     _, tok = tiny_model
     b = LayoutBudget.for_window(256)
     starts = set()
-    for typed in range(0, 30):
+    for typed in range(30):
         region = "    value = compute(" [: typed % 21] + "\n"
         ids = encode_prompt(tok, Prompt(prefix=PREFIX, region=region, cursor=len(region) - 1, suffix="x\n"), b)
         assert len(ids) <= 256

@@ -275,10 +275,10 @@ def test_the_embedded_model_writes_no_filler_on_typing_prompts():
     """Standard-library lines typed halfway (bench.answers' cases): with the defaults, the
     embedded model's answers are not degenerate (issue 23: 37 of 60 were, blank-line runs
     most). Measured in BENCHMARKS.md; here 12 prompts, at most one may slip through."""
-    from dlm.coder_model.bench.answers import typing_cases
     from dlm.coder_model.checkpoint import load_model
     from dlm.coder_model.degenerate import degenerate_region
     from dlm.coder_model.layout import LayoutBudget
+    from dlm.drivers.bench.answers import typing_cases
 
     model, tok = load_model(None, impl="reference")
     budget = LayoutBudget.for_window(model.config.context_window)

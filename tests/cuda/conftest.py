@@ -1,7 +1,7 @@
 """Tests that need a CUDA GPU: marked `cuda`, skipped with "needs a CUDA GPU" elsewhere.
 
 Run them alone on a GPU box: `pytest -m cuda tests/cuda` (the GPU runbook,
-coder_model/training/gpu_runbook.py, does in its first device call). They also
+drivers/training/gpu_runbook.py, does in its first device call). They also
 run inside a whole-suite run: the Triton kernels are compiled here, not
 interpreted; tests/kernels/conftest.py sets TRITON_INTERPRET=1 for its own
 tests at collection, so the `cuda_ops` fixture below takes the variable away

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("pytest_lsp")
 
 from cuda_helpers import subprocess_env
-from dlm.lsp.bench import plain, request
+from dlm.drivers.bench.typing_latency import plain, request
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, client_capabilities
 

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.timeout(240)
 TOKEN = "0123456789abcdef0123456789abcdef"
 LINE = "    frobnicate_widget(registry, widget_id=42, strict=True)\n"
 ANSWER = "widget(registry, widget_id=42, strict=True)"
-SECRET = "ghp_" + "Zq8vT3kLm9Xw2Rb7Yc4Np6Hd1Jf5Gs0Ae8Ui"  # a GitHub token by shape (lsp.secrets)
+SECRET = "ghp_" + "Zq8vT3kLm9Xw2Rb7Yc4Np6Hd1Jf5Gs0Ae8Ui"  # a GitHub token by shape (coder_model.secrets)
 OUTSIDE_MARKER = "OUTSIDE_MARKER_7f3a9c"
 IGNORED_MARKER = "IGNORED_MARKER_5e1b2d"
 QWEN_STOP = ["<|endoftext|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>"]
@@ -63,7 +63,7 @@ def served(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("XDG_CACHE_HOME", str(tmp / "cache"))  # the index's cache, never the user's
         holder = he.EngineHolder(lambda: load_engine(None, "cpu"))
-        workspace = he.WorkspaceIndex(str(root))
+        workspace = he.FolderIndex(str(root))
         predictor = he.Predictor(holder, he.EndpointOptions(deadline_ms=600_000, min_confidence=0.0,
                                                             token=TOKEN.encode()), workspace)
         server = he.make_server("127.0.0.1", 0, predictor)

@@ -23,7 +23,7 @@ import urllib.request
 
 import pytest
 from dlm.coder_model.edit_history import render_event
-from dlm.coder_model.remote.serve_cli import read_listening_address
+from dlm.coder_model.remote.listening import read_listening_address
 from dlm.lsp import http_endpoint as he
 from dlm.lsp import zed_prompts as zed
 

@@ -1,5 +1,5 @@
-"""kernels/bench.py on a machine without a GPU, the kernels package's import boundary,
-the model step benchmark (coder_model/bench/step.py) on the CPU, and the launchers' error messages."""
+"""drivers/bench/kernel_timing.py on a machine without a GPU, the kernels package's import boundary,
+the model step benchmark (drivers/bench/denoise_step.py) on the CPU, and the launchers' error messages."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 def test_bench_runs_precheck_and_explains_on_cpu():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the bench must set it itself
     env["OMP_NUM_THREADS"] = "1"
-    p = subprocess.run([sys.executable, "-m", "dlm.kernels.bench"], capture_output=True, text=True, env=env, check=False,
+    p = subprocess.run([sys.executable, "-m", "dlm.drivers.bench.kernel_timing"], capture_output=True, text=True, env=env, check=False,
                        timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "pre-check passed" in p.stdout
@@ -44,7 +44,7 @@ def test_kernels_package_imports_only_torch_and_triton():
 
 def test_step_bench_on_cpu_prints_reference_rows_and_refuses_bad_models():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "dlm.coder_model.bench.step", "--device", "cpu", "--context", "64",
+    cmd = [sys.executable, "-m", "dlm.drivers.bench.denoise_step", "--device", "cpu", "--context", "64",
            "--slots", "8", "--reps", "1", "--models", "embedded,embedded-copy,dream-tiny"]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr

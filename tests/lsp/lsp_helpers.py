@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest_lsp
-from dlm.lsp.bench import plain, request  # noqa: F401  (the tests' names for them)
+from dlm.drivers.bench.typing_latency import plain, request  # noqa: F401  (the tests' names for them)
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, LanguageClient, client_capabilities
 

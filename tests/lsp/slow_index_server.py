@@ -9,11 +9,11 @@ import os
 import sys
 import time
 
-from dlm.lsp import workspace
+from dlm.lsp import workspace_index
 from dlm.lsp.cli import main
 
 DELAY_S = float(os.environ.get("SLOW_INDEX_S", "0.05"))
-_put = workspace.Workspace._put
+_put = workspace_index.WorkspaceIndex._put
 
 
 def slow_put(self, ri, rel, text, sig):
@@ -21,7 +21,7 @@ def slow_put(self, ri, rel, text, sig):
     return _put(self, ri, rel, text, sig)
 
 
-workspace.Workspace._put = slow_put
+workspace_index.WorkspaceIndex._put = slow_put
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 from dlm.coder_model.types import CancelToken, EngineStatus, LayoutBudget, Prediction, Prompt, SamplerParams
-from dlm.lsp import bench, cli
+from dlm.drivers.bench import typing_latency as bench
+from dlm.lsp import cli
 from lsp_helpers import SERVER, server_env
 
 

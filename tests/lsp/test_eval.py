@@ -10,7 +10,7 @@ import json
 import subprocess
 import sys
 
-from dlm.lsp.eval import Answer, choose_threshold, judge, render_markdown, summarize
+from dlm.drivers.evaluation.eval_typing import Answer, choose_threshold, judge, render_markdown, summarize
 from lsp_helpers import server_env
 
 

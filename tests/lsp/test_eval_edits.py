@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from dlm.lsp.eval_edits import (
+from dlm.drivers.evaluation.eval_edits import (
     EditRecord,
     Hunk,
     Opportunity,
@@ -118,7 +118,7 @@ def test_replay_steps_file_order_cursor_and_remaining_truth():
     change, lines, cursor, remaining = steps[1]
     assert change == (3, 4, "") and cursor == (3, 0)  # a deletion: where its line was
     assert "".join(lines) == "a = 1\na2 = 1\nb = 2\nd = 4\ne = 5\n"
-    from dlm.lsp.eval_edits import apply_spans
+    from dlm.drivers.evaluation.eval_edits import apply_spans
 
     assert apply_spans(lines, remaining) == "a = 1\na2 = 1\nb = 2\nd = 4\ne = 50\n"
 
@@ -178,7 +178,7 @@ def test_git_walk_mines_hunks_and_the_workspace_never_holds_a_later_commit(tmp_p
     assert len(recs) == 1 and len(recs[0].hunks) == 2
     rec = recs[0]
     after = "".join(git_lines(rec.before)[:4]) + "def g(a, b=0):\n    return a + b\n\n\nf(1, 2)\ng(1, 2)"
-    from dlm.lsp.eval_edits import apply_spans
+    from dlm.drivers.evaluation.eval_edits import apply_spans
 
     assert apply_spans(git_lines(rec.before), [Span(h.start, h.n_del, h.add) for h in rec.hunks]) == after
     ws = ParentWorkspace(repo)

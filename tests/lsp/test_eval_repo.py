@@ -7,11 +7,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-from dlm.coder_model.evaluation.repo_cases import Case
-from dlm.lsp.eval import Answer
-from dlm.lsp.eval_repo import config_options, summarize_repo, typing_cases
+from dlm.drivers.evaluation.eval_repo import config_options, summarize_repo, typing_cases
+from dlm.drivers.evaluation.eval_typing import Answer
+from dlm.drivers.evaluation.repo_cases import Case
 
 
 def test_typing_cases_type_the_last_characters_or_enter_and_judge_the_whole_line():

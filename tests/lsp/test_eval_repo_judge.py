@@ -5,9 +5,7 @@ rest of the line. Pure functions: no server, no model."""
 from __future__ import annotations
 
 import pytest
-from dlm.coder_model.evaluation.repo_cases import Case
-from dlm.lsp.eval import Answer, _offset
-from dlm.lsp.eval_repo import (
+from dlm.drivers.evaluation.eval_repo import (
     Judged,
     Shown,
     accepted,
@@ -18,6 +16,8 @@ from dlm.lsp.eval_repo import (
     truth_held_back,
     typing_cases,
 )
+from dlm.drivers.evaluation.eval_typing import Answer, _offset
+from dlm.drivers.evaluation.repo_cases import Case
 
 BEFORE = "def f(x):\n    return g(x"
 AFTER = "\n\n\nprint(f(1))\n"
@@ -108,7 +108,7 @@ def test_the_replay_keeps_the_suggestion_answered_at_the_pause(tmp_path):
     import argparse
     import asyncio
 
-    from dlm.lsp.eval_repo import RepoReplay
+    from dlm.drivers.evaluation.eval_repo import RepoReplay
     from lsprotocol import types
 
     case = repo_case()

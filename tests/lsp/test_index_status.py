@@ -1,7 +1,7 @@
 """What dlm/status says of the workspace index: "ready" only once the model answers and the index
 is built; "indexing N/M files" while it is; why an index failed, is off or lacks something.
 
-The status parts are checked on `Workspace` (with the index tests' stand-in memory) and through
+The status parts are checked on `WorkspaceIndex` (with the index tests' stand-in memory) and through
 the real server (`dlm-lsp --stdio` as a subprocess, pytest-lsp as the client, the slow fake
 engine), with an indexer slowed per file (tests/lsp/slow_index_server.py) so that the build is
 seen on any machine."""
@@ -17,7 +17,7 @@ import pytest
 from dlm.lsp import discovery, index_store
 from dlm.lsp.options import IndexOptions
 from dlm.lsp.server import status_text
-from dlm.lsp.workspace import Workspace
+from dlm.lsp.workspace_index import WorkspaceIndex
 from lsp_helpers import server_env
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, client_capabilities
@@ -47,7 +47,7 @@ def wait_until(cond, timeout_s: float = 30.0, what: str = "") -> None:
     raise AssertionError(f"timed out waiting for {what or cond}")
 
 
-# ---- Workspace.status --------------------------------------------------------------------------
+# ---- WorkspaceIndex.status --------------------------------------------------------------------------
 
 
 def test_the_status_counts_the_files_while_the_index_is_built(tmp_path: Path):
@@ -60,7 +60,7 @@ def test_the_status_counts_the_files_while_the_index_is_built(tmp_path: Path):
 
     seen: list[dict] = []
     lock = threading.Lock()
-    ws = Workspace(IndexOptions(), memory_class=lambda: SlowMemory)
+    ws = WorkspaceIndex(IndexOptions(), memory_class=lambda: SlowMemory)
 
     def on_status() -> None:
         with lock:
@@ -89,14 +89,14 @@ def test_the_status_counts_the_files_while_the_index_is_built(tmp_path: Path):
 
 def test_why_an_index_is_off_failed_or_partial(tmp_path: Path, cache_home: Path, monkeypatch):  # noqa: F811 (the imported fixture)
     root = many_files(tmp_path / "proj", 3)
-    off = Workspace(IndexOptions(enabled=False), memory_class=lambda: FakeMemory)
+    off = WorkspaceIndex(IndexOptions(enabled=False), memory_class=lambda: FakeMemory)
     off.set_roots([str(root)])
     st = off.status()
     assert st["state"] == "off" and st["text"].startswith("index off: the repository memory is off")
     assert "set index.enabled to true" in st["reason"]
     off.close()
 
-    missing = Workspace(IndexOptions(), memory_class=lambda: FakeMemory)
+    missing = WorkspaceIndex(IndexOptions(), memory_class=lambda: FakeMemory)
     missing.set_roots([str(tmp_path / "gone")])
     try:
         wait_until(lambda: missing.status()["state"] == "failed")
@@ -108,7 +108,7 @@ def test_why_an_index_is_off_failed_or_partial(tmp_path: Path, cache_home: Path,
 
     home = tmp_path / "home"
     write(home, "a.py", "x = 1\n")
-    refused = Workspace(IndexOptions(), memory_class=lambda: FakeMemory)
+    refused = WorkspaceIndex(IndexOptions(), memory_class=lambda: FakeMemory)
     refused.set_roots([str(home)])
     try:
         wait_until(lambda: refused.status()["message"] != "")
@@ -123,7 +123,7 @@ def test_why_an_index_is_off_failed_or_partial(tmp_path: Path, cache_home: Path,
     write(root, ".gitignore", "a.py\nb.py\nc.py\n")
     cache_home.write_text("not a folder")  # XDG_CACHE_HOME is a file: nothing can be saved
     monkeypatch.setattr(discovery, "MAX_IGNORE_FILE_BYTES", 8)
-    ws = Workspace(IndexOptions(max_files=2), memory_class=lambda: FakeMemory)
+    ws = WorkspaceIndex(IndexOptions(max_files=2), memory_class=lambda: FakeMemory)
     ws.set_roots([str(root)])
     try:
         wait_until(lambda: ws.status()["state"] == "ready")
@@ -139,7 +139,7 @@ def test_why_an_index_is_off_failed_or_partial(tmp_path: Path, cache_home: Path,
 def test_an_index_that_could_not_be_saved_says_so(tmp_path: Path, monkeypatch):
     root = many_files(tmp_path / "proj", 2)
     monkeypatch.setattr(index_store.IndexStore, "save", lambda self, write, header: False)  # a full disk
-    ws = Workspace(IndexOptions(), memory_class=lambda: FakeMemory)
+    ws = WorkspaceIndex(IndexOptions(), memory_class=lambda: FakeMemory)
     ws.set_roots([str(root)])
     try:
         wait_until(lambda: ws.status()["state"] == "ready")

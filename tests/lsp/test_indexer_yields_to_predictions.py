@@ -1,8 +1,8 @@
-"""The indexer yields to predictions: the Workspace gives its RepoMemory a `pause` that waits
+"""The indexer yields to predictions: the WorkspaceIndex gives its RepoMemory a `pause` that waits
 while a prediction runs (begin_prediction() until its end() is called, or `with prediction():`),
 so that the indexer's Python work never holds the GIL against a suggestion.
 
-Tests build a Workspace over a tmp folder with the real RepoMemory (as test_workspace_index's
+Tests build a WorkspaceIndex over a tmp folder with the real RepoMemory (as test_workspace_index's
 test_real_memory_round_trip does). A call that must block is run in a thread and checked to be
 still alive after 0.3 s; one that must return is given seconds (liveness, not speed)."""
 
@@ -17,7 +17,7 @@ import pytest
 from dlm.coder_model.memory import RepoMemory
 from dlm.coder_model.memory import index as index_mod
 from dlm.lsp.options import IndexOptions
-from dlm.lsp.workspace import Workspace
+from dlm.lsp.workspace_index import WorkspaceIndex
 from test_workspace_index import cache_home, wait_until, write  # noqa: F401  (cache_home: autouse)
 
 BLOCKED_S = 0.3  # a pause still running after this long is waiting
@@ -31,20 +31,20 @@ def make_project(root: Path) -> Path:
     return root
 
 
-def ready(ws: Workspace) -> dict:
+def ready(ws: WorkspaceIndex) -> dict:
     wait_until(lambda: ws.status()["state"] == "ready", what=f"index ready (now {ws.status()})")
     return ws.status()
 
 
-def the_root(ws: Workspace):
+def the_root(ws: WorkspaceIndex):
     (ri,) = list(ws._roots.values())
     return ri
 
 
-def is_workspace_pause(fn, ws: Workspace) -> bool:
+def is_workspace_pause(fn, ws: WorkspaceIndex) -> bool:
     return (
         getattr(fn, "__self__", None) is ws
-        and getattr(fn, "__func__", None) is Workspace._pause_for_predictions
+        and getattr(fn, "__func__", None) is WorkspaceIndex._pause_for_predictions
     )
 
 
@@ -76,7 +76,7 @@ class Call:
 @pytest.fixture
 def ws(tmp_path: Path):
     root = make_project(tmp_path / "proj")
-    w = Workspace(IndexOptions())
+    w = WorkspaceIndex(IndexOptions())
     w.set_roots([str(root)])
     try:
         ready(w)
@@ -85,7 +85,7 @@ def ws(tmp_path: Path):
         w.close()
 
 
-def test_the_real_memory_gets_the_workspaces_pause(ws: Workspace):
+def test_the_real_memory_gets_the_workspaces_pause(ws: WorkspaceIndex):
     mem = the_root(ws).memory
     assert isinstance(mem, RepoMemory)
     assert is_workspace_pause(mem.pause, ws)
@@ -102,13 +102,13 @@ def test_a_persisted_memory_gets_the_workspaces_pause_when_loaded(tmp_path: Path
             return super().load(fh)
 
     root = make_project(tmp_path / "proj")
-    first = Workspace(IndexOptions())
+    first = WorkspaceIndex(IndexOptions())
     first.set_roots([str(root)])
     try:
         ready(first)
     finally:
         first.close()
-    again = Workspace(IndexOptions(), memory_class=lambda: Recording)
+    again = WorkspaceIndex(IndexOptions(), memory_class=lambda: Recording)
     again.set_roots([str(root)])
     try:
         ready(again)
@@ -120,11 +120,11 @@ def test_a_persisted_memory_gets_the_workspaces_pause_when_loaded(tmp_path: Path
         again.close()
 
 
-def test_pause_returns_at_once_without_a_prediction(ws: Workspace):
+def test_pause_returns_at_once_without_a_prediction(ws: WorkspaceIndex):
     assert Call(the_root(ws).memory.pause).returned()
 
 
-def test_pause_waits_until_the_prediction_ends(ws: Workspace):
+def test_pause_waits_until_the_prediction_ends(ws: WorkspaceIndex):
     pause = the_root(ws).memory.pause
     end = ws.begin_prediction()
     try:
@@ -135,7 +135,7 @@ def test_pause_waits_until_the_prediction_ends(ws: Workspace):
     assert call.returned(), "the pause did not return once the prediction ended"
 
 
-def test_ending_twice_does_not_end_another_prediction(ws: Workspace):
+def test_ending_twice_does_not_end_another_prediction(ws: WorkspaceIndex):
     pause = the_root(ws).memory.pause
     end = ws.begin_prediction()
     end()
@@ -163,7 +163,7 @@ def test_ending_twice_does_not_end_another_prediction(ws: Workspace):
     assert ws._predicting == 0
 
 
-def test_end_may_be_called_on_another_thread(ws: Workspace):
+def test_end_may_be_called_on_another_thread(ws: WorkspaceIndex):
     pause = the_root(ws).memory.pause
     end = ws.begin_prediction()
     call = Call(pause)
@@ -174,7 +174,7 @@ def test_end_may_be_called_on_another_thread(ws: Workspace):
     assert call.returned()
 
 
-def test_with_prediction_still_holds_the_pause(ws: Workspace):
+def test_with_prediction_still_holds_the_pause(ws: WorkspaceIndex):
     pause = the_root(ws).memory.pause
     with ws.prediction():
         call = Call(pause)
@@ -191,7 +191,7 @@ def test_with_prediction_still_holds_the_pause(ws: Workspace):
 
 def test_close_releases_a_waiting_pause(tmp_path: Path):
     root = make_project(tmp_path / "proj")
-    w = Workspace(IndexOptions())
+    w = WorkspaceIndex(IndexOptions())
     w.set_roots([str(root)])
     try:
         ready(w)
@@ -207,7 +207,7 @@ def test_close_releases_a_waiting_pause(tmp_path: Path):
 def test_the_indexer_waits_inside_a_file_while_a_prediction_runs(tmp_path: Path):
     """End to end: the indexer thread, in the middle of a long file (RepoMemory.update_file's
     first pause), waits for a prediction begun there, and finishes the file once it ends."""
-    ws_box: list[Workspace] = []
+    ws_box: list[WorkspaceIndex] = []
     started = threading.Event()
     state: dict = {"calls": 0, "end": None}
 
@@ -240,7 +240,7 @@ def test_the_indexer_waits_inside_a_file_while_a_prediction_runs(tmp_path: Path)
     lines = [f"def function_{i}(argument_{i}):\n    return argument_{i} + {i}\n" for i in range(4000)]
     write(root, "app/big.py", "".join(lines))
     assert len("".join(lines)) > index_mod.LEX_CHUNK_CHARS
-    w = Workspace(IndexOptions(), memory_class=lambda: Gated)
+    w = WorkspaceIndex(IndexOptions(), memory_class=lambda: Gated)
     ws_box.append(w)
     w.set_roots([str(root)])
     try:

@@ -48,7 +48,7 @@ def test_bench_json_with_fake_engine(tmp_path):
     assert srv["model_runs"] >= srv["completed"] >= 1
     assert srv["cancelled"] <= srv["model_runs"]
     assert summary["latency_at_pauses"]["n"] >= 1 and summary["latency"]["p50_ms"] is not None
-    from dlm.lsp.bench import render
+    from dlm.drivers.bench.typing_latency import render
 
     table = render(summary)  # the human-readable form of the same numbers
     assert "keystroke->suggestion" in table and "steps per completed run" in table
@@ -66,16 +66,16 @@ def test_bench_jump_finds_the_other_file_and_times_the_scan(tmp_path):
     (root / "pkg").mkdir(parents=True)
     (root / "pkg" / "report.py").write_text("from .stats import count\n\nprint(count([1, 2]))\n")
     out = subprocess.run(
-        [sys.executable, "-m", "dlm.lsp.bench_jump", "--root", str(root), "--name", "count", "--new", "tally",
+        [sys.executable, "-m", "dlm.drivers.bench.jump_latency", "--root", str(root), "--name", "count", "--new", "tally",
          "--requests", "3", "--gap-s", "0", "--min-confidence", "0.1", "--engine-factory", "fake_engine:slow"],
         capture_output=True, text=True, timeout=240, check=True,
         env=server_env(FAKE_STEP_S="0.005", HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache")))
     assert "jump: pkg/report.py line 3 (rename count → tally" in out.stdout, out.stdout + out.stderr
     assert "| the first (the scan) | 1 |" in out.stdout and "| the next (the scan kept) | 2 |" in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "dlm.lsp.bench_jump", "--root", str(tmp_path / "nowhere"),
+    bad = subprocess.run([sys.executable, "-m", "dlm.drivers.bench.jump_latency", "--root", str(tmp_path / "nowhere"),
                           "--name", "a", "--new", "b"], capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "is not a folder" in bad.stderr
-    bad = subprocess.run([sys.executable, "-m", "dlm.lsp.bench_jump", "--root", str(root), "--name", "a", "--new", "b",
+    bad = subprocess.run([sys.executable, "-m", "dlm.drivers.bench.jump_latency", "--root", str(root), "--name", "a", "--new", "b",
                           "--min-confidence", "2"], capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "--min-confidence 2.0: give a number in [0, 1]" in bad.stderr
 
@@ -109,7 +109,7 @@ def test_bench_replays_with_the_memory_of_the_typed_files_project_by_default(tmp
     memory = summary["memory"]
     assert memory["workspace"] == str(proj.resolve()) and memory["state"] == "ready" and memory["files"] == 3
     assert summary["shown"] >= 1, summary  # the memory's proposals reached the editor
-    from dlm.lsp.bench import render
+    from dlm.drivers.bench.typing_latency import render
 
     row = rf"^repository memory +on: {re.escape(str(proj.resolve()))} \(3 files"
     assert re.search(row, render(summary), re.MULTILINE)
@@ -139,7 +139,7 @@ async def test_the_typed_file_is_the_buffer_as_typed_never_its_indexed_copy(tmp_
     """The bench opens a file at its own path in the workspace with the lines to type cut out: the
     server must answer from the buffer as typed, never from the indexed copy of the file on disk,
     which holds those lines (before the buffer replaces it in the index, and after)."""
-    from dlm.lsp.bench import document_uri
+    from dlm.drivers.bench.typing_latency import document_uri
 
     root = tmp_path / "proj"
     root.mkdir()
@@ -183,7 +183,7 @@ async def test_the_typed_file_is_the_buffer_as_typed_never_its_indexed_copy(tmp_
 
 
 def test_the_default_workspace_is_the_typed_files_project_and_never_the_home_folder(tmp_path, monkeypatch):
-    from dlm.lsp.bench import default_files, default_workspace, own_root
+    from dlm.drivers.bench.typing_latency import default_files, default_workspace, own_root
 
     home = tmp_path / "home"
     (home / "repo" / ".git").mkdir(parents=True)

@@ -6,7 +6,7 @@ import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from dlm.lsp.scheduler import LatestWins
+from dlm.lsp.latest_wins import LatestWins
 from dlm.lsp.stats import Stats
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from dlm.lsp import secrets
-from dlm.lsp.secrets import mask_in_pieces, mask_secrets
+from dlm.coder_model import secrets
+from dlm.coder_model.secrets import mask_in_pieces, mask_secrets
 
 KEY = ["-----BEGIN RSA PRIVATE KEY-----"] + ["MIIEowIBAAKCAQEA" + "x" * 48] * 5 + ["-----END RSA PRIVATE KEY-----"]
 UNENDED_KEY = ["-----BEGIN OPENSSH PRIVATE KEY-----"] + ["b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAAB"] * 4

@@ -1,5 +1,5 @@
 """`dlm-lsp predict` with the repository memory: the file's project is indexed by the server's
-own code (lsp.workspace), the memory is consulted while typing, and the output says which
+own code (lsp.workspace_index), the memory is consulted while typing, and the output says which
 source made the suggestion.
 
 The embedded model runs in this process (loaded once for the module; `predict` is called
@@ -21,7 +21,7 @@ from dlm.lsp import predict_cli
 LINE = "    frobnicate_widget(registry, widget_id=42, strict=True)"
 TYPED = "    frobnicate_widget("
 REST = LINE[len(TYPED):]
-HF = "hf_QmZxTnWvKpLrYsHdJfGbCeUaNoIiEkMt4x"  # a Hugging Face token's shape (lsp.secrets)
+HF = "hf_QmZxTnWvKpLrYsHdJfGbCeUaNoIiEkMt4x"  # a Hugging Face token's shape (coder_model.secrets)
 
 
 class _Kept:

@@ -1,6 +1,6 @@
 """Secrets never enter the index, a memory proposal, a remote prompt or the HTTP answer.
 
-The detector is lsp.secrets; the product never imports detect-secrets, which these tests use
+The detector is coder_model.secrets; the product never imports detect-secrets, which these tests use
 only to confirm that each example is a real shape of one of its plugins.
 """
 
@@ -11,10 +11,11 @@ import json
 from pathlib import Path
 
 import pytest
+from dlm.coder_model import secrets
 from dlm.coder_model.memory.index import RepoMemory
-from dlm.coder_model.remote.protocol import decode_body, encode_frame, predict_message
+from dlm.coder_model.remote.wire import decode_body, encode_frame, predict_message
 from dlm.coder_model.types import MemoryProposal, Prediction, Prompt, RetrievedSnippet, SamplerParams
-from dlm.lsp import discovery, secrets
+from dlm.lsp import discovery
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,5 @@
 """A hostile folder against `dlm-lsp predict` and `dlm-lsp http --workspace`: both index the
-folder with the language server's Workspace, so the server's hardening must hold there too.
+folder with the language server's WorkspaceIndex, so the server's hardening must hold there too.
 
 Each case builds one project (a git repository whose config runs a textconv driver, a
 .gitignore with a catastrophic-backtracking pattern, a secret on a repeated line, links that
@@ -44,7 +44,7 @@ ANSWER_S = 60.0  # each command answers within this (it must not hang)
 TOKEN = "0123456789abcdef0123456789abcdef"
 LINE = "    frobnicate_widget(registry, widget_id=42, strict=True)\n"
 TYPED = "    zorblax_"  # only the hostile file's lines continue it
-SECRET = "ghp_" + "Zq8vT3kLm9Xw2Rb7Yc4Np6Hd1Jf5Gs0Ae8Ui"  # a GitHub token by shape (lsp.secrets)
+SECRET = "ghp_" + "Zq8vT3kLm9Xw2Rb7Yc4Np6Hd1Jf5Gs0Ae8Ui"  # a GitHub token by shape (coder_model.secrets)
 CONTROL_MARKER = "CONTROL_MARKER_3c8e1f"
 IGNORED_MARKER = "IGNORED_MARKER_5e1b2d"
 OUTSIDE_MARKER = "OUTSIDE_MARKER_7f3a9c"

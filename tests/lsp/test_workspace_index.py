@@ -1,4 +1,4 @@
-"""The workspace index (lsp.workspace, lsp.index_store): building, persisting, keeping
+"""The workspace index (lsp.workspace_index, lsp.index_store): building, persisting, keeping
 current, and every bad input of issue 21 with a clear log line and the index serving.
 
 `FakeMemory` stands in for RepoMemory's storage interface (update_file, remove_file,
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from dlm.lsp import discovery, index_store
 from dlm.lsp.options import IndexOptions
-from dlm.lsp.workspace import Workspace
+from dlm.lsp.workspace_index import WorkspaceIndex
 
 
 class FakeMemory:
@@ -100,13 +100,13 @@ def wait_until(cond: Callable[[], bool], timeout_s: float = 30.0, what: str = ""
     raise AssertionError(f"timed out waiting for {what or cond}")
 
 
-def start(root: Path, **opts) -> Workspace:
-    ws = Workspace(IndexOptions(**opts), memory_class=lambda: FakeMemory)
+def start(root: Path, **opts) -> WorkspaceIndex:
+    ws = WorkspaceIndex(IndexOptions(**opts), memory_class=lambda: FakeMemory)
     ws.set_roots([str(root)])
     return ws
 
 
-def ready(ws: Workspace, state: str = "ready") -> dict:
+def ready(ws: WorkspaceIndex, state: str = "ready") -> dict:
     wait_until(lambda: ws.status()["state"] == state, what=f"index state {state} (now {ws.status()})")
     return ws.status()
 
@@ -276,8 +276,8 @@ def test_root_slash_or_home_is_refused_and_said(tmp_path: Path, which: str, capl
     home = tmp_path / "home"
     make_project(home)
     root = {"slash": "/", "home": str(home), "above_home": str(tmp_path)}[which]
-    caplog.set_level(logging.WARNING, logger="dlm.lsp.workspace")
-    ws = Workspace(IndexOptions(), memory_class=lambda: FakeMemory)
+    caplog.set_level(logging.WARNING, logger="dlm.lsp.workspace_index")
+    ws = WorkspaceIndex(IndexOptions(), memory_class=lambda: FakeMemory)
     ws.set_roots([root])
     try:
         wait_until(lambda: ws.status()["message"] != "")
@@ -294,7 +294,7 @@ def test_root_slash_or_home_is_refused_and_said(tmp_path: Path, which: str, capl
 
 def test_a_root_that_does_not_exist_or_disappears(tmp_path: Path, caplog):
     root = make_project(tmp_path / "proj")
-    caplog.set_level(logging.WARNING, logger="dlm.lsp.workspace")
+    caplog.set_level(logging.WARNING, logger="dlm.lsp.workspace_index")
     ws = start(root, rescan_s=0.05)
     try:
         ready(ws)
@@ -309,7 +309,7 @@ def test_a_root_that_does_not_exist_or_disappears(tmp_path: Path, caplog):
         assert ready(ws)["files"] == 3
     finally:
         ws.close()
-    missing = Workspace(IndexOptions(), memory_class=lambda: FakeMemory)
+    missing = WorkspaceIndex(IndexOptions(), memory_class=lambda: FakeMemory)
     missing.set_roots([str(tmp_path / "never")])
     try:
         st = ready(missing, "failed")
@@ -332,7 +332,7 @@ def test_caps_on_files_and_tokens(tmp_path: Path, caplog):
         assert st["files"] == 12 and "maxFiles" in st["message"]
     finally:
         ws.close()
-    ws = Workspace(IndexOptions(max_tokens=52), memory_class=lambda: FakeMemory)
+    ws = WorkspaceIndex(IndexOptions(max_tokens=52), memory_class=lambda: FakeMemory)
     (index_store.cache_dir_for(str(root)) / "index.bin").unlink()
     ws.set_roots([str(root)])
     try:
@@ -400,9 +400,9 @@ def test_open_buffers_update_the_index_and_closing_falls_back_to_disk(tmp_path: 
 async def test_buffer_changes_are_debounced_on_the_event_loop(tmp_path: Path, monkeypatch):
     import asyncio
 
-    from dlm.lsp import workspace
+    from dlm.lsp import workspace_index
 
-    monkeypatch.setattr(workspace, "DEBOUNCE_S", 0.05)
+    monkeypatch.setattr(workspace_index, "DEBOUNCE_S", 0.05)
     root = make_project(tmp_path / "proj")
     ws = start(root)
     try:
@@ -459,7 +459,7 @@ def test_mtime_rescans_when_the_client_does_not_watch(tmp_path: Path):
 
 def test_predictions_come_first(tmp_path: Path, monkeypatch):
     root = make_project(tmp_path / "proj")
-    ws = Workspace(IndexOptions(), memory_class=lambda: FakeMemory)
+    ws = WorkspaceIndex(IndexOptions(), memory_class=lambda: FakeMemory)
     reads: list[str] = []
     real = discovery.read_source
     held = threading.Event()
@@ -476,7 +476,7 @@ def test_predictions_come_first(tmp_path: Path, monkeypatch):
 
 def test_index_off_and_workspace_folder_changes(tmp_path: Path):
     root = make_project(tmp_path / "proj")
-    off = Workspace(IndexOptions(enabled=False), memory_class=lambda: FakeMemory)
+    off = WorkspaceIndex(IndexOptions(enabled=False), memory_class=lambda: FakeMemory)
     off.set_roots([str(root)])
     st = off.status()
     assert st["state"] == "off" and "index.enabled" in st["message"] and off._thread is None
@@ -501,7 +501,7 @@ def test_real_memory_round_trip(tmp_path: Path):
     """The same build, save and load with the real RepoMemory (dlm.coder_model.memory)."""
     memory = pytest.importorskip("dlm.coder_model.memory")
     root = make_project(tmp_path / "proj")
-    ws = Workspace(IndexOptions())
+    ws = WorkspaceIndex(IndexOptions())
     ws.set_roots([str(root)])
     try:
         st = ready(ws)
@@ -510,7 +510,7 @@ def test_real_memory_round_trip(tmp_path: Path):
         tokens = st["tokens"]
     finally:
         ws.close()
-    again = Workspace(IndexOptions())
+    again = WorkspaceIndex(IndexOptions())
     loaded = index_store.IndexStore(str(root)).load(memory.RepoMemory.load)
     assert loaded is not None and loaded[0].files == 3 and loaded[0].tokens == tokens
     again.close()

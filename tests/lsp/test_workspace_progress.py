@@ -13,7 +13,7 @@ from dlm.lsp.index_progress import (
     client_supports_watching,
     watch_files,
 )
-from dlm.lsp.workspace import ProgressEvent
+from dlm.lsp.workspace_index import ProgressEvent
 from lsprotocol import types
 from pytest_lsp import client_capabilities
 

@@ -3,7 +3,7 @@
 jump scan); a jump leads only to a file the index takes; a file name that is not UTF-8 breaks
 no suggestion; the index cache (lsp.index_store) follows no link.
 
-Most tests drive the parts directly (Workspace, lsp.next_edits' scan, IndexStore) with a small
+Most tests drive the parts directly (WorkspaceIndex, lsp.next_edits' scan, IndexStore) with a small
 stand-in for the repository memory; one drives a real server through dlm/editPrediction."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pytest
 from dlm.lsp import discovery, index_store, next_edits
 from dlm.lsp.options import IndexOptions, NextEditOptions
-from dlm.lsp.workspace import Workspace, _memory_class
+from dlm.lsp.workspace_index import WorkspaceIndex, _memory_class
 from test_workspace_index import FakeMemory  # tests/lsp is on the path, as for lsp_helpers
 
 LINK_REFUSED = "is a symbolic link; remove it: the cache never follows links"
@@ -57,8 +57,8 @@ def wait_until(cond: Callable[[], bool], timeout_s: float = 15.0, what: str = ""
     raise AssertionError(f"timed out waiting for {what or cond}")
 
 
-def indexed(root: Path, memory_class=lambda: TextMemory, **opts) -> Workspace:
-    ws = Workspace(IndexOptions(**opts), memory_class=memory_class)
+def indexed(root: Path, memory_class=lambda: TextMemory, **opts) -> WorkspaceIndex:
+    ws = WorkspaceIndex(IndexOptions(**opts), memory_class=memory_class)
     ws.set_roots([str(root)])
     wait_until(lambda: ws.status()["state"] == "ready", what=f"the index to be ready ({ws.status()})")
     return ws
@@ -154,7 +154,7 @@ def test_the_one_reader_refuses_links_at_any_depth_and_paths_out_of_the_root(tmp
 # ---- reads that would block ---------------------------------------------------------------------
 
 
-def fake_server(ws: Workspace, tmp_path: Path, memory=None, **next_edit_opts) -> SimpleNamespace:
+def fake_server(ws: WorkspaceIndex, tmp_path: Path, memory=None, **next_edit_opts) -> SimpleNamespace:
     """What lsp.next_edits' scan reads of the server: its options, edit memory, index, documents."""
     ne = next_edits.NextEdits()
     if memory is not None:
@@ -307,7 +307,7 @@ def test_a_non_utf8_file_name_does_not_break_completion(tmp_path: Path):
 
 @pytest.mark.timeout(30)
 def test_a_failure_to_build_a_prompt_is_one_warning_not_an_error_per_keystroke(caplog):
-    from dlm.lsp.scheduler import LatestWins
+    from dlm.lsp.latest_wins import LatestWins
     from dlm.lsp.stats import Stats
 
     def start(cancel):
@@ -316,7 +316,7 @@ def test_a_failure_to_build_a_prompt_is_one_warning_not_an_error_per_keystroke(c
     async def keystrokes(s: LatestWins) -> list:
         return [await s.submit("d", k, None, lambda: True, start=start) for k in range(5)]
 
-    caplog.set_level(logging.DEBUG, logger="dlm.lsp.scheduler")
+    caplog.set_level(logging.DEBUG, logger="dlm.lsp.latest_wins")
     stats = Stats()
     with ThreadPoolExecutor(2) as pool:
         results = asyncio.run(keystrokes(LatestWins(pool, stats, throttle_ms=0)))

@@ -159,7 +159,7 @@ function buildServerCommandOrNull(s: DlmSettings): ServerCommand | string {
 // ---------------------------------------------------------------------------
 // dlm/status -> status bar
 
-/** The workspace index's part of `dlm/status` (the server's lsp/workspace.py). */
+/** The workspace index's part of `dlm/status` (the server's lsp/workspace_index.py). */
 export interface DlmIndexStatus {
   state: "off" | "loading" | "indexing" | "ready" | "failed";
   files?: number; // in the index now

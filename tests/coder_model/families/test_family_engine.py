@@ -7,7 +7,7 @@ import json
 import pytest
 from dlm.coder_model.budget import clip_after, clip_before
 from dlm.coder_model.families import detect_family, load_family_engine
-from dlm.coder_model.families.engine import FamilyEngineOptions
+from dlm.coder_model.families.family_engine import FamilyEngineOptions
 from dlm.coder_model.families.infill import InfillOptions
 from dlm.coder_model.types import CancelToken, Engine, Prompt, SamplerParams
 from family_helpers import make_succ_checkpoint
@@ -124,7 +124,7 @@ def test_engine_cancelled_and_failed_requests_keep_it_working(dream_engine, monk
 
 def test_lead_load_engine_dispatches_to_families(dream_ckpt):
     from dlm.coder_model.engine import load_engine
-    from dlm.coder_model.families.engine import FamilyEngine
+    from dlm.coder_model.families.family_engine import FamilyEngine
 
     d, _ = dream_ckpt
     eng = load_engine(str(d), "cpu")

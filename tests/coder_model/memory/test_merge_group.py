@@ -3,7 +3,7 @@ unless together they pass MERGE_MAX_TOKENS (a merge holds inputs and output at o
 MAX_SEGMENTS tables, the two adjacent ones smallest together; everything on a full compact.
 
 `_merge_group` reads only each segment's `.size`, so fake segments carry just that (checked
-against real _Segment objects in the last test)."""
+against real Segment objects in the last test)."""
 
 from __future__ import annotations
 

@@ -103,9 +103,9 @@ class FakeBackend:
 
 def start_fake_server(port: int = 0, *, step_s: float = 0.002, token=None, limits=None, ssl_context=None,
                       max_batch: int = 32, max_connections: int = 256):
-    from dlm.coder_model.remote.protocol import Limits
-    from dlm.coder_model.remote.scheduler import BatchScheduler
-    from dlm.coder_model.remote.server import ServerOptions, ServerThread
+    from dlm.coder_model.remote.batching import BatchScheduler
+    from dlm.coder_model.remote.tcp_server import ServerOptions, ServerThread
+    from dlm.coder_model.remote.wire import Limits
 
     backend = FakeBackend(step_s)
     options = ServerOptions(host="127.0.0.1", port=port, token=token, ssl_context=ssl_context,

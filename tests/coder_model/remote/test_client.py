@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from dlm.coder_model.remote.client import RemoteEngine
-from dlm.coder_model.remote.protocol import PARAM_CAPS, Limits
+from dlm.coder_model.remote.wire import PARAM_CAPS, Limits
 from dlm.coder_model.types import CancelToken, Engine, Prompt, SamplerParams
 from remote_fakes import fake_text, start_fake_server, wait_until
 
@@ -172,7 +172,7 @@ def _self_signed(tmp: Path) -> tuple[str, str]:
 
 
 def test_tls(tmp_path):
-    from dlm.coder_model.remote.serve_cli import build_ssl_context
+    from dlm.coder_model.remote.listening import build_ssl_context
 
     cert, key = _self_signed(tmp_path)
     token = b"tls-and-token-0123456789"
@@ -196,7 +196,7 @@ def test_tls(tmp_path):
 
 
 def test_tls_options_validation(tmp_path):
-    from dlm.coder_model.remote.serve_cli import build_ssl_context
+    from dlm.coder_model.remote.listening import build_ssl_context
 
     assert build_ssl_context(None, None) is None
     with pytest.raises(ValueError, match="both"):

@@ -14,8 +14,8 @@ import threading
 
 import pytest
 from dlm.coder_model.limits import DEFAULT_DEADLINE_MS, MAX_REQUEST_DEADLINES
-from dlm.coder_model.remote.protocol import ProtocolError, params_from_wire, prompt_from_wire
-from dlm.coder_model.remote.scheduler import BatchScheduler, EngineScheduler, PassTimer, Request
+from dlm.coder_model.remote.batching import BatchScheduler, EngineScheduler, PassTimer, Request
+from dlm.coder_model.remote.wire import ProtocolError, params_from_wire, prompt_from_wire
 from dlm.coder_model.types import Prediction, Prompt, SamplerParams
 from remote_fakes import FakeBackend, wait_until
 

@@ -9,7 +9,7 @@ import msgpack
 import pytest
 from dlm.coder_model.remote import auth
 from dlm.coder_model.remote.client import parse_host_port
-from dlm.coder_model.remote.protocol import (
+from dlm.coder_model.remote.wire import (
     HEADER,
     PARAM_CAPS,
     ConnectionClosed,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 from dlm.coder_model import limits
-from dlm.coder_model.remote.protocol import ProtocolError, prediction_from_wire, result_message
+from dlm.coder_model.remote.wire import ProtocolError, prediction_from_wire, result_message
 from dlm.coder_model.types import Prediction
 
 

@@ -1,4 +1,4 @@
-"""`python -m dlm.coder_model.remote.ray_serve` (= `dlm-lsp serve --engine ray`) end to end:
+"""`dlm-lsp serve --engine ray` end to end:
 its own local Ray cluster, the listening line plain serve prints, a token-authenticated
 RemoteEngine answered by the replica, and a clean exit on SIGTERM."""
 
@@ -16,7 +16,7 @@ pytest.importorskip("dlm.coder_model.remote.ray_serve", reason="Ray Serve is not
                     "tests need it")
 
 from dlm.coder_model.remote.client import RemoteEngine, parse_host_port
-from dlm.coder_model.remote.serve_cli import read_listening_address
+from dlm.coder_model.remote.listening import read_listening_address
 from dlm.coder_model.types import CancelToken, Prompt, SamplerParams
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
@@ -29,7 +29,7 @@ def test_cli_serves_with_token_and_stops_on_sigterm(tiny_checkpoint, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dlm.coder_model.remote.ray_serve", "--listen", "127.0.0.1:0", "--model",
+        [sys.executable, "-m", "dlm.lsp.cli", "serve", "--engine", "ray", "--listen", "127.0.0.1:0", "--model",
          tiny_checkpoint, "--device", "cpu", "--token-file", str(token_file), "--ray-address", "local",
          "--replica-cpus", "0.5", "--replica-threads", "1", "--log-level", "warning"],
         stderr=subprocess.PIPE, text=True, env=env)

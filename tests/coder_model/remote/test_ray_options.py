@@ -7,12 +7,12 @@ import argparse
 import sys
 
 import pytest
-from dlm.coder_model.remote import ray_options, serve_cli
+from dlm.coder_model.remote import ray_options, remote_cli
 
 
 def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    serve_cli.add_arguments(parser)
+    remote_cli.add_arguments(parser)
     return parser.parse_args(list(argv))
 
 
@@ -32,7 +32,7 @@ def test_builtin_is_the_default_engine():
     (("--attach", "--autoscale", "1-2"), "leave those out of --attach"),
 ])
 def test_bad_ray_options_refused_before_start(argv, message, capsys):
-    assert serve_cli.run(parse("--engine", "ray", *argv)) == 2
+    assert remote_cli.run(parse("--engine", "ray", *argv)) == 2
     assert message in capsys.readouterr().err
 
 
@@ -42,7 +42,7 @@ def test_engine_ray_without_ray_says_how_to_install(monkeypatch, capsys):
     # the import fails as it does without Ray (the attribute too: collecting test_ray_serve.py imported it)
     monkeypatch.setitem(sys.modules, "dlm.coder_model.remote.ray_serve", None)
     monkeypatch.delattr(remote_package, "ray_serve", raising=False)
-    assert serve_cli.run(parse("--engine", "ray")) == 2
+    assert remote_cli.run(parse("--engine", "ray")) == 2
     err = capsys.readouterr().err
     assert "pip install -e '.[ray]'" in err and "--engine ray" in err
 
@@ -55,7 +55,7 @@ def test_unknown_engine_refused():
 def test_engine_ray_checks_the_model_dir_before_starting_ray(tmp_path, capsys):
     pytest.importorskip("dlm.coder_model.remote.ray_serve",
                         reason="Ray Serve is not installed: this check runs in ray_serve.run")
-    assert serve_cli.run(parse("--engine", "ray", "--model", str(tmp_path / "missing"))) == 2
+    assert remote_cli.run(parse("--engine", "ray", "--model", str(tmp_path / "missing"))) == 2
     assert "is not a directory" in capsys.readouterr().err
 
 

@@ -17,7 +17,7 @@ ray = pytest.importorskip("ray", reason="Ray Serve is not installed (pip install
 ray_serve = pytest.importorskip("dlm.coder_model.remote.ray_serve",
                                 reason="ray is installed without Serve (pip install 'ray[serve]')")
 from dlm.coder_model.remote.client import RemoteEngine
-from dlm.coder_model.remote.server import ServerOptions, ServerThread
+from dlm.coder_model.remote.tcp_server import ServerOptions, ServerThread
 from dlm.coder_model.types import CancelToken, Prompt, SamplerParams
 from ray import serve
 
@@ -279,13 +279,13 @@ def test_a_second_ingress_attaches_to_the_replicas_and_leaves_them_running(clust
     import sys
 
     from dlm.coder_model.remote.client import parse_host_port
-    from dlm.coder_model.remote.serve_cli import read_listening_address
+    from dlm.coder_model.remote.listening import read_listening_address
 
     srv, _, deployment = cluster
     with pytest.raises(LookupError, match="without --attach"):
         ray_serve.attach_forwarder(app_name="no-such-app")
     assert ray_serve.attach_forwarder().description["model"] == deployment.describe()["model"]
-    cmd = [sys.executable, "-m", "dlm.coder_model.remote.serve_cli", "--engine", "ray", "--attach",
+    cmd = [sys.executable, "-m", "dlm.coder_model.remote.remote_cli", "--engine", "ray", "--attach",
            "--ray-address", ray.get_runtime_context().gcs_address, "--listen", "127.0.0.1:0", "--log-level", "warning"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     try:

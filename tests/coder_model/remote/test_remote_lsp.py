@@ -12,7 +12,7 @@ import os
 import sys
 
 import pytest
-from dlm.coder_model.remote.server import ServerOptions, ServerThread
+from dlm.coder_model.remote.tcp_server import ServerOptions, ServerThread
 from lsprotocol import types
 from pytest_lsp import LanguageClient, client_capabilities
 

@@ -15,8 +15,8 @@ from dataclasses import replace
 
 import pytest
 from dlm.coder_model.remote.client import RemoteEngine, parse_host_port
-from dlm.coder_model.remote.serve_cli import read_listening_address
-from dlm.coder_model.remote.server import ServerOptions, ServerThread
+from dlm.coder_model.remote.listening import read_listening_address
+from dlm.coder_model.remote.tcp_server import ServerOptions, ServerThread
 from dlm.coder_model.types import CancelToken, Prompt, SamplerParams
 
 pytestmark = pytest.mark.timeout(240)
@@ -161,7 +161,7 @@ def test_serve_cli_refuses_public_bind_without_token():
 def test_remote_bench_runs(sharp_checkpoint, capsys):
     import argparse
 
-    from dlm.coder_model.bench.remote import add_remote_arguments, run_remote_bench
+    from dlm.drivers.bench.remote_serving import add_remote_arguments, run_remote_bench
 
     parser = argparse.ArgumentParser()
     add_remote_arguments(parser)
@@ -280,7 +280,7 @@ def test_large_prompts_are_cut_before_tokenizing(sharp_checkpoint):
 
 def test_bad_params_of_one_client_do_not_fail_anothers_batch(remote_server):
     """NaN temperature or oversized blocks from client B once failed all of client A's requests."""
-    from dlm.coder_model.remote.protocol import predict_message
+    from dlm.coder_model.remote.wire import predict_message
     from test_server import Raw
 
     prompts = [typing_prompts(4, path=f"a{i}.py")[3] for i in range(4)]
@@ -344,7 +344,7 @@ def test_memory_proposals_travel_and_the_server_checks_them_as_local_does(local,
 
 
 def test_proposals_on_the_wire_are_bounded():
-    from dlm.coder_model.remote.protocol import ProtocolError, prompt_from_wire
+    from dlm.coder_model.remote.wire import ProtocolError, prompt_from_wire
 
     base = {"prefix": "", "region": "x", "cursor": 0, "suffix": ""}
     assert prompt_from_wire({**base, "proposals": [["a", 0.5]]}, 1).proposals[0].text == "a"

@@ -13,8 +13,9 @@ import time
 import msgpack
 import pytest
 from dlm.coder_model.remote import auth
+from dlm.coder_model.remote.batching import BatchScheduler, Request
 from dlm.coder_model.remote.client import RemoteEngine
-from dlm.coder_model.remote.protocol import (
+from dlm.coder_model.remote.wire import (
     HEADER,
     PARAM_CAPS,
     PROTOCOL_VERSION,
@@ -22,7 +23,6 @@ from dlm.coder_model.remote.protocol import (
     encode_frame,
     predict_message,
 )
-from dlm.coder_model.remote.scheduler import BatchScheduler, Request
 from dlm.coder_model.types import CancelToken, Prompt, SamplerParams
 from remote_fakes import FakeBackend, fake_text, start_fake_server, wait_until
 

@@ -1,0 +1,1 @@
+"""Drivers: evaluation, benchmark and training entry points. No serving module imports them."""
