@@ -28,6 +28,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from dlm.coder_model.memory.follow import MAX_FOLLOW_LINES
 from dlm.coder_model.memory.lexer import is_line_break, lex, line_start
 from dlm.coder_model.memory.ngram import (
     BOS,
@@ -483,6 +484,43 @@ class RepoMemory:
                 start = self._snippets.win_start[wid]
                 out.append(Snippet(path, start, self._lines_text(path, start, start + _window()), score))
             return out
+
+    def follow_lines(
+        self,
+        before: str,
+        first: str,
+        after: str = "",
+        *,
+        open_files: dict[str, str] | None = None,
+        exclude_path: str | None = None,
+        max_lines: int = MAX_FOLLOW_LINES,
+    ) -> list[str]:
+        """The lines below the cursor's line once `first` completes it, where a source holds the
+        whole line (coder_model.memory.follow): the document above the cursor (nearest first),
+        the other open files, then the indexed files the retriever finds like the lines above
+        (never `exclude_path`). [] when the line opens nothing, its body is already below the
+        cursor, or no source has it. Secrets never come back: a block with a line holding one is
+        passed over (the indexed files hold none: indexing empties such lines)."""
+        from dlm.coder_model.memory import follow
+
+        line = before[line_start(before) :] + first
+        if "\n" in first or not follow.opens_block(line) or follow.body_present(line, after):
+            return []
+        above = before[: line_start(before)]
+
+        def sources():
+            yield above.split("\n"), True
+            for text in (open_files or {}).values():
+                yield text.split("\n"), False
+            lines_above = above.split("\n")[:-1]
+            for snip in self.retrieve(lines_above, self.weights.retrieved_windows, exclude_path=exclude_path):
+                with self._lock:
+                    if snip.path not in self._files:
+                        continue
+                    text = self._lines_text(snip.path, snip.start_line, snip.start_line + _window() + max_lines)
+                yield text.split("\n"), False
+
+        return follow.follow_in(sources(), line, max_lines, refuse=contains_secret)
 
     def _lines_text(self, path: str, start: int, end: int) -> str:
         ids = self._files[path]

@@ -171,6 +171,51 @@ def measure(memory, cases: Sequence[Case], beam: int = 8) -> dict:
     return out
 
 
+def measure_follow(memory, cases: Sequence[Case], beam: int = 8) -> dict:
+    """Multi-line drafts (RepoMemory.follow_lines) on the cases whose true line opens a block:
+    the block's true lines are taken out of the text below (as while typing it), and the draft
+    that follows the line is compared with them, line by line. `given`: the true line as the
+    first line (the draft alone); `top1`: the memory's first proposal as the first line, as the
+    server shows it (a wrong first line gives no credit)."""
+    from dlm.coder_model.memory.follow import block_after, opens_block
+
+    out = {"cases": 0, "given": _follow_counts(), "top1": _follow_counts()}
+    for case in cases:
+        line = case.before[case.before.rfind("\n") + 1 :] + case.answer
+        below = case.after.split("\n")
+        if not opens_block(line):
+            continue
+        truth = block_after([line, *below[1:]], 0)
+        if not truth:
+            continue
+        out["cases"] += 1
+        after = "\n".join([below[0], *below[1 + len(truth) :]])
+        given = memory.follow_lines(case.before, case.answer, after, exclude_path=case.path)
+        _follow_add(out["given"], given, truth)
+        cands = memory.complete(case.before, after, path=case.path, beam=beam)
+        first = cands[0].text if cands else ""
+        drafted = memory.follow_lines(case.before, first, after, exclude_path=case.path) if first else []
+        _follow_add(out["top1"], drafted if first == case.answer else [], truth, shown=bool(drafted))
+    return out
+
+
+def _follow_counts() -> dict:
+    return {"shown": 0, "exact": 0, "first_line": 0, "lines": 0, "true_lines": 0}
+
+
+def _follow_add(counts: dict, draft: list[str], truth: list[str], shown: bool | None = None) -> None:
+    counts["shown"] += int(bool(draft) if shown is None else shown)
+    counts["exact"] += int(draft == truth)
+    counts["first_line"] += int(bool(draft) and draft[0] == truth[0])
+    same = 0
+    for a, b in zip(draft, truth):
+        if a != b:
+            break
+        same += 1
+    counts["lines"] += same  # the leading lines a user keeps
+    counts["true_lines"] += len(truth)
+
+
 def typing_latency(memory, cases: Sequence[Case], lines: int, beam: int = 8) -> dict:
     """complete() at every keystroke while `lines` held-out lines are typed out one character at a time."""
     per_key = []
@@ -335,6 +380,14 @@ def report(name: str, cost: dict, result: dict) -> str:
                 f"{what}: p50 {lat['p50']:.1f} ms, p90 {lat['p90']:.1f} ms, "
                 f"p99 {lat['p99']:.1f} ms, max {lat['max']:.1f} ms"
             )
+    if "follow" in result:
+        f = result["follow"]
+        lines.append(f"multi-line drafts: {f['cases']} cases whose line opens a block")
+        for key, what in (("given", "after the true line"), ("top1", "after the memory's first line")):
+            c, n = f[key], max(f["cases"], 1)
+            lines.append(f"  {what}: shown {c['shown']} ({100 * c['shown'] / n:.1f}%), block exact {c['exact']} "
+                         f"({100 * c['exact'] / n:.1f}%), next line exact {c['first_line']} "
+                         f"({100 * c['first_line'] / n:.1f}%), leading lines kept {c['lines']} of {c['true_lines']}")
     return "\n".join(lines)
 
 
@@ -347,6 +400,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     ap.add_argument("--order", type=int, default=None, help="n-gram order (default: the memory's)")
     ap.add_argument("--beam", type=int, default=8)
     ap.add_argument("--json", default=None, help="write the figures to this file")
+    ap.add_argument("--follow", action="store_true", help="also measure multi-line drafts (measure_follow)")
     ap.add_argument("--typing-lines", type=int, default=0, help="also time complete() at every keystroke of this many lines")
     ap.add_argument("--index-file", default=None,
                     help="load the workspace index from this file if it holds this workspace, else build it and "
@@ -370,6 +424,8 @@ def main(argv: Iterable[str] | None = None) -> int:
         result = measure(memory, cases, beam=args.beam)
         if args.typing_lines:
             result["typing_ms"] = typing_latency(memory, cases, args.typing_lines, beam=args.beam)
+        if args.follow:
+            result["follow"] = measure_follow(memory, cases, beam=args.beam)
         print(report(name, cost, result), flush=True)
         results[name] = {"cost": cost, "result": result, "cases": len(cases), "seed": args.seed}
     if args.json:
