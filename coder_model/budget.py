@@ -1,4 +1,4 @@
-"""The one context budget (DESIGN §3, §4): a model's LayoutBudget -> token cuts and text windows.
+"""The one context budget (docs/architecture.md §3, §4): a LayoutBudget -> token cuts and text windows.
 
 Every path that gives the model text (the LSP's context builder, `dlm-lsp http`, `dlm-lsp
 predict`, the remote backend, the open families, and training's example builders) sizes it
@@ -36,9 +36,9 @@ MAX_CHARS_PER_TOKEN = 8
 # Special tokens of the native layout around the text (coder_model.layout): <bos> <file> <history>
 # <prefix> <suffix> <region> <cursor> <rewrite>.
 LAYOUT_SPECIALS = 8
-# Retrieved snippets (coder_model.layout's sections before the file's, DESIGN §10): how many, how
-# many lines each (the lines of a retrieved window that share most identifiers with the query), and
-# the share of the context they may take (a fifth: 76 tokens of a 384-token window).
+# Retrieved snippets (coder_model.layout's sections before the file's, docs/architecture.md §10): how
+# many, how many lines each (the lines of a retrieved window that share most identifiers with the
+# query), and the share of the context they may take (a fifth: 76 tokens of a 384-token window).
 MAX_SNIPPETS = 2
 SNIPPET_LINES = 6
 SNIPPETS_SHARE = 5

@@ -1,4 +1,4 @@
-"""Exact prefix KV cache for the native family (DESIGN §4).
+"""Exact prefix KV cache for the native family (docs/architecture.md §4).
 
 The context is causal, so the K/V of a context token depend only on the tokens
 before it: the K/V of the longest unchanged token prefix are exact and are

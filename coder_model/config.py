@@ -12,7 +12,7 @@ from pathlib import Path
 class ModelConfig:
     """Shape of the native `dlm` denoiser (a Llama-style transformer).
 
-    The attention mask is the native one (DESIGN §4): causal over the context,
+    The attention mask is the native one (docs/architecture.md §4): causal over the context,
     bidirectional inside the masked block; logits are unshifted (slot i predicts
     the token at slot i).
     """
@@ -31,8 +31,8 @@ class ModelConfig:
     # context tokens the model was trained with; inference windows default to it
     # (rotary positions far beyond training extrapolate badly)
     context_window: int = 2048
-    # a pointer-generator copy head (model.CopyHead, issue 23): block slots may copy a context
-    # token (or the token after it) instead of generating one; off in older checkpoints
+    # a pointer-generator copy head (model.CopyHead): block slots may copy a context token (or the
+    # token after it) instead of generating one; off for a checkpoint whose config.json has none
     copy_head: bool = False
     copy_dim: int = 64  # query/key width of the copy head
 
@@ -81,12 +81,12 @@ PRESETS: dict[str, dict] = {
     # the objective A/B on the 2-core CPU (BENCHMARKS.md "Training recipe"): ~1M parameters,
     # several arms train side by side in minutes
     "cpu-ab": dict(vocab_size=2048, dim=128, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=352),
-    # trained on the 2-core CPU (issue 2): ~6M parameters, 2.1M of them embeddings
+    # trained on the 2-core CPU (the embedded model): ~6M parameters, 2.1M of them embeddings
     "cpu-small": dict(vocab_size=8192, dim=256, n_layers=6, n_heads=8, n_kv_heads=2, ffn_dim=704),
     # ~16M: on a 2-vCPU CPU its step takes 1.85 times cpu-small's and most answers miss the 250 ms
     # deadline through the server (BENCHMARKS.md "GPU: one H200 lease"): a GPU-serving shape
     "cpu-base": dict(vocab_size=8192, dim=384, n_layers=8, n_heads=6, n_kv_heads=2, ffn_dim=1024),
-    # GPU-trained shapes (issue 5)
+    # shapes for training on a GPU
     "gpu-40m": dict(vocab_size=8192, dim=512, n_layers=12, n_heads=8, n_kv_heads=2, ffn_dim=1408),
     "gpu-150m": dict(vocab_size=16384, dim=768, n_layers=18, n_heads=12, n_kv_heads=4, ffn_dim=2048),
 }

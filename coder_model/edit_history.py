@@ -1,4 +1,4 @@
-"""The one renderer of edit-history events (DESIGN §1, §4).
+"""The one renderer of edit-history events (docs/architecture.md §1, §4).
 
 Serving (`dlm.lsp.history`) and training (`dlm.drivers.training`) both
 write each edit event with `render_event`, so the `<history>` the model sees

@@ -44,7 +44,7 @@ class NativeModel:
         self.calibration = calibration if calibration is not None else Calibration.identity()
         self.device = device
         self.name = name
-        # The context the checkpoint was trained on (DESIGN §3): the LSP fits its windows to it.
+        # The context the checkpoint was trained on (docs/architecture.md §3): the LSP fits its windows to it.
         self.budget = budget or LayoutBudget.for_window(model.config.context_window)
         self.max_caches = max_caches  # prefix KV caches kept, least recently used evicted
 

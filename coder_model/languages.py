@@ -1,4 +1,4 @@
-"""The one table of language names (DESIGN §1: a table both sides must agree on).
+"""The one table of language names (docs/architecture.md §1: a table both sides must agree on).
 
 The name goes into the model's header (`<file>{language}:{path}`), so the
 server, the HTTP endpoint, `predict` and the training corpus must all give a

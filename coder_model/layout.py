@@ -1,4 +1,4 @@
-"""The native token layout (DESIGN §4): Prompt -> context tokens, target -> block tokens.
+"""The native token layout (docs/architecture.md §4): Prompt -> context tokens, target -> block tokens.
 
     <bos>[<file>{snippet path}\\n{snippet text}]...<file>{language}:{path}\\n<history>{event}<edit>{event}...
     <prefix>{prefix}<suffix>{suffix}<region>{region[:cursor]}<cursor>{region[cursor:]}<rewrite>

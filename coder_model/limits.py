@@ -2,19 +2,15 @@
 
 Three doors take numbers from outside: the LSP's `initializationOptions`
 (lsp.options), the HTTP endpoint's request bodies (lsp.http_endpoint) and the
-remote server's `predict` frames (coder_model.remote.protocol). They all
+remote server's `predict` frames (coder_model.remote.wire). They all
 check values here, against the same caps, so a value refused by one door is
-refused by the others, and the README table ("Limits") lists them once.
+refused by the others, and docs/configuration.md ("Limits") lists them once.
 
-What a check refuses (and why each matters):
-- a number that is not finite: JSON's `1e400` parses as infinity and
-  `int(inf)` raises OverflowError; NaN passes every `<` comparison;
-- a boolean where a number is wanted: `True` is an `int` to Python, so
-  `max_tokens: true` would read as 1;
-- a value outside its range: one request's knobs bound its cost for everyone
-  sharing the model, and a `throttleMs` of 1e300 stalls every request.
+The check itself and the Cap it applies are coder_model.caps' (what it refuses, and why);
+the sampler's caps are declared on SamplerParams' fields and the LSP options' on lsp.options'
+dataclasses, and docs/configuration.md is rendered from them (lsp.option_docs).
 
-What a door does with a refusal is the door's choice, stated in the README:
+What a door does with a refusal is the door's choice, stated in docs/configuration.md:
 options (set once, at startup) are logged and the default is kept, so a typo
 never stops a server; a request field is refused with the problem named (the
 caller sees it at once, and a silently changed knob would change the answer).
@@ -26,14 +22,14 @@ costs ~800 ms and ~90 MB to tokenize, and the layout keeps a line of it.
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
+from dlm.coder_model.caps import Cap, check, field_caps
 from dlm.coder_model.types import Prompt, SamplerParams
 
-# The deadline of a prediction (DESIGN §3): an answer this long after the keystroke, or none.
+# The deadline of a prediction (docs/architecture.md §3): an answer this long after the keystroke, or none.
 # lsp.options and lsp.http_endpoint default to it; the remote server measures request cost in it.
 DEFAULT_DEADLINE_MS = 250
 # A request whose estimated time exceeds this many default deadlines is refused by the remote
@@ -41,92 +37,11 @@ DEFAULT_DEADLINE_MS = 250
 MAX_REQUEST_DEADLINES = 10
 
 
-@dataclass(frozen=True)
-class Cap:
-    """The accepted values of one option or parameter: `kind` is "int", "float", "bool",
-    "choice" or "strings"; numbers lie in [low, high]; a choice is one of `choices`; strings
-    are a list of at most `high` of them."""
-
-    kind: str
-    low: float | None = None
-    high: float | None = None
-    choices: tuple[str, ...] = ()
-    doc: str = ""
-
-    def describe(self) -> str:
-        if self.kind == "bool":
-            return "true or false"
-        if self.kind == "choice":
-            return "one of " + ", ".join(self.choices)
-        if self.kind == "strings":
-            return f"a list of at most {int(self.high or 0):,} strings"
-        what = "an integer" if self.kind == "int" else "a number"
-        return f"{what} in [{_fmt(self.low)}, {_fmt(self.high)}]"
-
-
-def _fmt(x: float | None) -> str:
-    if x is None:
-        return "-inf"
-    if isinstance(x, float) and x.is_integer() and abs(x) < 1e15:
-        x = int(x)
-    if isinstance(x, int) and x >= 10_000:
-        return f"{x:_}".replace("_", ",") if x < 2**62 else "2^63-1"
-    return str(x)
-
-
-def check(name: str, value: Any, cap: Cap) -> tuple[Any, str | None]:
-    """(the value, None) when `value` is acceptable for `cap`, else (None, what is wrong).
-
-    An integral float is taken for an int (JSON writes 16 as 16.0 sometimes); the
-    value comes back converted to the cap's kind.
-    """
-    if cap.kind == "bool":
-        if isinstance(value, bool):
-            return value, None
-        return None, f"{name} must be true or false, got {_show(value)}"
-    if cap.kind == "choice":
-        if isinstance(value, str) and value in cap.choices:
-            return value, None
-        return None, f"{name} must be one of {', '.join(cap.choices)}, got {_show(value)}"
-    if cap.kind == "strings":
-        if isinstance(value, list) and all(isinstance(v, str) for v in value) and len(value) <= (cap.high or 0):
-            return list(value), None
-        return None, f"{name} must be {cap.describe()}, got {_show(value)}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None, f"{name} must be {cap.describe()}, got {_show(value)}"
-    if isinstance(value, float) and not math.isfinite(value):
-        return None, f"{name} is {value}, not a finite number; send {cap.describe()}"
-    if cap.kind == "int" and isinstance(value, float) and not value.is_integer():
-        return None, f"{name} must be {cap.describe()}, got {value}"
-    if (cap.low is not None and value < cap.low) or (cap.high is not None and value > cap.high):
-        return None, f"{name}={_show(value)} is outside its range; send {cap.describe()}"
-    return (int(value) if cap.kind == "int" else float(value)), None
-
-
-def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 # ---- sampler parameters: the same caps for LSP options, HTTP and remote requests ------------------
 
-SAMPLER_CAPS: dict[str, Cap] = {
-    "steps": Cap("int", 1, 4096, doc="denoising steps per block (upper bound)"),
-    "block_len": Cap("int", 1, 1024, doc="masked slots per block"),
-    "max_blocks": Cap("int", 1, 64, doc="blocks when no <eom> comes"),
-    "threshold": Cap("float", 0.0, 1.0, doc="commit every slot above this confidence"),
-    "temperature": Cap("float", 0.0, 100.0, doc="0 = greedy"),
-    "seed": Cap("int", 0, 2**63 - 1, doc="sampling seed"),
-    "rule": Cap("choice", choices=("max_prob", "margin", "entropy"), doc="confidence rule"),
-    "order": Cap("choice", choices=("confidence", "left_to_right"), doc="decode order"),
-    "repeat_penalty": Cap("float", 0.0, 100.0, doc="logits off a token that repeats (0: off)"),
-    "end_threshold": Cap("float", 0.0, 1.0, doc="length-aware end: p(<eom>) + p(<pad>) to end at (0: off)"),
-    "memory_weight": Cap("float", -100.0, 100.0, doc="repository memory: weight of the memory's logit"),
-    "model_weight": Cap("float", -100.0, 100.0, doc="repository memory: weight of the model's log score"),
-    "memory_bias": Cap("float", -100.0, 100.0, doc="repository memory: bias of the mixed confidence"),
-    "veto": Cap("float", 0.0, 1.0, doc="repository memory: a proposal the model scores lower is never shown"),
-    "verify_passes": Cap("int", 0, 8, doc="repository memory: model passes per proposal (0: the memory alone)"),
-}
+# Each SamplerParams field declares its cap and meaning (coder_model.caps.option); SamplerParams
+# checks itself against them, and every door checks a request's values against them here.
+SAMPLER_CAPS: dict[str, Cap] = field_caps(SamplerParams)
 # The total work of one request in slot-steps: block_len x max_blocks x the steps one block can
 # take (at most block_len: every step commits at least one slot). 32x the default request
 # (32 x 2 x 32 = 2,048), so any sensible setting passes while 1024 x 3 x 1024 does not.
@@ -159,7 +74,7 @@ def check_sampler(values: dict[str, Any], where: str = "") -> tuple[dict[str, An
             good[name] = ok
     try:
         params = SamplerParams(**good)
-    except (TypeError, ValueError) as exc:  # cannot happen with the caps above; kept as a net
+    except (TypeError, ValueError) as exc:  # SamplerParams checks the same caps; kept as a net
         problems.append(f"sampler parameters {good}: {exc}")
         return {}, problems
     cost = request_slot_steps(params)

@@ -1,7 +1,7 @@
 """The native `dlm` denoiser: a Llama-style transformer with the native mask.
 
 RMSNorm, rotary embeddings, SwiGLU, grouped-query attention. The attention is
-causal over the context and bidirectional inside the masked block (DESIGN §4),
+causal over the context and bidirectional inside the masked block (docs/architecture.md §4),
 so the K/V of context tokens never depend on the block and can be cached
 exactly (coder_model.cache). Logits are unshifted: block slot i predicts the
 token at slot i.
@@ -71,7 +71,7 @@ class Block(nn.Module):
 
 
 class CopyHead(nn.Module):
-    """Pointer-generator copy head (issue 23): a block slot may copy a context token.
+    """Pointer-generator copy head: a block slot may copy a context token.
 
     A model of 6M parameters trained on ~40M tokens does not learn induction-style copying
     (`def __init__(self, x):` ... `self.x = ` gets no `x`), so copying is given to it: each

@@ -1,4 +1,4 @@
-"""Where the editable region starts and ends: the rules the server cuts by (DESIGN §4).
+"""Where the editable region starts and ends: the rules the server cuts by (docs/architecture.md §4).
 
 - "typing" (the user is typing on this line): the cursor line plus the rest of its
   statement, at most `typing_region_lines` lines and about `typing_region_tokens`
@@ -24,6 +24,7 @@ from functools import cache
 from typing import Literal
 
 from dlm.coder_model.budget import CHARS_PER_TOKEN
+from dlm.coder_model.caps import Cap, option
 
 Mode = Literal["typing", "wide"]
 Span = Callable[[int, int], "tuple[int, int] | None"]
@@ -60,11 +61,19 @@ class RegionBudget:
     """Region sizes: training cuts by these, and the server's options (dlm.lsp.options.ContextOptions)
     are a subclass, so both start from the same defaults."""
 
-    typing_region_tokens: int = 48  # cursor line + rest of its statement, while typing
-    typing_region_lines: int = 4
-    wide_region_lines_before: int = 2  # after a pause or a jump: a few lines around the cursor
-    wide_region_lines_after: int = 4
-    wide_region_tokens: int = 160
+    typing_region_tokens: int = option(
+        48, Cap("int", 1, 4096), "while typing, the region (the cursor line and the rest of its statement) "
+        "holds at most about this many tokens")
+    typing_region_lines: int = option(
+        4, Cap("int", 1, 200), "while typing, the region holds at most this many lines")
+    wide_region_lines_before: int = option(
+        2, Cap("int", 0, 200), "after a pause or a jump, the region starts this many lines above the cursor "
+        "(widened to whole statements)")
+    wide_region_lines_after: int = option(
+        4, Cap("int", 0, 200), "after a pause or a jump, the region ends this many lines below the cursor "
+        "(widened to whole statements)")
+    wide_region_tokens: int = option(
+        160, Cap("int", 1, 4096), "after a pause or a jump, the region holds at most about this many tokens")
 
 
 def split_lines(text: str) -> list[str]:

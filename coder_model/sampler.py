@@ -1,4 +1,4 @@
-"""Iterative unmasking of the masked block (DESIGN §5).
+"""Iterative unmasking of the masked block (docs/architecture.md §5).
 
 Each step runs the network over the block (context K/V come from the exact
 prefix cache), scores the still-masked slots and commits every slot whose
@@ -8,7 +8,7 @@ after k becomes <pad> at once. A block with no <eom> is moved into the context
 and a new block is appended (up to `max_blocks`). The CancelToken is checked
 before every step.
 
-Deadline (DESIGN §5, anytime decoding): a request may carry an absolute
+Deadline (docs/architecture.md §5, anytime decoding): a request may carry an absolute
 `time.monotonic()` deadline. The decoder asks the engine's `StepTimer` (an EMA
 of measured step times per block length) how many more steps fit before it
 and commits enough slots per step to finish the block in that many. When not
@@ -25,7 +25,7 @@ product; `evaluation.calibrate` measures which ranks correct suggestions best
 and stores the choice with a monotone calibration map in calibration.json);
 `Prediction.confidence` is the calibrated value.
 
-Against degenerate answers (issue 23: filler of blank lines, `get_get_get_`):
+Against degenerate answers (filler of blank lines, `get_get_get_`):
 - length-aware decoding (`end_threshold`): at a block's first step, where every
   slot is masked, p(<eom>) + p(<pad>) at slot j is the model's probability that
   the answer has ended by j (it was trained with <pad> after <eom>). <eom> is

@@ -1,4 +1,4 @@
-"""Retrieved snippets for the layout's snippet sections (issue 21 2b; DESIGN §4, §10).
+"""Retrieved snippets for the layout's snippet sections (docs/architecture.md §4, §10).
 
 One rule for the server (lsp.context, from the workspace index) and training's examples (from the
 other files of the same project in the corpus), so the model is served the snippets it was

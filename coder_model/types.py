@@ -1,4 +1,4 @@
-"""The contracts between the editor side and the model side (DESIGN §3).
+"""The contracts between the editor side and the model side (docs/architecture.md §3).
 
 Nothing here imports torch: `dlm.lsp` uses these types before (and even
 without) a model being loaded.
@@ -6,10 +6,12 @@ without) a model being loaded.
 
 from __future__ import annotations
 
-import math
 import threading
-from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from concurrent.futures import Future
+from dataclasses import dataclass, field, fields
+from typing import Literal, Protocol, get_args, runtime_checkable
+
+from dlm.coder_model.caps import Cap, check, option
 
 ConfidenceRule = Literal["max_prob", "margin", "entropy"]
 DecodeOrder = Literal["confidence", "left_to_right"]
@@ -17,7 +19,7 @@ DecodeOrder = Literal["confidence", "left_to_right"]
 
 @dataclass(frozen=True)
 class MemoryProposal:
-    """A whole insertion at the cursor proposed by the repository memory (DESIGN §10), with the
+    """A whole insertion at the cursor proposed by the repository memory (docs/architecture.md §10), with the
     memory's own probability of it; the engine's denoiser checks it against the suffix."""
 
     text: str
@@ -26,7 +28,7 @@ class MemoryProposal:
 
 @dataclass(frozen=True)
 class RetrievedSnippet:
-    """Lines of another file of the project, similar to the lines above the cursor (DESIGN §10):
+    """Lines of another file of the project, similar to the lines above the cursor (docs/architecture.md §10):
     the layout gives them to the model in sections of their own, before the file's."""
 
     path: str
@@ -42,7 +44,7 @@ class Prompt:
     before/after the region. `history` holds rendered edit events (unified
     diffs), oldest first.
 
-    `insert` is the mode (DESIGN §4). False (edit mode: after a pause, a jump,
+    `insert` is the mode (docs/architecture.md §4). False (edit mode: after a pause, a jump,
     dlm/editPrediction): the model writes the new text of the whole region.
     True (typing): the model writes only the text to insert at the cursor, up
     to the end of the statement; it never re-types the region. Either way the
@@ -75,7 +77,7 @@ class Prompt:
 
 @dataclass(frozen=True)
 class LayoutBudget:
-    """Token budgets of the model's context (DESIGN §3, §4); the far ends are cut first.
+    """Token budgets of the model's context (docs/architecture.md §3, §4); the far ends are cut first.
 
     Part of the Engine contract: the LSP fits its text windows to it, the layout
     (coder_model.layout) cuts to it, and a remote server announces its model's in
@@ -104,72 +106,76 @@ class LayoutBudget:
 
 @dataclass(frozen=True)
 class SamplerParams:
-    """Knobs of the iterative unmasking sampler (DESIGN §5).
+    """Knobs of the iterative unmasking sampler (docs/architecture.md §5).
 
     Defaults are the ones `dlm-lsp bench` tuned for the embedded model.
     `threshold=1.0` with `order="left_to_right"` decodes one slot per step
     left to right: the autoregressive baseline on the same network.
     """
 
-    steps: int = 32  # upper bound on denoising steps per block
-    block_len: int = 32  # L: masked slots per block
-    max_blocks: int = 2  # block extension when no <eom> appears in a block
-    rule: ConfidenceRule = "max_prob"
-    threshold: float = 0.9  # commit every slot whose confidence is above it
-    temperature: float = 0.0  # 0 = greedy
-    order: DecodeOrder = "confidence"
-    seed: int = 0
+    # Each field's cap is the one every door checks a request against (coder_model.limits): it
+    # bounds one request's cost for everyone sharing the model. `valid` is the wider range a
+    # SamplerParams built in code may hold (a benchmark's heavy client), where it differs.
+    steps: int = option(
+        32, Cap("int", 1, 4096, valid=(1, None)), "denoising steps per block (upper bound)")
+    block_len: int = option(
+        32, Cap("int", 1, 1024, valid=(1, None)), "masked slots per block (L)")
+    max_blocks: int = option(
+        2, Cap("int", 1, 64, valid=(1, None)), "blocks at most: another block follows when no <eom> comes")
+    # (RUF009 takes option() for a call in a default: it returns the field, as field() does)
+    rule: ConfidenceRule = option(  # noqa: RUF009
+        "max_prob", Cap("choice", choices=get_args(ConfidenceRule)), "how a slot's confidence is measured")
+    threshold: float = option(0.9, Cap("float", 0.0, 1.0), "commit every slot whose confidence is above this")
+    temperature: float = option(
+        0.0, Cap("float", 0.0, 100.0, valid=(0.0, None)), "sampling temperature (0: greedy)")
+    order: DecodeOrder = option(  # noqa: RUF009
+        "confidence", Cap("choice", choices=get_args(DecodeOrder)),
+        "which slots commit first: the most confident, or left to right")
+    seed: int = option(0, Cap("int", 0, 2**63 - 1, valid=(None, None)), "sampling seed")
     # Repository-memory proposals (Prompt.proposals), checked by coder_model.verify: the confidence
     # is sigmoid(memory_bias + memory_weight * logit(p_memory) + model_weight * log(p_model)); a
     # proposal the model gives less than `veto` is never answered. verify_passes = 0 skips the model
     # (the memory alone: a diagnostic, never the product's default). Defaults by measurement
     # (python -m dlm.drivers.evaluation.memory_mix, xarray + astropy, 500 held-out lines): the
     # model's weight 0.25 was chosen on one half and is neutral on the other (+0.4 points, 95%
-    # interval -1.6..+2.4); weights and bias are the logistic fit of "right" on that half. Rerun
-    # with the order-12 memory (issue 21): every weight 0..4 within a point of the memory alone
+    # interval -1.6..+2.4); weights and bias are the logistic fit of "right" on that half. With
+    # the order-12 memory: every weight 0..4 within a point of the memory alone
     # (-0.8 at the chosen 2.0, -4.0..+2.0); kept, and the gate (lsp.options.min_confidence)
     # calibrated through the server with these values.
-    memory_weight: float = 1.0
-    model_weight: float = 0.25
-    memory_bias: float = 0.74
-    veto: float = 0.0
-    verify_passes: int = 2
-    # Against degenerate answers (issue 23; coder_model.sampler). repeat_penalty: logits
+    memory_weight: float = option(
+        1.0, Cap("float", -100.0, 100.0, valid=(None, None)),
+        "repository memory: weight of the memory's logit")
+    model_weight: float = option(
+        0.25, Cap("float", -100.0, 100.0, valid=(None, None)),
+        "repository memory: weight of the model's log score")
+    memory_bias: float = option(
+        0.74, Cap("float", -100.0, 100.0, valid=(None, None)),
+        "repository memory: bias of the mixed confidence")
+    veto: float = option(
+        0.0, Cap("float", 0.0, 1.0),
+        "repository memory: a proposal the model gives less than this probability is never shown")
+    verify_passes: int = option(
+        2, Cap("int", 0, 8), "repository memory: model passes per proposal (0: the memory alone)")
+    # Against degenerate answers (coder_model.sampler). repeat_penalty: logits
     # subtracted from a token that would repeat its committed neighbour, start a third copy of
     # the n-gram before or after it, or add a blank line to a blank line (0 = off).
     # end_threshold: length-aware decoding; at a block's first step <eom> is committed at the
     # first slot where p(<eom>) + p(<pad>) (the answer has ended) reaches it (0 = off; confidence
     # order only: the autoregressive baseline finds its end left to right). 0.3 measured better
     # than 0.5 (the median length) on every set of BENCHMARKS.md "Degenerate answers".
-    repeat_penalty: float = 2.0
-    end_threshold: float = 0.3
+    repeat_penalty: float = option(
+        2.0, Cap("float", 0.0, 100.0, valid=(0.0, None)), "logits off a token that repeats (0: off)")
+    end_threshold: float = option(
+        0.3, Cap("float", 0.0, 1.0), "length-aware end: p(<eom>) + p(<pad>) at which an answer ends (0: off)")
 
     def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise ValueError(f"steps={self.steps}: need at least 1 denoising step")
-        if self.block_len < 1:
-            raise ValueError(f"block_len={self.block_len}: need at least 1 slot")
-        if self.max_blocks < 1:
-            raise ValueError(f"max_blocks={self.max_blocks}: need at least 1 block")
-        if self.rule not in ("max_prob", "margin", "entropy"):
-            raise ValueError(f"rule={self.rule!r}: use max_prob, margin or entropy")
-        if self.order not in ("confidence", "left_to_right"):
-            raise ValueError(f"order={self.order!r}: use confidence or left_to_right")
-        if not 0.0 <= self.threshold <= 1.0:
-            raise ValueError(f"threshold={self.threshold}: use a value in [0, 1]")
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature}: use a value >= 0")
-        if not 0 <= self.verify_passes <= 8:
-            raise ValueError(f"verify_passes={self.verify_passes}: use 0 (no model) to 8")
-        if not 0.0 <= self.veto <= 1.0:
-            raise ValueError(f"veto={self.veto}: use a probability in [0, 1]")
-        for name in ("memory_weight", "model_weight", "memory_bias"):
-            if not math.isfinite(getattr(self, name)):
-                raise ValueError(f"{name}={getattr(self, name)}: use a finite number")
-        if self.repeat_penalty < 0:
-            raise ValueError(f"repeat_penalty={self.repeat_penalty}: use a value >= 0 (0 = off)")
-        if not 0.0 <= self.end_threshold <= 1.0:
-            raise ValueError(f"end_threshold={self.end_threshold}: use a value in [0, 1] (0 = off)")
+        # The fields' own caps (their `valid` ranges where wider than a request's), converted to
+        # the cap's kind: 16.0 steps is 16.
+        for f in fields(self):
+            value, problem = check(f.name, getattr(self, f.name), f.metadata["cap"].in_code)
+            if problem is not None:
+                raise ValueError(problem)
+            object.__setattr__(self, f.name, value)
 
 
 @dataclass
@@ -244,6 +250,15 @@ class Engine(Protocol):
     ) -> Prediction:
         """`deadline`: absolute time.monotonic() by which to answer (None: no deadline); the
         engine plans its steps to it and answers the confident part or nothing, never late."""
+        ...
+
+    def submit(
+        self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, deadline: float | None = None
+    ) -> Future[Prediction]:
+        """`predict` without waiting: a Future of its Prediction, or of its exception (a ValueError:
+        a request the model cannot take). The LSP awaits it on its event loop, so none of its
+        threads sits waiting on the model: an engine with an inference queue queues the request
+        there, one whose `predict` waits on the wire runs it on a thread of its own."""
         ...
 
     def status(self) -> EngineStatus: ...

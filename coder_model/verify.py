@@ -1,4 +1,5 @@
-"""The denoiser checks the repository memory's proposals (DESIGN §10: memory proposes, the model disposes).
+"""The denoiser checks the repository memory's proposals (memory proposes, the model disposes:
+docs/architecture.md §10).
 
 The memory (coder_model.memory) proposes whole insertions at the cursor; an n-gram sees only the
 text before the cursor. The denoiser scores each proposal with the suffix in view: the block is
@@ -7,7 +8,7 @@ filled with the region as it would be after the insertion (edit layout) or the i
 the `<eom>` are masked in `passes` interleaved groups (slot i in group i mod passes), and each
 masked slot is scored with every other slot visible: a pseudo-likelihood, a far better score for a
 masked model than one all-masked pass (which ranked the memory's beam worse than the memory's own
-order, DESIGN §10). All proposals of a pass go through the model in one batched call.
+order, docs/architecture.md §10). All proposals of a pass go through the model in one batched call.
 
 `choose` mixes the memory's probability and the model's score (weights by measurement, `Mix`)
 and may answer None: the model vetoes every proposal. `ranked` orders every proposal the model

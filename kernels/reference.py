@@ -1,7 +1,7 @@
 """PyTorch reference ops: the specification of every kernel and the CPU path.
 
 Each function here is what the Triton kernel of the same name must compute
-(DESIGN §6). Shapes are in the comments next to the code.
+(docs/architecture.md §6). Shapes are in the comments next to the code.
 """
 
 from __future__ import annotations

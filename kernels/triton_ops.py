@@ -1,4 +1,4 @@
-"""Triton kernels for the denoiser's ops (DESIGN §6).
+"""Triton kernels for the denoiser's ops (docs/architecture.md §6).
 
 Each public function here has the signature and semantics of the function of
 the same name in `dlm.kernels.reference` (the spec). The public launchers check

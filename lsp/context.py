@@ -1,10 +1,10 @@
-"""Document + cursor -> Prompt (DESIGN §2, §4).
+"""Document + cursor -> Prompt (docs/architecture.md §2, §4).
 
 The editable region is snapped to syntax:
 - "typing" (the user is typing here, last edit < idle_ms ago near the cursor):
   the cursor line plus the rest of its statement, bounded in tokens, so the
   masked block stays short (L ~ 32-48) and a step is cheap. Its Prompt is an
-  insertion prompt (Prompt.insert, DESIGN §4): the region shows the model the
+  insertion prompt (Prompt.insert, docs/architecture.md §4): the region shows the model the
   line around the cursor, and the model writes only the text to insert there;
   the same after a pause, an explicit trigger or a jump when the cursor is at a completion point
   (the end of the line's text, or only closing brackets, quotes or a colon after it; an empty line);

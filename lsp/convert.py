@@ -73,7 +73,7 @@ def replace_end(doc: Document, built: BuiltContext, sugg: Suggestion) -> types.P
 
 
 def suggestion_data(confidence: float | None, rewrites_recent: bool) -> dict:
-    """What the server knows of a suggestion's quality (README "Protocol"): `confidence`
+    """What the server knows of a suggestion's quality (docs/protocol.md): `confidence`
     (calibrated, null when the engine computes none) and `rewritesRecent`."""
     return {"confidence": confidence, "rewritesRecent": rewrites_recent}
 

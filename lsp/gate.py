@@ -1,4 +1,4 @@
-"""The show / don't-show decision for a suggestion, and the request's deadline (DESIGN §3).
+"""The show / don't-show decision for a suggestion, and the request's deadline (docs/architecture.md §3).
 
 Pure functions and one small per-document record; the server (lsp.server) and
 the HTTP endpoint call them, `dlm-lsp eval` applies the same rule offline.
@@ -12,11 +12,14 @@ the HTTP endpoint call them, `dlm-lsp eval` applies the same rule offline.
   least `min_confidence`. One that deletes or rewrites text typed in the last
   `recent_edit_s` seconds needs `min_confidence_rewrite_recent`: proposing to
   undo what the user just typed is the most irritating mistake an editor can
-  make. An engine that computes no confidence (None: open families, older
-  remote servers) is not gated, except that it may not rewrite recent text.
+  make. An engine that computes no confidence (None: open families, remote
+  servers that send none) is not gated, except that it may not rewrite recent
+  text.
 - Edit predictions away from the cursor (dlm/editPrediction) are answered
-  only with `edit_predictions` on (off by default until `dlm-lsp eval` shows
-  the model earns them).
+  only with `edit_predictions` on (the default: they come from the edit memory,
+  whose own gate is `nextEdits.minConfidence`); the model's own rewrite of the
+  region (`nextEdits.modelFallback`) stays off: it has not earned it
+  (docs/next-edits.md).
 """
 
 from __future__ import annotations

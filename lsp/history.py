@@ -5,7 +5,7 @@ when it touches lines within `gap_lines` of it and comes less than `idle_s`
 after the previous change; otherwise (a pause, or a jump elsewhere) the open
 event is closed and rendered by coder_model.edit_history.render_event (the
 renderer training uses, so the model sees the same bytes), and a new one
-starts. Only closed events are rendered (DESIGN §4): the open event is
+starts. Only closed events are rendered (docs/architecture.md §4): the open event is
 visible in the editable region, and keeping it out means that typing does
 not change the tokens before the region, so the model's prefix KV cache
 stays valid while the user types.
@@ -21,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from dlm.coder_model.budget import CHARS_PER_TOKEN
+from dlm.coder_model.caps import Cap, option
 from dlm.coder_model.edit_history import render_event
 
 
@@ -34,10 +35,15 @@ class _Event:
 
 @dataclass
 class HistoryOptions:
-    max_events: int = 6
-    max_tokens: int = 512  # at most this many (estimated) tokens of events, and no more than the model takes
-    gap_lines: int = 8
-    idle_s: float = 1.0
+    max_events: int = option(6, Cap("int", 0, 64), "edit events the model sees at most, the newest")
+    max_tokens: int = option(
+        512, Cap("int", 0, 65_536),
+        "(estimated) tokens of edit events at most, and never more than the model takes")
+    gap_lines: int = option(
+        8, Cap("int", 0, 10_000), "a change within this many lines of the open edit event joins it")
+    idle_s: float = option(
+        1.0, Cap("float", 0.0, 3600.0), "a change more than this many seconds after the previous one "
+        "starts a new edit event")
 
 
 @dataclass

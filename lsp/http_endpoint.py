@@ -20,7 +20,7 @@ indexed gets no memory (the model answers alone). Serving a workspace needs a
 token even on loopback: any local user could otherwise read the indexed code
 through it.
 
-Security (README "Zed" / "Security"): a web page in the developer's browser
+Security (docs/remote.md, "Security of the endpoint"): a web page in the developer's browser
 can reach a local port, so requests carrying an `Origin` header (browsers
 send one on every cross-origin POST and fetch; Zed does not) are refused,
 the `Host` must name the listen address or localhost (DNS rebinding), and a
@@ -153,8 +153,8 @@ class FolderIndex:
         if problem:
             raise WorkspaceRefused(problem)
         # The language server's memory query, imported here: only an endpoint with a workspace
-        # pays for loading the server module.
-        from dlm.lsp.server import memory_proposals
+        # pays for loading it.
+        from dlm.lsp.memory_proposals import memory_proposals
 
         self.root = root
         self.roots = tuple(dict.fromkeys((root, os.path.realpath(root))))  # as given, as resolved

@@ -1,4 +1,4 @@
-"""Latest wins, per document (DESIGN §2).
+"""Latest wins, per document (docs/architecture.md §2).
 
 Each document has at most one model run in flight and one pending. A new
 request for a different (version, position) supersedes the pending one (it

@@ -1,13 +1,14 @@
-"""Next edits from the edit memory (coder_model.edit_memory; README "Next edits").
+"""Next edits from the edit memory (coder_model.edit_memory; docs/next-edits.md).
 
 The server feeds every applied change to `record` (per document, a BurstTracker groups
 changes into edits; a closed edit's patterns go into the one server-wide EditMemory, so
 an edit in one buffer proposes in the others). `start` mines each workspace root's git
-history up to HEAD for support, in the background. `propose` answers dlm/editPrediction:
+history up to HEAD for support, in the background. Each function gets an `EditContext`, the
+server's parts the edit memory uses (built once by lsp.server). `propose` answers dlm/editPrediction:
 
 1. the open edit's patterns (peeked, not remembered until it closes) and the newest
    remembered ones find their sites in this document, ranked by their calibrated confidence
-   (coder_model.edit_memory.calibration; on a pool thread, the document's lines copied on
+   (coder_model.edit_memory.edit_calibration; on a pool thread, the document's lines copied on
    the event loop first); with `nextEdits.checkWithModel` off (the default) the best one at
    `nextEdits.minConfidence` or above is the answer;
 2. with `checkWithModel` on, the denoiser checks the best `checked` proposals, best first: the site's line is the
@@ -44,6 +45,8 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,7 +60,13 @@ from dlm.lsp.documents import Document
 from dlm.lsp.workspace_index import file_path
 
 if TYPE_CHECKING:
-    from dlm.lsp.server import DlmServer
+    from dlm.coder_model.types import LayoutBudget, SamplerParams
+    from dlm.lsp.context import Windows
+    from dlm.lsp.documents import Documents
+    from dlm.lsp.engine_holder import EngineHolder
+    from dlm.lsp.options import Options
+    from dlm.lsp.stats import Stats
+    from dlm.lsp.workspace_index import WorkspaceIndex
 
 log = logging.getLogger(__name__)
 
@@ -201,32 +210,61 @@ class NextEdits:
                 self.close_open_edit(other)
 
 
-def start(ls: DlmServer, roots: list[str]) -> None:
+@dataclass(frozen=True)
+class EditContext:
+    """What the edit memory uses of the server, built once by it (lsp.server): the edit memory, the
+    workspace index (the files a jump may lead to), the counters, the pool its scans run on, the
+    engine (the model's check), and the server's settings, open documents, paths, suggestion ids,
+    text windows and sampler. The settings and the open documents are read through getters:
+    `initialize` replaces both."""
+
+    next_edits: NextEdits
+    workspace_index: WorkspaceIndex
+    stats: Stats
+    pool: Executor
+    holder: EngineHolder
+    current_options: Callable[[], Options]
+    current_documents: Callable[[], Documents]
+    path_of: Callable[[str], str]
+    next_id: Callable[[], str]
+    windows: Callable[[LayoutBudget], Windows]
+    sampler_params: Callable[[], SamplerParams]
+
+    @property
+    def options(self) -> Options:
+        return self.current_options()
+
+    @property
+    def documents(self) -> Documents:
+        return self.current_documents()
+
+
+def start(ctx: EditContext, roots: list[str]) -> None:
     """Mine each root's git history (up to its HEAD now) in the background, once per root."""
-    opts = ls.options.next_edits
-    if not (ls.options.edit_predictions and opts.enabled) or opts.git_commits <= 0:
+    opts = ctx.options.next_edits
+    if not (ctx.options.edit_predictions and opts.enabled) or opts.git_commits <= 0:
         return
-    ne = ls.next_edits
+    ne = ctx.next_edits
     for root in roots:
         if root not in ne.miners:
             ne.miners[root] = GitMiner(root, ne.memory.learn_git, max_commits=opts.git_commits).start()
 
 
-def record(ls: DlmServer, doc: Document, change) -> None:
+def record(ctx: EditContext, doc: Document, change) -> None:
     """An applied change of `doc` (lsp.documents.Change): a closed edit's patterns are remembered."""
-    opts = ls.options.next_edits
-    if not (ls.options.edit_predictions and opts.enabled):
+    opts = ctx.options.next_edits
+    if not (ctx.options.edit_predictions and opts.enabled):
         return
     try:
         # a pause of history.idleS ends an edit, as it ends an edit event of the history (lsp.history)
-        ne = ls.next_edits
+        ne = ctx.next_edits
         ne.close_others(doc.uri)
-        tracker = ne.tracker(doc.uri, opts.max_edit_lines, ls.options.history.idle_s)
-        ne.documents[doc.uri] = (doc, ls.path_of(doc.uri))
+        tracker = ne.tracker(doc.uri, opts.max_edit_lines, ctx.options.history.idle_s)
+        ne.documents[doc.uri] = (doc, ctx.path_of(doc.uri))
         for edit in tracker.after_change(change, doc.lines):
             # the change that closed the edit is in doc.lines already: its lines are not looked at
             skip = (change.start_line, change.new_end_line + 1)
-            ls.next_edits.memory.observe(ls.path_of(doc.uri), edit, doc.lines, skip)
+            ctx.next_edits.memory.observe(ctx.path_of(doc.uri), edit, doc.lines, skip)
         acc = ne.accepting.get(doc.uri)
         if acc is not None:
             acc.changes_left -= 1
@@ -237,18 +275,18 @@ def record(ls: DlmServer, doc: Document, change) -> None:
                 del ne.accepting[doc.uri]  # applied otherwise: its burst closes as any other does
     except Exception:  # the memory must never cost a keystroke
         log.exception("edit memory: could not record a change of %s", doc.uri)
-        ls.next_edits.trackers.pop(doc.uri, None)
-        ls.next_edits.documents.pop(doc.uri, None)
+        ctx.next_edits.trackers.pop(doc.uri, None)
+        ctx.next_edits.documents.pop(doc.uri, None)
 
 
-def _pending(ls: DlmServer, doc: Document, path: str, lines: list[str]) -> tuple[list, bool]:
+def _pending(ctx: EditContext, doc: Document, path: str, lines: list[str]) -> tuple[list, bool]:
     """The open edit's patterns, and whether an edit is open (the newest edit: the memory counts
     the closed ones as one edit older); an open edit that undoes a remembered pattern forgets it."""
-    tracker = ls.next_edits.trackers.get(doc.uri)
+    tracker = ctx.next_edits.trackers.get(doc.uri)
     edit = tracker.peek(lines) if tracker is not None else None
     if edit is None:
         return [], False
-    memory = ls.next_edits.memory
+    memory = ctx.next_edits.memory
     entries = memory.entries_of(path, edit, lines)
     if memory.undone_by(entries):
         memory.observe(path, edit, lines)  # forgets what it reverts, remembers nothing
@@ -267,7 +305,7 @@ def region_of(doc_lines: list[str], p: Proposal) -> tuple[str, int, str]:
     return text[: s.start] + text[end:], s.start, text[: s.start] + s.new_text + text[end:]
 
 
-def check_prompt(ls: DlmServer, doc: Document, lines: list[str], p: Proposal, path: str, windows) -> Prompt:
+def check_prompt(doc: Document, lines: list[str], p: Proposal, path: str, windows) -> Prompt:
     """The denoiser's view of a proposal (module doc, step 2)."""
     region, cursor, _ = region_of(lines, p)
     row = p.site.line
@@ -283,16 +321,14 @@ def check_prompt(ls: DlmServer, doc: Document, lines: list[str], p: Proposal, pa
     return limits.bound_fields(prompt)
 
 
-async def check(ls: DlmServer, prompt: Prompt, expected: str, deadline: float) -> float | None:
+async def check(ctx: EditContext, prompt: Prompt, expected: str, deadline: float) -> float | None:
     """The model's verdict on one proposal: its confidence, or None (vetoed, late, refused)."""
-    if not ls.holder.ready():
+    if not ctx.holder.ready():
         return None
-    engine = ls.holder.engine
-    params = replace(ls.sampler_params(), veto=ls.options.next_edits.veto)
+    engine = ctx.holder.engine
+    params = replace(ctx.sampler_params(), veto=ctx.options.next_edits.veto)
     cancel = CancelToken()
-    submit = getattr(engine, "submit", None)
-    fut = (submit(prompt, params, cancel, deadline) if submit is not None
-           else ls.pool.submit(engine.predict, prompt, params, cancel, deadline))
+    fut = engine.submit(prompt, params, cancel, deadline)
     try:
         pred = await asyncio.wait_for(asyncio.wrap_future(fut), max(0.05, deadline - time.monotonic() + 1.0))
     except (ValueError, asyncio.TimeoutError):
@@ -303,29 +339,29 @@ async def check(ls: DlmServer, prompt: Prompt, expected: str, deadline: float) -
     return pred.confidence if pred.confidence is not None else prompt.proposals[0].score
 
 
-async def propose(ls: DlmServer, doc: Document, row: int, col: int) -> dict | None:
+async def propose(ctx: EditContext, doc: Document, row: int, col: int) -> dict | None:
     """The dlm/editPrediction result from the edit memory, or None (no proposal passed)."""
-    opts = ls.options.next_edits
+    opts = ctx.options.next_edits
     t0 = time.monotonic()
-    uri, version, path = doc.uri, doc.version, ls.path_of(doc.uri)
+    uri, version, path = doc.uri, doc.version, ctx.path_of(doc.uri)
     lines = list(doc.lines)  # a snapshot: the document changes on the event loop meanwhile
     # asked about this document, the user is here: an edit still open in another one (the edit a
     # jump to this file came from) is finished, and its patterns propose here
-    ls.next_edits.close_others(uri)
-    pending, open_edit = _pending(ls, doc, path, lines)
-    memory = ls.next_edits.memory
+    ctx.next_edits.close_others(uri)
+    pending, open_edit = _pending(ctx, doc, path, lines)
+    memory = ctx.next_edits.memory
     if not pending and not memory.patterns():
         return None
     loop = asyncio.get_running_loop()
     found = await loop.run_in_executor(
-        ls.pool, lambda: memory.propose(path, lines, row, pending=pending, max_scan=opts.max_scan_lines,
+        ctx.pool, lambda: memory.propose(path, lines, row, pending=pending, max_scan=opts.max_scan_lines,
                                         limit=opts.max_proposals, open_edit=open_edit))
-    ls.stats.stage("next_edit_sites_ms", (time.monotonic() - t0) * 1000)
-    if ls.next_edits.landing is not None:
-        found = ls.next_edits.landing.apply(uri, found)
+    ctx.stats.stage("next_edit_sites_ms", (time.monotonic() - t0) * 1000)
+    if ctx.next_edits.landing is not None:
+        found = ctx.next_edits.landing.apply(uri, found)
     chosen: tuple[Proposal, float] | None = None
     deadline = t0 + opts.deadline_ms / 1000.0
-    windows = ls.windows(ls.holder.engine.budget) if ls.holder.ready() else None
+    windows = ctx.windows(ctx.holder.engine.budget) if ctx.holder.ready() else None
     for p in found[: opts.checked]:
         if p.support < 1e-6:
             continue
@@ -334,23 +370,23 @@ async def propose(ls: DlmServer, doc: Document, row: int, col: int) -> dict | No
                 break  # the model is not loaded: nothing is shown unchecked
             conf: float | None = p.support
         else:
-            prompt = check_prompt(ls, doc, lines, p, path, windows)
-            conf = await check(ls, prompt, region_of(lines, p)[2], deadline)
-        landed = ls.next_edits.landing is not None and ls.next_edits.landing.holds(uri, p)
+            prompt = check_prompt(doc, lines, p, path, windows)
+            conf = await check(ctx, prompt, region_of(lines, p)[2], deadline)
+        landed = ctx.next_edits.landing is not None and ctx.next_edits.landing.holds(uri, p)
         if conf is not None and conf >= (opts.min_confidence_jump if landed else opts.min_confidence):
             chosen = (p, conf)
             break
     if chosen is None:
-        if ls.documents.get(uri) is not doc or doc.version != version:
+        if ctx.documents.get(uri) is not doc or doc.version != version:
             return None
-        return await propose_elsewhere(ls, doc, pending, open_edit, deadline)
-    if ls.documents.get(uri) is not doc or doc.version != version:
-        ls.stats.add("outdated")  # the file changed while the proposal was computed: dropped
+        return await propose_elsewhere(ctx, doc, pending, open_edit, deadline)
+    if ctx.documents.get(uri) is not doc or doc.version != version:
+        ctx.stats.add("outdated")  # the file changed while the proposal was computed: dropped
         return None
     p, conf = chosen
     if any(span_text(doc.lines, s) != s.old_text for s in p.sites):
         return None  # never replace text the pattern does not cover
-    return result(ls, doc, p, conf, row)
+    return result(ctx, doc, p, conf, row)
 
 
 def site_range(doc: Document, s) -> dict:
@@ -358,26 +394,26 @@ def site_range(doc: Document, s) -> dict:
     return {"start": {"line": start[0], "character": start[1]}, "end": {"line": end[0], "character": end[1]}}
 
 
-def result(ls: DlmServer, doc: Document, p: Proposal, confidence: float, row: int) -> dict:
+def result(ctx: EditContext, doc: Document, p: Proposal, confidence: float, row: int) -> dict:
     """The dlm/editPrediction result: one edit per site of the proposal's block, in order."""
     edits = [{"range": site_range(doc, s), "newText": s.new_text} for s in p.sites]
     out: dict[str, Any] = {
-        "id": ls.next_id(), "version": doc.version, "edits": edits,
+        "id": ctx.next_id(), "version": doc.version, "edits": edits,
         "confidence": confidence, "rewritesRecent": False,
         "source": "editMemory", "label": p.pattern.label(),
     }
-    answered = ls.next_edits.answered
+    answered = ctx.next_edits.answered
     answered[out["id"]] = Answered(doc.uri, doc.version, p.sites)
     while len(answered) > MAX_ANSWERED:
         answered.popitem(last=False)
     first = p.sites[0]
-    if min(abs(s.line - row) for s in p.sites) > ls.options.next_edits.jump_lines:
-        # far from the cursor: the client shows a "jump to" hint first (README "Next edits")
+    if min(abs(s.line - row) for s in p.sites) > ctx.options.next_edits.jump_lines:
+        # far from the cursor: the client shows a "jump to" hint first (docs/next-edits.md)
         out["jump"] = {"position": edits[0]["range"]["start"], "lines": first.line - row, "label": p.pattern.label()}
     return out
 
 
-def accepted_edit(ls: DlmServer, params: Any) -> None:
+def accepted_edit(ctx: EditContext, params: Any) -> None:
     """`dlm/acceptedEdit {id, textDocument?}`: the client applies the in-document next edit `id`
     now (sent right before the edit's didChange; see the module doc). The document's open edit, the
     user's own, is closed and remembered, and the accepted edit is closed once the document holds it:
@@ -385,17 +421,17 @@ def accepted_edit(ls: DlmServer, params: Any) -> None:
     sees the same edit made again by hand. Ignored when the id is not a proposal answered here, was
     reported already, or the document is no longer at the proposal's version with its sites intact
     (the client applied it before telling: its change is then a burst like any other)."""
-    opts = ls.options.next_edits
-    if not (ls.options.edit_predictions and opts.enabled):
+    opts = ctx.options.next_edits
+    if not (ctx.options.edit_predictions and opts.enabled):
         return
     item = param(params, "id")
     key = str(item) if isinstance(item, (str, int)) and not isinstance(item, bool) else None
-    ne = ls.next_edits
+    ne = ctx.next_edits
     answer = ne.answered.pop(key, None) if key is not None else None
     if answer is None:
         log.debug("%s for an id that is no next edit answered here (%.40r); ignored", ACCEPTED_EDIT, item)
         return
-    doc = ls.documents.get(answer.uri)
+    doc = ctx.documents.get(answer.uri)
     if doc is None or doc.version != answer.version or any(span_text(doc.lines, s) != s.old_text
                                                            for s in answer.sites):
         log.debug("%s %s: the document changed since the proposal; not counted as a repetition",
@@ -424,47 +460,47 @@ def applied_text(lines: list[str], sites) -> str:
 # ---- a jump to another file (module doc, step 4) ----------------------------------------------
 
 
-async def propose_elsewhere(ls: DlmServer, doc: Document, pending: list, open_edit: bool,
+async def propose_elsewhere(ctx: EditContext, doc: Document, pending: list, open_edit: bool,
                             deadline: float) -> dict | None:
     """A proposal over the gate in another file (the first one found, nearest first), as a jump to
     it; None when there is none."""
-    opts = ls.options.next_edits
+    opts = ctx.options.next_edits
     if opts.other_files <= 0:
         return None
-    ne = ls.next_edits
+    ne = ctx.next_edits
     live = ne.memory.live_patterns(pending, open_edit)
     if not any(ne.memory.applied(e) >= JUMP_MIN_APPLIED for e in live):
         return None  # no edit made twice: no jump, whatever a scan would find
     key = (doc.uri, tuple((e.pattern.key, e.count, e.seq) for e in live))
     now = time.monotonic()
     if ne.elsewhere is None or ne.elsewhere.key != key or now - ne.elsewhere.at > ELSEWHERE_TTL_S:
-        opened = [(d.uri, list(d.lines)) for d in ls.documents if d.uri != doc.uri]  # snapshots, on the loop
+        opened = [(d.uri, list(d.lines)) for d in ctx.documents if d.uri != doc.uri]  # snapshots, on the loop
         needles = [k for k in (key_text(e.pattern) for e in live) if k]
         loop = asyncio.get_running_loop()
         found = await loop.run_in_executor(
-            ls.pool, lambda: scan_elsewhere(ls, doc.uri, opened, needles, pending, open_edit, deadline))
+            ctx.pool, lambda: scan_elsewhere(ctx, doc.uri, opened, needles, pending, open_edit, deadline))
         ne.elsewhere = Elsewhere(key, now, found)
     if ne.elsewhere.found is None:
         return None
     target, p = ne.elsewhere.found
-    there = current(ls, target)
+    there = current(ctx, target)
     if there is None or any(span_text(there.lines, s) != s.old_text for s in p.sites):
         ne.elsewhere = None  # edited or gone since the scan: scan again next time
         return None
     row, col = there.to_position(p.site.line, p.site.start)
-    ls.stats.add("jump_elsewhere")
+    ctx.stats.add("jump_elsewhere")
     ne.landing = Landing(target, _site_key(p), p.support)
-    return {"id": ls.next_id(), "version": doc.version, "edits": [], "confidence": p.support,
+    return {"id": ctx.next_id(), "version": doc.version, "edits": [], "confidence": p.support,
             "rewritesRecent": False, "source": "editMemory", "label": p.pattern.label(),
-            "jump": {"uri": target, "path": ls.path_of(target), "position": {"line": row, "character": col},
+            "jump": {"uri": target, "path": ctx.path_of(target), "position": {"line": row, "character": col},
                      "label": p.pattern.label()}}
 
 
-def nearest_files(ls: DlmServer, uri: str, skip: set[str]) -> list[str]:
+def nearest_files(ctx: EditContext, uri: str, skip: set[str]) -> list[str]:
     """The workspace's indexed files but `skip`, nearest `uri`'s folder first: by the folders
     between the two (up to the common one, then down), then by path."""
     here = file_path(uri) or ""
-    return sorted((f for f in ls.workspace_index.indexed_files() if f not in skip),
+    return sorted((f for f in ctx.workspace_index.indexed_files() if f not in skip),
                   key=lambda f: (folders_between(here, f), f))
 
 
@@ -479,7 +515,7 @@ def folders_between(a: str, b: str) -> int:
     return (len(here) - common) + (len(there) - common)
 
 
-def scan_elsewhere(ls: DlmServer, uri: str, opened: list[tuple[str, list[str]]], needles: list[str],
+def scan_elsewhere(ctx: EditContext, uri: str, opened: list[tuple[str, list[str]]], needles: list[str],
                    pending: list, open_edit: bool, deadline: float) -> tuple[str, Proposal] | None:
     """On the pool: the first file, in order, with a proposal at `nextEdits.minConfidenceJump` or
     above (that file's best): the other open documents (`opened`: snapshots), then the indexed
@@ -490,16 +526,16 @@ def scan_elsewhere(ls: DlmServer, uri: str, opened: list[tuple[str, list[str]]],
     not a secret, no link on the way) that `discovery.read_workspace_file` reads (a regular file,
     never a FIFO or a device, within `index.maxFileBytes`): an open document too, whose editor
     may have opened any file."""
-    opts = ls.options.next_edits
-    memory = ls.next_edits.memory
-    workspace = ls.workspace_index
-    max_bytes = ls.options.index.max_file_bytes
+    opts = ctx.options.next_edits
+    memory = ctx.next_edits.memory
+    workspace = ctx.workspace_index
+    max_bytes = ctx.options.index.max_file_bytes
     stacks: dict = {}  # each root's ignore rules, read once for this scan (never the indexer's own)
     skip = {file_path(u) or u for u, _ in opened} | {file_path(uri) or uri}
     open_uris = {u for u, _ in opened}
     sources: list[tuple[str, list[str] | None]] = list(opened)
     if len(sources) < opts.other_files:
-        files = nearest_files(ls, uri, skip)[: opts.other_files - len(sources)]
+        files = nearest_files(ctx, uri, skip)[: opts.other_files - len(sources)]
         sources.extend((Path(f).as_uri(), None) for f in files)
     until = min(deadline, time.monotonic() + ELSEWHERE_SCAN_S)
     for target, lines in sources[: opts.other_files]:
@@ -516,40 +552,40 @@ def scan_elsewhere(ls: DlmServer, uri: str, opened: list[tuple[str, list[str]]],
                 lines = Document(target, got.text).lines
             elif workspace.accepts(path, stacks):
                 continue
-            found = memory.propose(ls.path_of(target), lines, 0, pending=pending, max_scan=opts.max_scan_lines,
+            found = memory.propose(ctx.path_of(target), lines, 0, pending=pending, max_scan=opts.max_scan_lines,
                                    limit=1, open_edit=open_edit, cursor_here=False)
         except (OSError, UnicodeDecodeError, ValueError):
             continue  # unreadable, not text, or gone: not a place for a next edit
         if found and found[0].support >= opts.min_confidence_jump and found[0].applied >= JUMP_MIN_APPLIED:
-            if target in open_uris and not _open_document_indexable(ls, path, lines, stacks):
+            if target in open_uris and not _open_document_indexable(ctx, path, lines, stacks):
                 continue
             return target, found[0]  # the nearest file with a site over the gate
     return None
 
 
-def _open_document_indexable(ls: DlmServer, path: str, lines: list[str], stacks: dict) -> bool:
+def _open_document_indexable(ctx: EditContext, path: str, lines: list[str], stacks: dict) -> bool:
     """An open document the index would take: its file on disk reads (`read_workspace_file`) and
     its text passes the index's content rules (no secret, not binary, not too large)."""
-    max_bytes = ls.options.index.max_file_bytes
-    if not isinstance(ls.workspace_index.read_file(path, max_bytes, stacks), discovery.Source):
+    max_bytes = ctx.options.index.max_file_bytes
+    if not isinstance(ctx.workspace_index.read_file(path, max_bytes, stacks), discovery.Source):
         return False
     return not discovery.check_text("".join(lines), max_bytes)
 
 
-def current(ls: DlmServer, uri: str) -> Document | None:
+def current(ctx: EditContext, uri: str) -> Document | None:
     """The file as it is now: the open document, else read from disk like the index reads it
     (WorkspaceIndex.read_file: never through a link, never a FIFO or a device, within
     `index.maxFileBytes`); None when the index would not take it or it is unreadable."""
-    doc = ls.documents.get(uri)
+    doc = ctx.documents.get(uri)
     if doc is not None:
         return doc
     path = file_path(uri)
     if path is None:
         return None
-    got = ls.workspace_index.read_file(path, ls.options.index.max_file_bytes)
+    got = ctx.workspace_index.read_file(path, ctx.options.index.max_file_bytes)
     if isinstance(got, str):
         return None
     try:
-        return Document(uri, got.text, encoding=ls.documents.encoding)
+        return Document(uri, got.text, encoding=ctx.documents.encoding)
     except ValueError:
         return None

@@ -1,10 +1,10 @@
-"""New region text -> what the editor shows (DESIGN §2).
+"""New region text -> what the editor shows (docs/architecture.md §2).
 
 The engine returns the whole new text of the editable region. We turn it into
 minimal edits; the one that inserts at the cursor (or replaces the rest of
 the cursor line) becomes the inline completion (ghost text), the others are
 edit predictions (`dlm/editPrediction`). While typing, the native model writes
-only the insertion (Prompt.insert, DESIGN §4) and the engine hands it back as
+only the insertion (Prompt.insert, docs/architecture.md §4) and the engine hands it back as
 the region with that insertion at the cursor, so the inline item is exactly
 what the model wrote (after the filters below), and nothing of the line is
 re-typed or replaced. Filters on the inline text:

@@ -14,7 +14,7 @@ link followed, and the same on-disk cache, so a project the server indexed loads
 refuses the roots the server refuses (`/`, the home directory and the folders above it) with
 a message and predicts with the model alone then; `--no-index` skips the index. The memory is
 consulted as the server consults it (typing mode only): its proposals come from
-`lsp.server.memory_proposals` over the text around the cursor, the snippets of other files
+`lsp.memory_proposals.memory_proposals` over the text around the cursor, the snippets of other files
 from `context.with_snippets`, and the denoiser checks the proposals.
 
 Typing: in the default `--mode typing` the position means "typed up to here". An editor's
@@ -255,10 +255,10 @@ def start_index(path: Path, args: argparse.Namespace) -> tuple[ProjectIndex | No
 
 def with_memory(index: ProjectIndex, doc: Document, built: context.BuiltContext, path: Path, line: int,
                 col: int) -> tuple[context.BuiltContext, str]:
-    """`built` with the memory's proposals and snippets, computed as DlmServer.predict computes
+    """`built` with the memory's proposals and snippets, computed as the inline pipeline (lsp.inline) computes
     them for a typing request (the document's own indexed copy excluded), and the file's path
     in the index; (`built`, '') when the index holds no memory for the file."""
-    from dlm.lsp.server import memory_proposals, text_around
+    from dlm.lsp.memory_proposals import memory_proposals, text_around
 
     ws = index.workspace
     memory, rel = ws.memory_for(str(path.resolve()))

@@ -6,7 +6,7 @@ from collections import Counter, deque
 
 from dlm.coder_model.quantiles import percentile  # the one percentile (also re-exported)
 
-# Why an answer was not offered, in the words the status line uses (README "Protocol").
+# Why an answer was not offered, in the words the status line uses (docs/protocol.md).
 HELD_BACK_REASONS = {
     "gated_low_confidence": "low confidence",
     "gated_rewrites_recent": "rewrites recent typing",

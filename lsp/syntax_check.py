@@ -252,6 +252,18 @@ def _opens_past_the_line(before_line: str, after_line: str, next_line: str | Non
     return not next_line.lstrip().startswith(_OPEN[opened[-1]])
 
 
+_BLOCK_KEYWORDS = ("if", "elif", "else", "for", "while", "def", "class", "with", "try", "except", "finally",
+                   "async", "match", "case")
+
+
+def _colon_inside_bracket(after_line: str) -> bool:
+    """A block header whose `:` comes while a bracket it opened is still open (`if g(x` + `:`)."""
+    words = after_line.split(None, 1)
+    code = after_line.rstrip()
+    return bool(words) and words[0].rstrip(":") in _BLOCK_KEYWORDS and code.endswith(":") \
+        and bool(_open_brackets(code))  # fmt: skip
+
+
 def _parser(language: str):
     lang = regions.grammar(language)
     if lang is None:
@@ -294,6 +306,8 @@ def check(
         body, content(after[last]), _next_code_line(after, last)
     ):
         return "leaves a bracket open that the next lines do not continue"
+    if language in INDENTED_LANGUAGES and text.rstrip().endswith(":") and _colon_inside_bracket(content(after[last])):
+        return "ends a block header inside an open bracket"
     parsed_after = _Parsed(parser, after, wr, last, typed_to, col)
     before = _Parsed(parser, wl, wr, wr, col, col)
     # Errors below the edited lines that neither the document as it is nor the document without

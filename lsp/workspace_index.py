@@ -28,7 +28,7 @@ a file, and the file's path in it), `memory` (the first root's), `open_files()`
 `{state, files, tokens, message, done, total, reason, text}`, state one of off,
 loading, indexing, ready, failed; `text` is what an editor shows: "indexing 38/77
 files", "index: ready (77 files)", "index failed: <why>", "index off: <why>").
-Bad input (README "Repository memory") never stops the thread: a root of `/` or
+Bad input (docs/repository-memory.md) never stops the thread: a root of `/` or
 the home directory is refused, a root that disappears is reported and served as
 it was, and a file that cannot be read is skipped with a debug log.
 """

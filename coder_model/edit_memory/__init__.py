@@ -1,4 +1,4 @@
-"""The edit memory (DESIGN §10, README "Next edits"): edits -> token-level patterns -> the
+"""The edit memory (docs/architecture.md §10, docs/next-edits.md): edits -> token-level patterns -> the
 sites where they still apply. A library: no lsp import, no torch."""
 
 from dlm.coder_model.edit_memory.bursts import BurstTracker, Edit

@@ -1,4 +1,4 @@
-"""Gradient-boosted decision trees for the edit memory's confidence (calibration.py): a small
+"""Gradient-boosted decision trees for the edit memory's confidence (edit_calibration.py): a small
 logistic model fitted with numpy, predicted in plain Python.
 
 Why trees and not a table of counts: the confidence depends on a dozen facts of a proposal
@@ -7,7 +7,7 @@ lies in the edit's function, whether a rename's site uses the name as the edit d
 table keyed by all of them has too few proposals per cell. Boosted trees of depth 5 split on
 the ones that matter where they matter. On the edit-histories train split, fitted on four
 fifths of the commits and judged on the rest, they gave about 4 more points of exact proposals
-at the same shown share than the count table (BENCHMARKS.md "Next edits", session 9).
+at the same shown share than the count table (BENCHMARKS.md "Calibrated next edits").
 
 Fitting (`fit`) bins each feature at its quantiles (at most `BINS` thresholds), then grows
 `trees` trees of depth `depth` on the logistic loss's gradient and hessian (Newton leaves, `l2`

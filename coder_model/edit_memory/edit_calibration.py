@@ -1,5 +1,5 @@
 """The edit memory's confidence, calibrated: P(a proposal is exactly the next edit), from boosted
-trees (boosting.py) fitted on the edit-histories *train* split (README "Next edits").
+trees (boosting.py) fitted on the edit-histories *train* split (docs/next-edits.md).
 
 A proposal's features (`features`: its pattern's kind; how often and how recently the pattern was
 applied; how many of its sites lie between the edit and this one; how far the site is; whether it
@@ -17,7 +17,7 @@ just made, or a use of the same name in a file the user has not touched. Fitted 
 few proposals of another document in the in-file replay (111 of 69,512) taught the trees almost
 nothing about jumps (a rename made twice scored 0.14-0.20, under the gate); fitted on the jump
 replay's own proposals, the train split's held-out folds make 1.6 times the jumps at the default
-gate, 64.3% of them exact against 60.0% (BENCHMARKS.md "Session 11").
+gate, 64.3% of them exact against 60.0% (BENCHMARKS.md "Jumps to another file").
 
 The model (`calibration.json` beside this file) is data: made by
 
@@ -108,7 +108,7 @@ def place(p) -> str:
     replay asks with the cursor elsewhere, the in-file replay with it in the document). A site of
     another document's pattern in the cursor's document is `here`'s question (is it the next edit
     after the one just made here?): on the valid split, the `elsewhere` trees passed such sites
-    that were 12% exact and cost a point of exact (BENCHMARKS.md "Session 11"). The edit a jump
+    that were 12% exact and cost a point of exact (BENCHMARKS.md "Jumps to another file"). The edit a jump
     has led to keeps the jump's confidence by the server's memory of it (lsp.next_edits.Landing)."""
     return "here" if getattr(p, "cursor_here", True) else "elsewhere"
 

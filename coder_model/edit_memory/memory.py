@@ -1,5 +1,5 @@
 """The edit memory: this session's edit patterns, the project's git history as support, and
-the proposals they make (DESIGN §10: edits -> patterns -> sites -> the denoiser writes).
+the proposals they make (docs/architecture.md §10: edits -> patterns -> sites -> proposals).
 
 `EditMemory.observe` takes a closed edit (bursts.Edit) of a document; its patterns (the
 token-level ones of patterns.extract, the edit's whole-line block, patterns.block_pattern, read
@@ -11,11 +11,11 @@ pattern (an undo) makes the memory forget that pattern, and is not a pattern its
 the caller), the sites of a document where each still applies, ranks them by context
 similarity and distance from the cursor, and gives each proposal its confidence: the
 calibrated P(it is the next edit) from boosted trees fitted on the edit-histories train split
-(calibration.py: the pattern's kind, how often and how recently it was applied, how many of
+(edit_calibration.py: the pattern's kind, how often and how recently it was applied, how many of
 its sites lie between the edit and this one, how far, and the other facts of
-calibration.features), scaled by how much more often this
-project's git history repeats the kind than the corpus does (without the model: the older
-support, per-kind priors raised with each application). A rename to a name that already
+edit_calibration.features), scaled by how much more often this
+project's git history repeats the kind than the corpus does (without the calibration model: the
+memory's own support, per-kind priors raised with each application). A rename to a name that already
 existed elsewhere in the document is ambiguous (its other uses may be another variable): it
 proposes in that document only, and the trees see that it is ambiguous and whether a site is in
 the edit's function body, until the user makes the same rename a second time (a systematic
@@ -59,7 +59,7 @@ from dlm.coder_model.edit_memory.sites import Site, find_sites, rank
 log = logging.getLogger(__name__)
 
 # P(a pattern of this kind is repeated elsewhere), before any git history is read. Measured on
-# the edit-histories valid split (python -m dlm.coder_model.edit_memory.measure, README "Next edits").
+# the edit-histories valid split (docs/next-edits.md).
 DEFAULT_PRIORS: dict[str, float] = {"rename": 0.45, "append_arg": 0.15, "insert_line": 0.3, "replace": 0.3}
 # How often a pattern of each kind recurs within its commit, over the edit-histories train split
 # (python -m dlm.drivers.evaluation.edit_memory_tuning --split train --corpus-repeat 7: every 7th record,
@@ -73,8 +73,8 @@ PRIOR_WEIGHT = 10.0  # pseudo-counts of the corpus rate against the project's ow
 RECENT_EDITS = 2
 # The best-ranked sites of each pattern that get a proposal and a confidence, whatever `limit` a
 # caller asks for: the trees choose among the same candidates, and count them (`candidates`), in the
-# server, the replays and the fit (serving = training). Until session 10 this was 4 x `limit`: 32
-# sites in the server, 4 in the library replay, 256 in the fit.
+# server, the replays and the fit (serving = training); a multiple of `limit` would differ between
+# them (4 x `limit`: 32 sites in the server, 4 in the library replay, 256 in the fit).
 RANKED_SITES = 32
 OTHER_FILE = 0.5  # support factor of a pattern learnt in another file
 
@@ -106,7 +106,7 @@ class Entry:
     @functools.cached_property
     def shape(self) -> tuple[str, int]:
         """(the edit's first changed line, its lines changed): the event's first removed line (its
-        first added one for an insertion) and how many lines it removed and added (calibration:
+        first added one for an insertion) and how many lines it removed and added (edit_calibration:
         a site whose line resembles the edit's is likelier the next edit)."""
         old = [x[1:] for x in self.event.split("\n") if x.startswith("-") and not x.startswith("---")]
         new = [x[1:] for x in self.event.split("\n") if x.startswith("+") and not x.startswith("+++")]
@@ -133,9 +133,9 @@ class Proposal:
     offset: int = 1
     between: int = 0  # lines with sites of the same pattern between the edit and this site
     # the cursor is in this document; False: a site looked for in another file (a jump there), whose
-    # distance from the cursor means nothing: calibrated without it (calibration.keys)
+    # distance from the cursor means nothing: calibrated without it (edit_calibration.features)
     cursor_here: bool = True
-    # facts the calibration weighs (calibration.features): the site lies in the function the edit
+    # facts the calibration weighs (edit_calibration.features): the site lies in the function the edit
     # was made in (same document); the edit was made in a function; one of the group's sites is
     # used as an attribute (`.name`); sites of the pattern in the document (before the limit); the
     # site follows a `#` on its line
@@ -166,7 +166,7 @@ class GitStats:
 class EditMemory:
     def __init__(self, max_patterns: int = 32, max_edit_lines: int = 20, max_age_s: float = 900.0,
                  calibration: Calibration | None | bool = True) -> None:
-        # True: the shipped model (calibration.py); None or False: the memory's own support
+        # True: the shipped model (edit_calibration.py); None or False: the memory's own support
         self.calibration = shipped_calibration() if calibration is True else (calibration or None)
         self.max_patterns = max_patterns
         self.max_edit_lines = max_edit_lines
@@ -364,9 +364,9 @@ class EditMemory:
             # a rename the user made twice is a systematic one, whatever names existed before it.
             # An ambiguous rename (to a name that existed: elsewhere the old name may be another
             # variable) keeps all its sites; the trees know it is ambiguous and whether the site is
-            # in the edit's function (calibration.features), and hold the other uses back: on the
-            # train split's held-out folds, keeping only like uses in the function (as until
-            # session 10) lost more right proposals than it kept wrong ones out (BENCHMARKS.md).
+            # in the edit's function (edit_calibration.features), and hold the other uses back: on the
+            # train split's held-out folds, keeping only like uses in the function lost more right
+            # proposals than it kept wrong ones out (BENCHMARKS.md "Calibrated next edits", row 4).
             # (An ambiguous one and an adapted one propose in their edit's document only: _proposes_in.)
             ambiguous = e.ambiguous and e.count < 2
             # in another file a module-level name is used as an attribute (stats.count for count):

@@ -1,4 +1,4 @@
-"""Open diffusion-coder checkpoints: the dream and llada families (DESIGN §4).
+"""Open diffusion-coder checkpoints: the dream and llada families (docs/architecture.md §4).
 
 `load_family_engine(path, device)` reads a checkpoint directory (config.json,
 tokenizer.json, safetensors; never code or pickles) and returns an Engine that

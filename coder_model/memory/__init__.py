@@ -1,4 +1,4 @@
-"""Repository memory: what the user's own project says comes next (DESIGN §10).
+"""Repository memory: what the user's own project says comes next (docs/architecture.md §10).
 
 Pure Python (no torch, no file-system walking, no LSP): the workspace
 service feeds files in with `RepoMemory.update_file`, the engine asks

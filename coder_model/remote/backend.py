@@ -1,4 +1,4 @@
-"""The native model behind the remote server's batching scheduler (scheduler.py).
+"""The native model behind the remote server's batching scheduler (batching.py).
 
 `ModelBackend` drives the native `dlm` model through the sampler's
 per-request `BlockDecoder`: `prepare` cuts and tokenizes a prompt (on the

@@ -1,6 +1,6 @@
 """The remote server's model side: one thread that batches every client's denoising steps.
 
-Kept apart from the networking (server.py) because the two fail and scale
+Kept apart from the networking (tcp_server.py) because the two fail and scale
 differently: sockets, handshakes and framing must stay responsive while a
 forward pass runs, and the model must never be touched from the event loop.
 This module imports neither asyncio nor torch, so it is tested with a fake

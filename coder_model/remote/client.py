@@ -4,8 +4,8 @@ One connection carries every request (many in flight, answered in any
 order). An I/O thread runs an asyncio loop that keeps the connection up:
 it connects, authenticates, reads results, and after a failure reconnects
 with exponential backoff (plus jitter, so many laptops do not reconnect in
-lockstep after a server restart). `predict` runs in the caller's thread and
-never waits for a connection: while disconnected it returns an empty,
+lockstep after a server restart). `predict` runs in the caller's thread
+(`submit` runs it on a thread of the engine's) and never waits for a connection: while disconnected it returns an empty,
 cancelled Prediction at once so the editor gets "no suggestion" instead of a
 stall, and `status()` says "disconnected" with the reason.
 
@@ -48,6 +48,9 @@ log = logging.getLogger("dlm.remote.client")
 
 TLS_CA_ENV = "DLM_TLS_CA"
 _POLL_S = 0.005  # how often a waiting predict() looks at its CancelToken
+# Threads that run `submit`'s predicts (each waits on the wire for its answer); the server takes
+# at most its own max_inflight at once and answers the rest empty.
+_SUBMIT_THREADS = 8
 
 
 class RemoteRefused(Exception):
@@ -125,6 +128,8 @@ class RemoteEngine:
         # Called (from the I/O thread) when the connection comes up or goes down, so that a
         # front end can tell the editor without waiting for the next request (dlm/status).
         self.on_status_change: Callable[[], None] | None = None
+        self._submitted = concurrent.futures.ThreadPoolExecutor(
+            _SUBMIT_THREADS, thread_name_prefix="dlm-remote-predict")
 
         self._loop = asyncio.new_event_loop()
         self._wake: asyncio.Event | None = None
@@ -146,7 +151,7 @@ class RemoteEngine:
         if deadline_ms is not None and deadline_ms <= 0:
             return replace(_empty(), late=True)
         if contains_secret(prompt.region):
-            # The wire masks a secret's line (protocol.without_secrets); the answer is the new
+            # The wire masks a secret's line (wire.without_secrets); the answer is the new
             # region, and one built on a masked region would delete the user's line.
             log.debug("remote: the editable region holds a secret; no suggestion asked for it")
             return _empty()
@@ -206,6 +211,13 @@ class RemoteEngine:
             pred = replace(pred, queue_ms=pred.queue_ms + max(0.0, elapsed_ms - pred.total_ms))
         return pred
 
+    def submit(
+        self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, deadline: float | None = None
+    ) -> concurrent.futures.Future[Prediction]:
+        """`predict` on a thread of this engine's (it waits on the wire, watching its deadline and
+        `cancel`): a Future of its Prediction, so the caller's thread does not wait."""
+        return self._submitted.submit(self.predict, prompt, params, cancel, deadline)
+
     def status(self) -> EngineStatus:
         session = self._session
         extra = {"remote": f"{self.host}:{self.port}", "tls": self._ssl is not None, "connects": self.connects,
@@ -239,6 +251,7 @@ class RemoteEngine:
         except (RuntimeError, concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
             pass
         self._fail_pending()
+        self._submitted.shutdown(wait=False, cancel_futures=True)  # the running ones end with their answer
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
 

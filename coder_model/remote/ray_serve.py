@@ -4,7 +4,7 @@
 
 What runs where:
 - The ingress is this process: the same `RemoteServer` as plain `dlm-lsp serve`
-  (server.py: handshake with the HMAC token, TLS, frames, per-connection limits), so the
+  (tcp_server.py: handshake with the HMAC token, TLS, frames, per-connection limits), so the
   editor side is unchanged (`--remote HOST:PORT`). Only its model side differs:
   `RayForwarder` takes the place of the batching scheduler and forwards each request
   to a replica through a Ray Serve deployment handle. It holds no model.
@@ -28,7 +28,7 @@ Across the hop:
   Ray cancels the replica's asyncio task, which sets the request's CancelToken, so the
   replica's scheduler drops it before its next denoising step and its slot is free.
 - More ingresses: `--attach` makes this process an ingress for replicas another one deployed
-  (`attach_forwarder`); it deploys nothing and never removes them (README "A team").
+  (`attach_forwarder`); it deploys nothing and never removes them (docs/remote.md, "A team").
 - A replica that dies: its requests in flight are sent again to another replica (at most
   `REPLICA_LOST_RETRIES` times, while their deadline lasts); a request that still finds no
   replica is answered with a request error, which RemoteEngine turns into an empty
@@ -36,7 +36,7 @@ Across the hop:
 
 Why Ray Serve: it runs Python replicas as they are (our backend moves in unchanged),
 installs from PyPI and runs a local cluster on one CPU machine (for tests), and brings what
-the issue asked not to write ourselves: multi-node clusters (`ray start`), replica health
+we would otherwise write ourselves: multi-node clusters (`ray start`), replica health
 checks and restarts, scaling (`num_replicas`, or autoscaling on queue depth), cancellation
 that reaches the replica, and a dashboard with latency and queue depth. Considered:
 NVIDIA Triton (Python backend; the model would be rewritten to its tensor I/O and custom
@@ -67,9 +67,9 @@ from typing import Any
 
 # The ingress reaches the replicas over Ray Serve's gRPC path (`grpc_handle`), not by object
 # reference; the rest of Serve's settings are its defaults. Measured on the 2-vCPU VM on a quiet
-# machine (BENCHMARKS.md "Session 8"): gRPC cut what a request spends between the handle and the
-# replica's handler from 5.3-5.8 ms to 3.7-4.0 ms p50 (session 5's contrary result was taken on a
-# loaded machine); replica code on the replica's main loop gave nothing more.
+# machine (BENCHMARKS.md "Remote serving on Ray Serve"): gRPC cut what a request spends between
+# the handle and the replica's handler from 5.3-5.8 ms to 3.7-4.0 ms p50 (on a loaded machine, the
+# load hides the difference); replica code on the replica's main loop gave nothing more.
 import ray
 from dlm.coder_model.layout import LayoutBudget
 from dlm.coder_model.remote.batching import Request, SchedulerStats
@@ -132,7 +132,7 @@ class ModelReplica:
             torch.set_num_threads(threads)
         # The scheduler thread re-takes the GIL after each small torch op; Serve's own threads in
         # this process (its event loop, metrics) hold it up to the 5 ms default switch interval
-        # each time (as dlm-lsp's server_cli does for its event loop). BENCHMARKS.md "Session 9".
+        # each time (as dlm-lsp's server_cli does for its event loop). BENCHMARKS.md "Remote serving on Ray Serve".
         sys.setswitchinterval(REPLICA_SWITCH_INTERVAL_S)
         self.scheduler, self.name, self.device = load_scheduler(
             model_dir, device, max_batch=max_batch, max_caches=max_caches, max_batch_tokens=max_batch_tokens,
@@ -320,7 +320,7 @@ class RayDeployment:
 
 
 class _ForwardedCancel(CancelToken):
-    """The request's CancelToken, which also cancels its DeploymentResponse (server.py cancels a
+    """The request's CancelToken, which also cancels its DeploymentResponse (tcp_server.py cancels a
     request by `req.cancel.cancel()`, on a cancel frame or a closed connection)."""
 
     __slots__ = ("on_cancel",)
@@ -391,7 +391,7 @@ class RayForwarder:
     def submit(self, req: Request) -> None:
         """Called on the server's event loop, with a validated request."""
         token = _ForwardedCancel(req.cancel.cancelled)
-        req.cancel = token  # server.py reads req.cancel when it cancels, so cancels reach the replica
+        req.cancel = token  # tcp_server.py reads req.cancel when it cancels, so cancels reach the replica
         self.stats.admitted += 1
         task = asyncio.get_running_loop().create_task(self._forward(req, token))
         self._tasks.add(task)

@@ -125,7 +125,7 @@ def _run_ray(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m dlm.coder_model.remote.remote_cli ...` = `dlm-lsp serve ...`, for drivers of the
-    model side (coder_model/bench) that must not start the editor side's CLI."""
+    model side (drivers/bench) that must not start the editor side's CLI."""
     parser = argparse.ArgumentParser(prog="dlm-lsp serve", description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))

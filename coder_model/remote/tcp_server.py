@@ -1,6 +1,6 @@
 """The remote-mode network front end: asyncio TCP, handshake, frames, per-connection limits.
 
-Kept apart from the model (scheduler.py) so that a slow forward pass never
+Kept apart from the model (batching.py) so that a slow forward pass never
 stalls reading frames, answering cancels or refusing bad clients. The asyncio
 loop runs in one thread and owns every socket; the model runs in the
 scheduler's thread; prompt preparation (cutting, tokenizing) runs on a small
@@ -16,10 +16,10 @@ holder presenting someone else's label gets nothing of theirs.
 Limits (a client can hurt only itself): frame size, requests and frame bytes in
 flight per connection, handshake/frame/idle timeouts (`Limits`), a cap on
 connections held (`ServerOptions.max_connections`), the parameter caps of
-coder_model.limits (checked in protocol.py), and the scheduler's: fair shares of
+coder_model.limits (checked in wire.py), and the scheduler's: fair shares of
 the forward passes between connections, a cap on each connection's requests and
 slots in the batch, and a refusal of requests whose measured cost is too high
-(`check_request`; scheduler.py says how).
+(`check_request`; batching.py says how).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Wire format of remote mode (DESIGN §7).
+"""Wire format of remote mode (docs/architecture.md §7).
 
 Every frame is a 4-byte big-endian length followed by that many bytes of one
 msgpack map `{"t": type, "id": int, ...}`. Types:

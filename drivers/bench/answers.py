@@ -1,4 +1,4 @@
-"""How the model ends its answers: <eom> rate, non-empty and degenerate answers (issue 23).
+"""How the model ends its answers: <eom> rate, non-empty and degenerate answers.
 
     python -m dlm.drivers.bench.answers [--model DIR] [--typing 60] [--safim 30] [--json out.json]
         [--corpus data/corpus --corpus-cases 60 --kinds completion,fim]
@@ -9,7 +9,7 @@ Fixed prompts that need no corpus:
   sorted order, a seeded choice of line and of the point typed so far), the cursor
   line typed up to a word boundary and the rest of it missing, as while typing;
   the region is the typed part, ending where the server's does (the line break
-  starts the suffix; until 2026-11-24 it was part of the region); an insertion
+  starts the suffix); an insertion
   prompt with `--mode insert` (the default), a region rewrite with `--mode rewrite`;
 - `safim`: SAFIM's block-completion holes (`evaluation.safim`, the dev data);
 - with `--corpus`, the evaluator's cases of the corpus test split
@@ -25,7 +25,7 @@ Each is decoded greedily, without a deadline, by the default sampler (or with
 - `ended_by`: how the end was committed: the model wrote <eom>, or <pad> (the
   sampler turns it into the end), or length-aware decoding placed it;
 - `ends_clean`: it ends in the first block and not after a blank line (the
-  blank-line filler of issue 23 ends "in the first block" too);
+  blank-line filler of degenerate answers ends "in the first block" too);
 - `changes`: the answer proposes a change that is not an erasure of the region
   (what postprocess could show, before its filters); `nonblank_insertion`: it inserts
   text that is not blank at the cursor (the inline item of a typing request);

@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_request:
         return 0
     if device != "cuda":
-        # a 0.5B request on the CPU takes minutes (README: ~1 token/s per core); not worth a table
+        # a 0.5B request on the CPU takes minutes (docs/model-card.md: ~1 token/s per core); not worth a table
         print("\nwhole-request tokens/s at the Qwen2.5-0.5B shape: skipped on the CPU (run with --device cuda)")
         return 0
     print(f"\none whole request at the Qwen2.5-0.5B shape (random weights, threshold 0.9, up to {L} steps):")

@@ -3,7 +3,7 @@
     python -m dlm.drivers.bench.fairness [--model DIR] [--device cpu] [--requests 60]
 
 1. Starts `dlm-lsp serve` on 127.0.0.1 (the embedded checkpoint unless --model).
-2. The heavy client (one connection) sends the issue's reproduction request (block_len
+2. The heavy client (one connection) sends a request far over the caps (block_len
    1024 x 3 blocks x 4096 steps, threshold 1) and reports how it is answered.
 3. --rounds rounds of: solo, a normal client (its own connection) replays typing keystrokes
    one after another with the default sampler and the LSP's default deadline, pausing
@@ -11,7 +11,7 @@
    heavy client keeps --heavy-inflight requests in flight (--heavy-block-len,
    --heavy-steps, threshold 1.0 so every step runs, no deadline), back to back. Solo and
    shared alternate so that other load on a shared machine falls on both alike.
-4. p50/p99 of each, and the ratio of the shared p99 to the solo p99 (issue 22: within 2x).
+4. p50/p99 of each, and the ratio of the shared p99 to the solo p99 (the target: within 2x).
 
 Latency is the wall time of `RemoteEngine.predict` on the client, so it includes the
 network hop, queueing on the server and the passes of other clients.
@@ -201,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"model: {model_desc}, device {args.device}, serve {args.serve_args or '(defaults)'}; {args.rounds} rounds; "
           f"normal client: default SamplerParams, deadline "
           f"{args.deadline_ms:g} ms, {args.think_ms:g} ms between keystrokes")
-    print(f"issue reproduction request {vars_of(ISSUE_HEAVY)}: "
+    print(f"request over the caps {vars_of(ISSUE_HEAVY)}: "
           f"{'ANSWERED' if issue_ok else 'refused: ' + issue_msg}")
     print(f"heavy client: {args.heavy_inflight} in flight, {vars_of(heavy_params)}: "
           f"{'accepted' if heavy_ok else 'REFUSED: ' + heavy_msg}; {heavy_figures['completed_during_shared']} "
@@ -214,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"| {name} | {f['n']} | {f['p50_ms']:.0f} | {f['p99_ms']:.0f} | {f['max_ms']:.0f} | "
               f"{f['mean_tokens']:.1f} | {f['empty']} | {f['late']} |")
     print()
-    print(f"p99 beside the heavy client / p99 alone = {ratio:.2f} (issue 22: within 2)")
+    print(f"p99 beside the heavy client / p99 alone = {ratio:.2f} (target: within 2)")
     if args.json:
         print(json.dumps({"solo": solo, "shared": shared, "ratio_p99": ratio, "heavy": heavy_figures,
                           "issue_request_answered": issue_ok, "issue_request_message": issue_msg,

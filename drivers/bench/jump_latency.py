@@ -1,4 +1,4 @@
-"""What a jump to another file costs (README "Next edits", "Another file"): `dlm/editPrediction`
+"""What a jump to another file costs (docs/next-edits.md, "Another file"): `dlm/editPrediction`
 latency when the document has no site left and the server scans the workspace's other files.
 
     python -m dlm.drivers.bench.jump_latency --root ~/src/django --name get_version --new get_release

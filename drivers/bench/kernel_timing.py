@@ -1,4 +1,4 @@
-"""Kernel benchmark: Triton kernels vs the PyTorch reference (DESIGN §6).
+"""Kernel benchmark: Triton kernels vs the PyTorch reference (docs/architecture.md §6).
 
     python -m dlm.drivers.bench.kernel_timing            # full table on a CUDA GPU
     python -m dlm.drivers.bench.kernel_timing --quick    # fewer repetitions, fewer shapes
@@ -11,7 +11,7 @@ so bandwidth figures are HBM figures), achieved GB/s and the fraction of the
 GPU's HBM bandwidth, and torch.nn.functional.scaled_dot_product_attention
 where it applies. The cost of a whole denoising step of real model shapes
 (kernels on vs off, CUDA graphs) is `python -m dlm.drivers.bench.denoise_step`:
-this package imports only torch and triton (DESIGN §1).
+this package imports only torch and triton (docs/architecture.md §1).
 
 Without a GPU it runs the correctness pre-check in the Triton interpreter on
 small CPU shapes and exits, saying that timings need a GPU.

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     res: dict = {"model": str(d), "parameters": count_parameters(model), "weights_mb": round(size_mb, 1),
                  "threads": torch.get_num_threads()}
     params = SamplerParams()
-    budget = LayoutBudget(max_context=2048)  # latency at the 1-2k context of DESIGN §9
+    budget = LayoutBudget(max_context=2048)  # latency at the 1-2k context of docs/architecture.md §9
     quality_budget = LayoutBudget.for_window(model.config.context_window)  # what the model was trained on
     res["step"] = [step_latency(model, tok, n, 32) for n in (512, 1536)]
     cases = held_out_lines(args.corpus, args.lines)

@@ -1,4 +1,4 @@
-"""Tune the edit memory on the edit-histories `valid` split, fit its calibration on `train` (README "Next edits").
+"""Tune the edit memory on the edit-histories `valid` split, fit its calibration on `train` (docs/next-edits.md).
 
     python -m dlm.drivers.evaluation.edit_memory_tuning --split valid [--limit N] [--model-check]
     python -m dlm.drivers.evaluation.edit_memory_tuning --split train --fit-calibration coder_model/edit_memory/calibration.json

@@ -81,7 +81,7 @@ MAX_HUNKS = 12
 MAX_CHANGED_LINES = 200
 KEPT_LINE_SIMILAR = 0.5  # a removed kept line with a replacement this similar was rewritten, not deleted
 MAX_MATCH_LINES = 200  # blocks larger than this are not searched for rewritten lines (all count deleted)
-# the Targets of issue 24 (BENCHMARKS.md "Next edits"): the lowest threshold that meets them is reported
+# the Targets (BENCHMARKS.md "Next edits"): the lowest threshold that meets them is reported
 TARGET_SHOWN, TARGET_EXACT, TARGET_LOCATION, TARGET_DELETES_KEPT = 0.15, 0.50, 0.70, 0.05
 
 

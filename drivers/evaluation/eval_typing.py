@@ -21,7 +21,7 @@ Each case types at most --max-keys characters.
 
 The server runs with its confidence gate at 0 and edit predictions on; each
 answer carries its calibrated confidence and whether it rewrites recently
-typed text (README "Protocol"), so the thresholds are applied here, offline,
+typed text (docs/protocol.md), so the thresholds are applied here, offline,
 to one replay. For each threshold the table gives, over all keystrokes:
 the share that showed a suggestion; precision (of what is shown: exact, and
 "accepted in full", i.e. a correct prefix of what the user types next);
@@ -73,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "held-out files against an index of the rest (see --cases, --config)")
     parser.add_argument("--cases", type=int, default=None, help="--repo: held-out lines to evaluate (default 400); "
                         "--next-edits: next-edit opportunities per split and per --git (default 100)")
-    nxt = parser.add_argument_group("next edits (--next-edits; README \"Evaluating next edits\")")
+    nxt = parser.add_argument_group("next edits (--next-edits; docs/evaluation.md, \"Next edits\")")
     nxt.add_argument("--next-edits", action="store_true", help="replay real edit histories hunk by hunk and ask "
                      "dlm/editPrediction for the next edit after each: shown share, location and exact precision, "
                      "kept lines deleted, characters saved, latency, per threshold")

@@ -2,7 +2,7 @@
 
 `real_edit`: the hunks of one real commit to one file; earlier hunks are the
 history, a later hunk is the target (`training.hunks.build_next_edit`). The
-test split (by the README's commit-sha rule) is held out for
+test split (by the edit-histories README's commit-sha rule) is held out for
 `dlm.drivers.evaluation`: training code cannot read it.
 """
 
@@ -47,7 +47,7 @@ def edit_histories_dir(data_dir: str | os.PathLike | None = None) -> Path:
 
 
 def split_of_commit(commit: str) -> str:
-    """The README's split rule (depends only on the commit sha)."""
+    """The edit-histories README's split rule (depends only on the commit sha)."""
     v = int(hashlib.sha256(commit.encode()).hexdigest(), 16) % 100
     return "train" if v < 90 else "valid" if v < 95 else "test"
 
@@ -80,7 +80,7 @@ def iter_edit_records(
                 # the split is a property of the commit: recompute rather than trust the field
                 if rec["split"] != split_of_commit(rec["commit"]):
                     raise ValueError(f"{f}: record of commit {rec['commit']} has a split field that "
-                                     "disagrees with the README's sha rule; the data file is damaged")
+                                     "disagrees with the edit-histories README's sha rule; the data file is damaged")
                 if rec["split"] == split:
                     yield rec
 

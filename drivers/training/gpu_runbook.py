@@ -119,7 +119,7 @@ class Plan:
 
     device: str = "cuda"
     work: str = DEFAULT_WORK
-    # seconds each call may run: two of at most 6 minutes (the budget: 15 minutes of device
+    # seconds each call may run: two of at most 6 minutes (the lease's budget: 15 minutes of device
     # time in all, the machine's start and the transfers included); timeout_s adds a margin on top
     call_seconds: tuple[int, int] = (300, 300)
     call_margin_s: int = 30  # timeout_s = call_seconds + this, at most 360

@@ -7,7 +7,7 @@
 # packages the language server needs, and no network: carried wheels
 # (.carry/whl) are installed into the work folder when they are missing, and
 # the checkout is made importable as `dlm` without pip (a namespace folder of
-# links to lsp/, coder_model/ and kernels/, as the package-dir mapping does).
+# links to lsp/, coder_model/, kernels/ and drivers/, as the package-dir mapping does).
 # Environment: OUT (results folder, set by the device tool), DLM_GPU_WORK (work
 # folder, default /tmp/dlm-gpu: outside the checkout, it outlives the call while
 # the machine stays warm), DLM_PYTHON (default python3), DLM_RUNBOOK_CARRY (default .carry).
@@ -15,7 +15,7 @@ set -u
 stage=${1:?usage: bash drivers/training/gpu_runbook.sh call1|call2}
 shift
 root=$(pwd)
-if [ ! -f "$root/coder_model/training/gpu_runbook.py" ]; then
+if [ ! -f "$root/drivers/training/gpu_runbook.py" ]; then
     echo "gpu_runbook.sh: run it from the repository root (no drivers/training/gpu_runbook.py in $root)" >&2
     exit 2
 fi
@@ -33,7 +33,7 @@ if ! "$py" -c "import pygls, lsprotocol, tree_sitter, tree_sitter_python, pytest
     fi
     export PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
-for pkg in lsp coder_model kernels; do
+for pkg in lsp coder_model kernels drivers; do
     ln -sfn "$root/$pkg" "$work/py/dlm/$pkg"
 done
 export PYTHONPATH="$work/py${PYTHONPATH:+:$PYTHONPATH}"

@@ -11,8 +11,8 @@ from dlm.lsp.postprocess import degenerate_reason, suggest
 
 REPO = Path(__file__).resolve().parents[2]
 
-# What the embedded model wrote in issue 23 (the region, cursor at |), and shapes like them.
-ISSUE_CASES = [
+# What the embedded model wrote without the sampler's defences (the region, cursor at |), and shapes like them.
+MODEL_CASES = [
     ("        fdst_wr", '        """' + "\n" * 27, BLANK_LINES),
     ("        for line in text.", '        return """' + "\n" * 24, BLANK_LINES),
     ("if ", "        self_assertEqual_get_get_get_get_get_get_get_get_get_get_get_name)\n", REPEATED_UNIT),
@@ -26,7 +26,7 @@ BUILT_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("region", "new", "reason"), ISSUE_CASES + BUILT_CASES)
+@pytest.mark.parametrize(("region", "new", "reason"), MODEL_CASES + BUILT_CASES)
 def test_degenerate_answers_are_named_and_held_back(region, new, reason):
     assert is_degenerate(new, region) == reason
     sugg = suggest(region, len(region), new, suffix="\nprint(1)\n", prefix="import os\n")

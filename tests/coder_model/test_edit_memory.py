@@ -360,7 +360,7 @@ def test_a_site_in_a_file_without_the_cursor_is_calibrated_without_its_distance(
 
 
 def test_the_shipped_elsewhere_trees_let_a_rename_made_twice_jump_at_the_default_gate():
-    # session 10's single set of trees had seen 111 proposals of another document and gave this
+    # one set of trees for both places sees 111 proposals of another document and gives this
     # jump 0.14-0.20, under the gate: the `elsewhere` trees are fitted on the jump replay's own
     from dlm.coder_model.edit_memory.edit_calibration import load, place
     from dlm.lsp.next_edits import JUMP_MIN_APPLIED

@@ -158,7 +158,7 @@ def test_layout_markers_and_mask_are_never_output(tiny_model):
     assert not forbidden & set(dec.output)
 
 
-# ---- defences against degenerate answers (issue 23)
+# ---- defences against degenerate answers
 
 
 def _crafted_hidden(model, tok, rows_per_slot):
@@ -273,8 +273,8 @@ def test_an_insertion_answer_is_the_region_with_the_insertion_at_the_cursor(tiny
 
 def test_the_embedded_model_writes_no_filler_on_typing_prompts():
     """Standard-library lines typed halfway (bench.answers' cases): with the defaults, the
-    embedded model's answers are not degenerate (issue 23: 37 of 60 were, blank-line runs
-    most). Measured in BENCHMARKS.md; here 12 prompts, at most one may slip through."""
+    embedded model's answers are not degenerate (without the defences 37 of 60 were, blank-line
+    runs most). Measured in BENCHMARKS.md; here 12 prompts, at most one may slip through."""
     from dlm.coder_model.checkpoint import load_model
     from dlm.coder_model.degenerate import degenerate_region
     from dlm.coder_model.layout import LayoutBudget

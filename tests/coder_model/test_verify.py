@@ -75,8 +75,8 @@ def test_left_to_right_scoring_runs_one_pass_per_slot_of_the_longest_proposal(en
 
 
 def test_a_proposal_longer_than_one_block_but_within_max_blocks_is_scored(engine):
-    # the sampler could write this region in max_blocks blocks: the check reads it, and the model
-    # no longer vetoes every proposal on a long statement because it did not fit one block
+    # the sampler could write this region in max_blocks blocks: the check reads it, so the model
+    # does not veto every proposal on a long statement for not fitting one block
     region = "    with "
     text = "open(path) as f:"
     slots = len(engine.tok.encode(region + text)) + 1

@@ -1,4 +1,4 @@
-"""Hardening of `dlm-lsp http` (issue 15), driven with raw sockets: request smuggling after an
+"""Hardening of `dlm-lsp http`, driven with raw sockets: request smuggling after an
 error, windows cut to what the model takes, deep JSON, slow clients, a connection cap, and the
 checks that keep a web page (or another machine) off a developer's local endpoint."""
 

@@ -1,5 +1,5 @@
-"""Hardening of `dlm-lsp http`, second round (issue 22): a lone surrogate in the prompt, max_tokens
-applied and typed, request fields checked by the shared validator (coder_model.limits)."""
+"""Limits of `dlm-lsp http`'s requests: a lone surrogate in the prompt, max_tokens applied and
+typed, request fields checked by the shared validator (coder_model.limits)."""
 
 from __future__ import annotations
 

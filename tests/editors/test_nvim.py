@@ -385,7 +385,7 @@ def test_nvim012_native_inline_completion_fake_engine(tmp_path):
     (e.g. a wrapper that runs it in the Debian sid chroot with /work bind-mounted)."""
     nvim = os.environ.get("DLM_NVIM12") or find_nvim(min_minor=12)
     if not nvim or find_nvim_version(nvim) < 12:
-        pytest.skip("no Neovim >= 0.12: set DLM_NVIM12 to its command (see editors/README.md)")
+        pytest.skip("no Neovim >= 0.12: set DLM_NVIM12 to its command (see docs/development.md)")
     cmd = [sys.executable, "-m", "dlm.lsp.cli", "--stdio"]
     nv = Nvim(nvim, tmp_path, cmd, fake_env(tmp_path), extra="edit_predictions = false")
     ns = "vim.api.nvim_get_namespaces()['nvim.lsp.inline_completion']"

@@ -66,7 +66,7 @@ def ghost_plan() -> dict:
 # Lines (0-based) of pkg/shapes.py where the cursor rests to ask for an edit prediction when a
 # rename below showed none (the model's own rewrite: nextEdits.modelFallback, off by default).
 EDIT_PREDICTION_LINES = [9, 5, 13]
-# The user's edits the edit memory repeats (README "Next edits"): one rename per display, each
+# The user's edits the edit memory repeats (docs/next-edits.md): one rename per display, each
 # with another use in the file (the import on line 0).
 EDIT_PREDICTION_RENAMES = [
     {"line": 9, "old": "circle_area", "new": "disc_area"},  # `return circle_area(self.radius)`
@@ -320,7 +320,7 @@ def test_vscode_extension_in_code_server_with_the_real_server(tmp_path):
             "editPrediction": {"lines": EDIT_PREDICTION_LINES, "renames": EDIT_PREDICTION_RENAMES, "waitMs": 15000},
             "wrongServerPath": str(tmp_path / "no-such-venv" / "bin" / "dlm-lsp"),
             # Edit predictions come from the edit memory, whose calibrated confidence passes the
-            # default nextEdits gate after a rename (README "Next edits"): no gate is lowered. The
+            # default nextEdits gate after a rename (docs/next-edits.md): no gate is lowered. The
             # driver can still lower dlm.minConfidence first (the model's own rewrites need it).
             "lowerGateForEdits": False,
             # DLM_VSCODE_E2E_STEPS=a,b: run only these steps (after opening the workbench), to debug one

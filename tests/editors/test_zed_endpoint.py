@@ -322,7 +322,7 @@ def test_degenerate_answer_is_no_suggestion(endpoint, monkeypatch):
 
     url, predictor = endpoint
 
-    def filler(prompt, params, cancel, deadline=None):  # what the embedded model wrote in issue 23
+    def filler(prompt, params, cancel, deadline=None):  # filler the embedded model wrote without the sampler's defences
         text = prompt.region[: prompt.cursor] + "get_get_get_get_get_name)" + prompt.region[prompt.cursor :]
         return Prediction(text, steps=1, tokens=1, confidence=1.0)
 

@@ -656,7 +656,7 @@ async function run() {
   await step("edit-prediction-in-another-file", async (d) => {
     // The renames above were each made twice (by hand, then by Tab) and no use is left in
     // shapes.py; pkg/geometry.py still defines the old names. The server answers a jump there
-    // (README "Next edits", "Another file"): a hint at the cursor's line; Tab opens the file at
+    // (docs/next-edits.md, "Another file"): a hint at the cursor's line; Tab opens the file at
     // the site, and there the edit itself is proposed and applied like any other.
     const acceptedBefore = (await serverStats()).accepted; // first: the command palette's Esc clears hints
     await openFile(cfg.file);

@@ -26,7 +26,8 @@ def test_bench_runs_precheck_and_explains_on_cpu():
 
 
 def test_kernels_package_imports_only_torch_and_triton():
-    """DESIGN §1: kernels/ never imports coder_model or lsp (the model step bench lives in coder_model/bench)."""
+    """docs/architecture.md §1: kernels/ never imports coder_model or lsp (the model step bench lives in
+    drivers/bench)."""
     kernels_dir = Path(__file__).resolve().parents[2] / "kernels"
     offenders = []
     for path in sorted(kernels_dir.glob("*.py")):

@@ -8,10 +8,26 @@ from __future__ import annotations
 import os
 import threading
 import time
+from concurrent.futures import Future
 
 from dlm.coder_model.types import CancelToken, EngineStatus, LayoutBudget, Prediction, Prompt, SamplerParams
 
 MARK = "FAKE"
+
+
+def on_a_thread(predict, prompt, params, cancel, deadline=None) -> Future:
+    """The Engine contract's `submit` for a test double: a Future completed by its `predict` (its
+    result or its exception) on a thread of its own, so the server's event loop never waits."""
+    fut: Future = Future()
+
+    def run() -> None:
+        try:
+            fut.set_result(predict(prompt, params, cancel, deadline))
+        except Exception as exc:  # noqa: BLE001 - the server reads it from the Future
+            fut.set_exception(exc)
+
+    threading.Thread(target=run, name="fake-engine-predict", daemon=True).start()
+    return fut
 
 
 class SlowFakeEngine:
@@ -51,6 +67,9 @@ class SlowFakeEngine:
                 denoise_ms=(time.monotonic() - t1) * 1000,
                 confidence=self.confidence,
             )
+
+    def submit(self, prompt, params, cancel, deadline=None) -> Future:
+        return on_a_thread(self.predict, prompt, params, cancel, deadline)
 
     def status(self) -> EngineStatus:
         return EngineStatus(state="ready", device="cpu", model="slow-fake (scheduling tests only)")

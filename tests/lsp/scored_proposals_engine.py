@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import Future
 
 from dlm.coder_model.types import CancelToken, EngineStatus, LayoutBudget, Prediction, Prompt, SamplerParams
+from fake_engine import on_a_thread
 
 
 class ScoredProposalsEngine:
@@ -39,6 +41,9 @@ class ScoredProposalsEngine:
         text, confidence = ranked[0]
         region = prompt.region[: prompt.cursor] + text + prompt.region[prompt.cursor :]
         return Prediction(region, steps=1, confidence=confidence, proposal_confidences=tuple(ranked))
+
+    def submit(self, prompt, params, cancel, deadline=None) -> Future:
+        return on_a_thread(self.predict, prompt, params, cancel, deadline)
 
     def status(self) -> EngineStatus:
         return EngineStatus(state="ready", device="cpu", model="scored-proposals fake (tests only)")

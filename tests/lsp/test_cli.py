@@ -8,11 +8,13 @@ import os
 import pty
 import subprocess
 import sys
+from concurrent.futures import Future
 
 import pytest
 from dlm.coder_model.types import CancelToken, EngineStatus, LayoutBudget, Prediction, Prompt, SamplerParams
 from dlm.drivers.bench import typing_latency as bench
 from dlm.lsp import cli
+from fake_engine import on_a_thread
 from lsp_helpers import SERVER, server_env
 
 
@@ -24,6 +26,9 @@ class RaisingEngine:
 
     def predict(self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, deadline=None) -> Prediction:
         raise RuntimeError("this engine fails every prediction (test of the bench's report)")
+
+    def submit(self, prompt, params, cancel, deadline=None) -> Future:
+        return on_a_thread(self.predict, prompt, params, cancel, deadline)
 
     def status(self) -> EngineStatus:
         return EngineStatus(state="ready", device="cpu", model="raising-fake (bench report test)")

@@ -2,15 +2,17 @@
 
 The engine here is a test double (this module is also the server subprocess's engine factory,
 DLM_ENGINE_FACTORY=test_degenerate_lsp:engine): it makes no claim about the model, it answers
-the filler the embedded model wrote in issue 23, so the server's path from answer to editor is
+the filler the embedded model wrote without the sampler's defences, so the server's path from answer to editor is
 what is tested.
 """
 
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import Future
 
 from dlm.coder_model.types import CancelToken, EngineStatus, LayoutBudget, Prediction, Prompt, SamplerParams
+from fake_engine import on_a_thread
 
 FILLER = "self_assertEqual_get_get_get_get_get_get_get_get_get_name)"
 
@@ -24,6 +26,9 @@ class FillerEngine:
                 deadline: float | None = None) -> Prediction:
         text = prompt.region[: prompt.cursor] + FILLER + prompt.region[prompt.cursor :]
         return Prediction(text, steps=1, tokens=1, confidence=1.0)
+
+    def submit(self, prompt, params, cancel, deadline=None) -> Future:
+        return on_a_thread(self.predict, prompt, params, cancel, deadline)
 
     def status(self) -> EngineStatus:
         return EngineStatus(state="ready", device="cpu", model="filler (degenerate-answer test only)")

@@ -82,7 +82,7 @@ def test_a_proposal_elsewhere_has_no_location_and_a_noop_changes_nothing():
 def test_deleting_kept_lines_is_caught_even_at_the_right_location():
     lines = git_lines(DOC)
     remaining = [Span(4, 1, "def volume(width, h, d):\n")]
-    # the region rewrite the issue saw: the right line among many deleted ones
+    # a region rewrite the model makes: the right line among many deleted ones
     wipe = judge(lines, [_edit(1, 0, 6, 0, "def volume(width, h, d):\n")], remaining)
     assert wipe.location and not wipe.exact
     assert wipe.kept_deleted == 2  # "return w * h" and "return w * h * d" (blank lines do not count)
@@ -224,7 +224,7 @@ def test_summary_sweeps_thresholds_and_finds_the_target_threshold():
 def _valid_commit(i0: int = 0) -> str:
     for i in range(i0, i0 + 10000):
         c = f"{i:040x}"
-        if 90 <= int(hashlib.sha256(c.encode()).hexdigest(), 16) % 100 < 95:  # the README's sha rule: valid
+        if 90 <= int(hashlib.sha256(c.encode()).hexdigest(), 16) % 100 < 95:  # the edit-histories README's sha rule: valid
             return c
     raise AssertionError("no valid-split commit")
 

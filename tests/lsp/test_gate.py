@@ -137,7 +137,7 @@ def test_server_shows_only_answers_above_min_confidence_and_says_how_sure():
             assert [i.insert_text for i in res.items] == ["FAKE"]
             assert res.items[0].command.arguments[1] == {"confidence": 0.7, "rewritesRecent": False}
             stats = await sure.protocol.send_request_async("dlm/stats", {})
-            # every counter the README lists is there from the start, zero or not
+            # every counter docs/protocol.md lists is there from the start, zero or not
             assert (stats.offered, stats.gated_low_confidence, stats.gated_rewrites_recent, stats.gated_late,
                     stats.no_steps) == (1, 0, 0, 0, 0)
         finally:

@@ -1,4 +1,4 @@
-"""Hardening of the language server (issue 15): the real server as a subprocess, driven over
+"""Hardening of the language server: the real server as a subprocess, driven over
 stdio with raw frames, the way a broken or hostile client would."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""dlm/status follows a remote model server by itself (issue 15): it went stale until the next
-prediction request. A loopback `dlm-lsp serve` of a tiny checkpoint is killed and restarted
+"""dlm/status follows a remote model server by itself, not only when a prediction request
+finds it gone or back. A loopback `dlm-lsp serve` of a tiny checkpoint is killed and restarted
 while the language server (`--remote`) gets no request at all."""
 
 from __future__ import annotations

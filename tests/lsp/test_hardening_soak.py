@@ -1,4 +1,4 @@
-"""Soak (issue 15): typing through the real server with the real (embedded) model, memory sampled.
+"""Soak: typing through the real server with the real (embedded) model, memory sampled.
 
 Marked slow (run with `-m slow`). DLM_SOAK_KEYSTROKES sets the length (default 30,000);
 DLM_SOAK_OUT names a JSON file for the figures (BENCHMARKS.md "Soak"). Each keystroke is a

@@ -1,4 +1,4 @@
-"""Line ends (issue 15): \\r, \\n and \\r\\n all end a line (LSP), in documents and suggestions."""
+"""Line ends: \\r, \\n and \\r\\n all end a line (LSP), in documents and suggestions."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from dlm.lsp import discovery, index_store
 from dlm.lsp.options import IndexOptions
-from dlm.lsp.server import status_text
+from dlm.lsp.status_report import status_text
 from dlm.lsp.workspace_index import WorkspaceIndex
 from lsp_helpers import server_env
 from lsprotocol import types

@@ -1,5 +1,5 @@
 """Alternatives in the inline list: the repository memory's other proposals, checked with the
-answer in the same model passes, listed after it (lsp.server.inline_alternatives).
+answer in the same model passes, listed after it (lsp.inline_alternatives).
 
 The first test runs the embedded model: a workspace continues a line two ways, and the inline
 answer lists both, best first, each with its own confidence. The others use the

@@ -1,17 +1,20 @@
 """The filters every alternative passes before it is listed after the inline answer
-(lsp.server.inline_alternatives), on a document and a prediction's result made by hand: the
+(lsp.inline_alternatives), on a document and a prediction's result made by hand: the
 gate with the alternative's own confidence, the inline post-processing (degenerate answers),
 secrets, the syntax check, distinct texts, only what the memory proposed, and the list's length."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from dlm.coder_model.types import MemoryProposal, Prompt
 from dlm.lsp.context import BuiltContext
 from dlm.lsp.documents import Document
+from dlm.lsp.inline import InlineAnswer
+from dlm.lsp.inline_alternatives import MAX_INLINE_ITEMS, inline_alternatives
 from dlm.lsp.options import Options
 from dlm.lsp.postprocess import Suggestion
-from dlm.lsp.server import MAX_INLINE_ITEMS, inline_alternatives
 
 TEXT = "def handler(registry):\n    frobnicate_\n    return registry\n"
 ROW, COL = 1, len("    frobnicate_")
@@ -20,13 +23,15 @@ TOKEN = 'token = "ghp_' + "aB3dE5fG7hJ9kL1mN2pQ4rS6tU8vW0xY2zA4"[:36] + '"'
 
 
 def _result(doc: Document, ranked: list[tuple[str, float]], first: str = FIRST, late: bool = False,
-            proposed: list[str] | None = None) -> dict:
+            proposed: list[str] | None = None) -> InlineAnswer:
     region = doc.lines[ROW]
     prompt = Prompt(prefix=doc.lines[0], region=region, cursor=COL, suffix="".join(doc.lines[ROW + 1 :]),
                     language="python", path="m.py", insert=True,
                     proposals=tuple(MemoryProposal(t, 0.5) for t in (proposed or [t for t, _ in ranked])))
-    return {"sugg": Suggestion(insert_text=first), "built": BuiltContext(prompt, ROW, ROW, "typing"),
-            "late": late, "proposal_confidences": tuple(ranked)}
+    return InlineAnswer(version=1, row=ROW, col=COL, built=BuiltContext(prompt, ROW, ROW, "typing"),
+                        sugg=Suggestion(insert_text=first), confidence=None, late=late,
+                        proposal_confidences=tuple(ranked), inline_rewrites_recent=False,
+                        edits_rewrite_recent=False)
 
 
 @pytest.fixture
@@ -73,5 +78,5 @@ def test_a_late_answer_or_a_rewrite_of_the_line_has_no_alternatives(doc):
     ranked = [(FIRST, 0.9), ("gadget(registry)", 0.8)]
     assert inline_alternatives(doc, ROW, COL, _result(doc, ranked, late=True), Options()) == []
     res = _result(doc, ranked)
-    res["sugg"] = Suggestion(insert_text=FIRST, replace_end=COL)
+    res = replace(res, sugg=Suggestion(insert_text=FIRST, replace_end=COL))
     assert inline_alternatives(doc, ROW, COL, res, Options()) == []

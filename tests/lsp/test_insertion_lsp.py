@@ -1,4 +1,4 @@
-"""Insertion while typing through the real server (issue 23): the typing path sends the engine an
+"""Insertion while typing through the real server: the typing path sends the engine an
 insertion prompt (Prompt.insert) with snippets of the workspace's other files, and the inline
 item is the insertion; a request after an idle pause is the region rewrite of the edit mode.
 
@@ -11,9 +11,11 @@ INS or REW (the mode), then the first snippet's path when it got snippets.
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import Future
 from pathlib import Path
 
 from dlm.coder_model.types import CancelToken, EngineStatus, LayoutBudget, Prediction, Prompt, SamplerParams
+from fake_engine import on_a_thread
 from lsp_helpers import SERVER, request, server_env
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, client_capabilities
@@ -28,6 +30,9 @@ class ModeEngine:
         mark = mark.replace("/", "_").replace(".", "_")
         text = prompt.region[: prompt.cursor] + mark + prompt.region[prompt.cursor :]
         return Prediction(text, steps=1, tokens=1, confidence=1.0)
+
+    def submit(self, prompt, params, cancel, deadline=None) -> Future:
+        return on_a_thread(self.predict, prompt, params, cancel, deadline)
 
     def status(self) -> EngineStatus:
         return EngineStatus(state="ready", device="cpu", model="mode (insertion-path test only)")

@@ -1,4 +1,4 @@
-"""Next edits from the edit memory through the real server (lsp.next_edits; README "Next edits").
+"""Next edits from the edit memory through the real server (lsp.next_edits; docs/next-edits.md).
 
 The first test runs the embedded model (its denoiser checks the proposal); the others use the
 ProposalEchoEngine double (tests/lsp/fake_engine.py), which answers the proposal it is given

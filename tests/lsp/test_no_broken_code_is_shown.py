@@ -10,11 +10,13 @@ answer to editor is what is tested.
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import Future
 
 import pytest
 from dlm.coder_model.types import CancelToken, EngineStatus, LayoutBudget, Prediction, Prompt, SamplerParams
 from dlm.lsp.stats import Stats
 from dlm.lsp.syntax_check import check_text
+from fake_engine import on_a_thread
 
 HEADERS = """\
 class Headers:
@@ -92,6 +94,15 @@ def test_closing_a_half_typed_call_is_shown_and_a_colon_after_it_is_not():
     assert breaks("python", doc, "a, ") is None  # still unfinished, not broken
     assert breaks("python", doc, "a, b):")
     assert breaks("python", doc, "a, b))")
+
+
+def test_a_colon_inside_the_open_bracket_of_a_header_is_held_back():
+    doc = "def f(x):\n    if g(x|\n        return 1\n"
+    assert breaks("python", doc, ":") == "ends a block header inside an open bracket"
+    assert breaks("python", doc, "):") is None
+    from dlm.lsp.syntax_check import _colon_inside_bracket
+
+    assert not _colon_inside_bracket("d = {k:")  # a dict's colon is not a header's
 
 
 def test_the_colon_of_a_half_typed_if_is_shown():
@@ -211,6 +222,9 @@ class ColonEngine:
     ) -> Prediction:
         text = prompt.region[: prompt.cursor] + ":" + prompt.region[prompt.cursor :]
         return Prediction(text, steps=1, tokens=1, confidence=1.0)
+
+    def submit(self, prompt, params, cancel, deadline=None) -> Future:
+        return on_a_thread(self.predict, prompt, params, cancel, deadline)
 
     def status(self) -> EngineStatus:
         return EngineStatus(state="ready", device="cpu", model="colon (syntax hold-back test only)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from dlm.coder_model.memory.index import RepoMemory
 from dlm.coder_model.remote.wire import decode_body, encode_frame, predict_message
 from dlm.coder_model.types import MemoryProposal, Prediction, Prompt, RetrievedSnippet, SamplerParams
 from dlm.lsp import discovery
+from fake_engine import on_a_thread
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -209,6 +211,9 @@ class _EchoEngine:
     def predict(self, prompt, params, cancel, deadline=None):
         text = prompt.region[: prompt.cursor] + self.insertion + prompt.region[prompt.cursor :]
         return Prediction(text=text, confidence=1.0, steps=1, tokens=3)
+
+    def submit(self, prompt, params, cancel, deadline=None) -> Future:
+        return on_a_thread(self.predict, prompt, params, cancel, deadline)
 
 
 @pytest.mark.parametrize(("insertion", "shown"), [(f'"{HF}"', False), ('"gpt2"', True)])

@@ -1,5 +1,5 @@
 """The workspace index (lsp.workspace_index, lsp.index_store): building, persisting, keeping
-current, and every bad input of issue 21 with a clear log line and the index serving.
+current, and every bad input (docs/repository-memory.md) with a clear log line and the index serving.
 
 `FakeMemory` stands in for RepoMemory's storage interface (update_file, remove_file,
 files, tokens, save, load) so that these tests are about the workspace service only;

@@ -29,7 +29,7 @@ export const DEFAULT_SETTINGS: DlmSettings = {
   remoteAddress: "",
   remoteTokenFile: "",
   remoteTls: false,
-  editPredictions: true, // the edit memory's next edits (README "Next edits": the measured figures)
+  editPredictions: true, // the edit memory's next edits (docs/next-edits.md: the measured figures)
   editPredictionDelayMs: 300,
   editPredictionDisplay: "auto",
   minConfidence: null,
@@ -37,7 +37,7 @@ export const DEFAULT_SETTINGS: DlmSettings = {
 };
 
 /**
- * Settings -> the server's initializationOptions (README "Protocol"), sent at start: a change restarts the server. Unset numbers are
+ * Settings -> the server's initializationOptions (docs/configuration.md), sent at start: a change restarts the server. Unset numbers are
  * left out so that the server's measured defaults apply; edit predictions are asked for
  * only when the user wants them shown (the server keeps them off otherwise).
  */
@@ -75,7 +75,7 @@ export function parseRemoteAddress(address: string): { host: string; port: numbe
 }
 
 /**
- * Settings -> the `dlm-lsp` command line (DESIGN §7/§8):
+ * Settings -> the `dlm-lsp` command line (docs/architecture.md §7/§8):
  * `dlm-lsp --stdio [--model DIR] [--device D] [--remote HOST:PORT --token-file F --tls] [extra args]`.
  * With a remote address the model runs on the GPU box, so --model/--device are not sent.
  */
@@ -332,7 +332,7 @@ export interface TextEdit {
   range: Range;
   newText: string;
 }
-/** The server's "jump to" hint for an edit far from the cursor (README "Next edits"). */
+/** The server's "jump to" hint for an edit far from the cursor (docs/next-edits.md). */
 export interface JumpHint {
   position: Pos; // where the edit starts
   lines: number; // how far from the cursor (negative: above)
@@ -341,7 +341,7 @@ export interface JumpHint {
 
 /**
  * The server's "jump to another file" hint: the document asked about has no next edit, another
- * file of the workspace has (README "Next edits"). It comes with no edits: Tab opens `uri` at
+ * file of the workspace has (docs/next-edits.md, "Another file"). It comes with no edits: Tab opens `uri` at
  * `position`, and the server answers the edit itself when the editor asks for that file.
  */
 export interface FileJumpHint {

@@ -211,7 +211,7 @@ def test_build_never_holds_the_gil_long() -> None:
         gaps.append(now - last)
         last = now
     worker.join()
-    # generous for a loaded machine: the old build held it for seconds at this size
+    # generous for a loaded machine: a build in one piece holds the GIL for seconds at this size
     assert max(gaps) < 0.25, f"longest wait {max(gaps) * 1e3:.0f} ms"
 
 

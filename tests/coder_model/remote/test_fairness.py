@@ -1,16 +1,17 @@
-"""Fairness between the remote server's connections (issue 22, defect 1), checked with a fake
+"""Fairness between the remote server's connections, checked with a fake
 backend whose forward pass costs one millisecond of a fake clock per token in it: every time
 here is that clock's, so the checks are exact and never depend on the machine.
 
-The reproduction: one client keeps 20 requests with 256-slot blocks in flight; another sends
-a default request (32 slots, 32 steps). Before, every pass stepped all 21 together (5,152
-tokens: the default request took 160x its solo time); now each pass goes to the owners served
-least, and the default request finishes within 2x its solo time.
+The case: one client keeps 20 requests with 256-slot blocks in flight; another sends a
+default request (32 slots, 32 steps). A pass that stepped all 21 together (5,152 tokens) would
+make the default request take 160x its solo time; each pass goes to the owners served least,
+so the default request finishes within 2x its solo time.
 """
 
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 
 import pytest
 from dlm.coder_model.limits import DEFAULT_DEADLINE_MS, MAX_REQUEST_DEADLINES
@@ -169,7 +170,7 @@ def test_prepared_context_counts_as_work_and_cancelled_pending_requests_are_answ
 # ---- the bound on a request's cost -------------------------------------------------------------------
 
 
-def test_the_issue_reproduction_request_is_refused_on_the_wire():
+def test_a_request_over_the_slot_step_cap_is_refused_on_the_wire():
     heavy = {"block_len": 1024, "max_blocks": 3, "steps": 4096, "threshold": 1.0}
     with pytest.raises(ProtocolError) as err:
         params_from_wire(heavy, 5)
@@ -242,6 +243,12 @@ class _RecordingEngine:
         self.gate.wait(10)
         self.order.append(prompt.path)
         return Prediction(text="x", steps=1)
+
+    def submit(self, prompt, params, cancel, deadline=None) -> Future:
+        fut: Future = Future()
+        threading.Thread(target=lambda: fut.set_result(self.predict(prompt, params, cancel, deadline)),
+                         daemon=True).start()
+        return fut
 
 
 def test_engine_scheduler_serves_owners_in_turn():

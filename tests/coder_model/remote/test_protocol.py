@@ -157,7 +157,7 @@ def test_invalid_request_fields_are_request_errors(prompt, params, fragment):
         ({"threshold": float("-inf")}, "finite"),
         ({"block_len": 4096}, "block_len=4096 is outside its range; send an integer in [1, 1024]"),
         ({"steps": True}, "params.steps must be an integer"),
-        ({"block_len": 1024, "max_blocks": 3, "steps": 4096, "threshold": 1.0}, "slot-steps"),  # issue 22
+        ({"block_len": 1024, "max_blocks": 3, "steps": 4096, "threshold": 1.0}, "slot-steps"),  # each cap met, the product not
         ({"steps": PARAM_CAPS["steps"] + 1}, "steps"),
         ({"max_blocks": 1000}, "max_blocks"),
         ({"seed": -1}, "seed"),

@@ -195,7 +195,7 @@ local function show(bufnr, client, pred)
   end
   local j = pred.jump
   if type(j) == "table" and type(j.position) == "table" and type(j.position.line) == "number" then
-    -- far from the cursor (README "Next edits"): a "jump to" hint at the cursor's line
+    -- far from the cursor (docs/next-edits.md): a "jump to" hint at the cursor's line
     local row = vim.api.nvim_win_get_cursor(0)[1] - 1
     local arrow = (tonumber(j.lines) or 0) < 0 and "↑" or "↓"
     vim.api.nvim_buf_set_extmark(bufnr, M.ns, math.min(row, nlines - 1), 0, {

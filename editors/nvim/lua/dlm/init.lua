@@ -28,10 +28,10 @@ M.defaults = {
   filetypes = nil, -- nil: every normal file buffer
   native = nil, -- nil: use vim.lsp.inline_completion when it exists (0.12+)
   debounce_ms = 30, -- own ghost text: wait this long after a keystroke
-  edit_predictions = true, -- the edit memory's next edits (README "Next edits"); sent to the server too
+  edit_predictions = true, -- the edit memory's next edits (docs/next-edits.md); sent to the server too
   min_confidence = nil, -- show only suggestions at least this confident (0..1); nil: the server's measured default
   deadline_ms = nil, -- a suggestion not ready this long after the keystroke is not shown; nil: 250
-  server_options = nil, -- any other initializationOptions (README "Protocol"), e.g. { context = { idleMs = 400 } }
+  server_options = nil, -- any other initializationOptions (docs/configuration.md), e.g. { context = { idleMs = 400 } }
   edit_prediction_delay_ms = 300,
   -- next/prev cycle through the server's alternatives (next with none shown asks again)
   keymaps = { accept = "<Tab>", next = "<M-]>", prev = "<M-[>", dismiss = "<C-]>", accept_edit = "<M-CR>" },
@@ -50,7 +50,7 @@ function M.log_file(o)
   return o.log_file or (vim.fn.stdpath("log") .. "/dlm-lsp.log")
 end
 
---- Options -> the server's initializationOptions (README "Protocol").
+--- Options -> the server's initializationOptions (docs/configuration.md).
 function M.init_options(o)
   local opts = vim.deepcopy(o.server_options or {})
   opts.editPredictions = o.edit_predictions and true or false

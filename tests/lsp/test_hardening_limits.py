@@ -1,4 +1,4 @@
-"""Hardening, second round (issue 22): the LSP reproductions of the fault-and-abuse test, each
+"""Options, counters, folders and exit codes under a hostile client: the LSP cases of the abuse test, each
 driven against the real server as a subprocess over raw stdio frames."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _ready(server: RawServer) -> dict:
     raise AssertionError("the fake engine never became ready")
 
 
-# ---- defect 2: an infinite or NaN option made initialize fail with -32603 OverflowError -------------
+# ---- an infinite or NaN option is refused with a log line; initialize succeeds ----------------------
 
 
 @pytest.mark.parametrize("options", [
@@ -62,7 +62,7 @@ def test_1e400_in_the_json_text_is_refused_like_infinity(server):
     assert "error" not in res, res
 
 
-# ---- defect 4 and the borderline throttle: out-of-range options are logged and defaulted -----------
+# ---- out-of-range options, the throttle at its edge too, are logged and defaulted -------------------
 
 
 def test_a_block_over_the_remote_cap_is_refused_as_an_option():
@@ -88,13 +88,13 @@ def test_a_huge_throttle_does_not_stall_requests(server):
     _ready(server)
     server.open("file:///t.py", "x = \n")
     t0 = time.monotonic()
-    for i in range(3):  # each run would wait out the throttle (then the 2 s timeout) before the fix
+    for i in range(3):  # an unchecked throttle would make each run wait it out (then the 2 s timeout)
         server.change("file:///t.py", 2 + i, (0, 4 + i), (0, 4 + i), "a")
         assert server.inline("file:///t.py", 0, 5 + i)["result"]["items"]
     assert time.monotonic() - t0 < 5.9
 
 
-# ---- defect 6: counters count only what was issued ---------------------------------------------------
+# ---- counters count only what was issued --------------------------------------------------------
 
 
 def test_accept_and_shown_count_only_issued_ids(server):
@@ -120,7 +120,7 @@ def test_accept_and_shown_count_only_issued_ids(server):
     assert (stats["accepted"], stats["shown"], stats["partially_accepted"]) == (1, 1, 1)
 
 
-# ---- defect 7: workspace folders are deduplicated ----------------------------------------------------
+# ---- workspace folders are deduplicated ---------------------------------------------------------
 
 
 def test_the_same_workspace_folder_added_many_times_is_kept_once(server):
@@ -135,7 +135,7 @@ def test_the_same_workspace_folder_added_many_times_is_kept_once(server):
     assert server.call("dlm/stats", {})["result"]["workspace_folders"] == 0
 
 
-# ---- defect 8: exit codes and the position encoding ---------------------------------------------------
+# ---- exit codes and the position encoding --------------------------------------------------------
 
 
 def test_exit_without_shutdown_exits_1(server):
@@ -190,29 +190,42 @@ def test_a_megabyte_path_and_language_are_bounded():
         server.close()
 
 
-# ---- the README states the caps the code applies ------------------------------------------------------
+# ---- docs/configuration.md states the caps the code applies: it is rendered from them -----------------
 
 
-def test_readme_limits_table_matches_the_caps():
-    import re
+def test_the_configuration_page_is_rendered_from_the_caps():
+    """docs/configuration.md is lsp.option_docs' rendering of the option declarations, and the
+    rendering names every cap: each option's range and default, the sampler's, the requests'."""
+    import json
     from pathlib import Path
 
     from dlm.coder_model import limits
-    from dlm.lsp.options import OPTION_CAPS
+    from dlm.coder_model.types import SamplerParams
+    from dlm.lsp import option_docs
+    from dlm.lsp.options import OPTION_CAPS, Options
 
-    readme = Path(__file__).resolve().parents[2].joinpath("docs", "configuration.md").read_text()
-    section = readme.split("## Limits", 1)[1].split("\n## ", 1)[0]
+    page = Path(__file__).resolve().parents[2].joinpath("docs", "configuration.md").read_text()
+    rendered = option_docs.configuration_markdown()
+    assert page == rendered, f"docs/configuration.md differs from the declarations: {option_docs.COMMAND}"
 
-    def camel(name: str) -> str:
-        return re.sub(r"_([a-z])", lambda m: m.group(1).upper(), name)
-
-    rows = {line.split("|")[1].strip(): line.split("|")[3].strip() for line in section.splitlines()
-            if line.startswith("| `")}
-    for name, cap in limits.SAMPLER_CAPS.items():
-        assert rows.get(f"`{name}` (`sampler.{camel(name)}`)") == cap.describe(), name
+    camel = option_docs.camel
+    cells = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+             for line in rendered.splitlines() if line.startswith("| `")}
+    options, sampler = Options(), SamplerParams()
     for name, cap in OPTION_CAPS.items():
-        assert rows.get(f"`{camel(name)}`") == cap.describe(), name
-    assert rows.get("`max_tokens`") == limits.REQUEST_CAPS["max_tokens"].describe()
+        value = options
+        for part in name.split("."):
+            value = getattr(value, part)
+        assert cells.get(f"`{camel(name)}`", [])[:2] == [f"`{json.dumps(value)}`", cap.describe()], name
+    for name, cap in limits.SAMPLER_CAPS.items():
+        default = f"`{json.dumps(getattr(sampler, name))}`"
+        assert cells.get(f"`sampler.{camel(name)}`", [])[:2] == [default, cap.describe()], name
+        assert cells.get(f"`{name}` (`sampler.{camel(name)}`)") == ["all three", cap.describe(), default]
+    section = " ".join(rendered.split("## Limits", 1)[1].split("\n## ", 1)[0].split())  # unwrapped
+    assert cells.get("`max_tokens`", [])[1:2] == [limits.REQUEST_CAPS["max_tokens"].describe()]
+    remote_deadline = cells["`deadline_ms` (remote: the time a request has left)"][1]
+    assert remote_deadline.endswith(f"{int(limits.REQUEST_CAPS['deadline_ms'].high):,}]")
+    assert cells["`--deadline-ms`"][1] == OPTION_CAPS["deadline_ms"].describe()
     assert f"{limits.MAX_REQUEST_SLOT_STEPS:,} slot-steps" in section
     for value in (limits.MAX_PATH_CHARS, limits.MAX_LANGUAGE_CHARS, limits.MAX_HISTORY_EVENTS):
         assert f" {value} " in section
@@ -220,8 +233,8 @@ def test_readme_limits_table_matches_the_caps():
 
 
 def test_a_request_the_model_refuses_is_one_warning_not_a_traceback_per_keystroke():
-    """Defect 4's second half: a sampler the model cannot take failed every keystroke with an
-    error traceback in the editor; now the keystroke gets no suggestion and one warning."""
+    """A sampler the model cannot take costs each keystroke its suggestion and the editor one
+    warning, never an error traceback per keystroke."""
     server = RawServer(DLM_ENGINE_FACTORY="fake_engine:refusing")
     try:
         _init(server)
@@ -241,7 +254,8 @@ def test_a_request_the_model_refuses_is_one_warning_not_a_traceback_per_keystrok
 
 
 def test_every_option_has_a_range():
-    """A new option needs its range in OPTION_CAPS (else the server reports it cannot be set)."""
+    """A new option is declared with its range (coder_model.caps.option), which puts it in OPTION_CAPS:
+    without one the server reports that it cannot be set, and the configuration page misses it."""
     import dataclasses
 
     from dlm.lsp.options import OPTION_CAPS, Options
@@ -258,8 +272,9 @@ def test_every_option_has_a_range():
 
 
 def test_every_sampler_parameter_has_a_cap():
-    """A new SamplerParams field needs its cap in coder_model.limits.SAMPLER_CAPS (and a README
-    "Limits" row): the three doors refuse a parameter they have no cap for."""
+    """A new SamplerParams field is declared with its cap (coder_model.caps.option), which puts it in
+    coder_model.limits.SAMPLER_CAPS and on the configuration page: the three doors refuse a
+    parameter they have no cap for."""
     import dataclasses
 
     from dlm.coder_model.limits import SAMPLER_CAPS

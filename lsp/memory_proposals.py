@@ -1,0 +1,99 @@
+"""The repository memory's proposals for an inline request while typing, and the model's check of them.
+
+In a file of an indexed workspace folder, a typing request asks the workspace's repository memory
+(coder_model.memory.RepoMemory, kept by lsp.workspace_index) for whole-line insertions at the
+cursor. The proposals go into the prompt with snippets of other files, and the engine's denoiser
+checks them in the passes that make its own answer (coder_model.verify). The memory is queried on
+a pool thread (a first query can take tens of ms), never on the event loop. The LSP's inline
+pipeline (lsp.inline), `dlm-lsp predict` (lsp.predict_cli) and the HTTP endpoint
+(lsp.http_endpoint) share these functions, so the three propose alike.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from dataclasses import replace
+from typing import Any
+
+from dlm.coder_model.types import CancelToken, MemoryProposal
+from dlm.lsp import context
+from dlm.lsp.documents import Document
+from dlm.lsp.engine_runs import chain
+from dlm.lsp.options import Options
+from dlm.lsp.stats import Stats
+from dlm.lsp.workspace_index import WorkspaceIndex, file_path
+
+# the memory's beam (BENCHMARKS.md "Repository memory alone": its 8 hold the line 46.4%, its first 35.2%)
+MEMORY_BEAM = 8
+VERIFIED = 4  # proposals the denoiser checks per request: each costs its slots in every pass
+
+
+MEMORY_LINES = 4000  # lines of the document on each side of the cursor the memory reads as this file
+
+
+def memory_for(doc: Document, built: context.BuiltContext, options: Options,
+               workspace_index: WorkspaceIndex) -> tuple[Any, str]:
+    """(the repository memory, the file's path in it) for an inline request while typing, or
+    (None, ""): no index yet, the file is in no indexed root, or a wide (edit) request."""
+    if built.mode != "typing" or not options.index.enabled:
+        return None, ""
+    path = file_path(doc.uri)
+    if path is None:
+        return None, ""
+    return workspace_index.memory_for(path)
+
+
+def text_around(doc: Document, row: int, col: int) -> tuple[str, str]:
+    """The document before and after the cursor, up to MEMORY_LINES lines each way (taken on the
+    event loop: the document changes there)."""
+    lines = doc.lines
+    line = lines[row]
+    before = "".join(lines[max(0, row - MEMORY_LINES) : row]) + line[:col]
+    after = line[col:] + "".join(lines[row + 1 : row + 1 + MEMORY_LINES])
+    return before, after
+
+
+def memory_proposals(memory, before: str, after: str, rel_path: str,
+                     open_files: dict[str, str]) -> tuple[MemoryProposal, ...]:
+    """The memory's whole-line insertions at the cursor (coder_model.memory.RepoMemory.complete)."""
+    found = memory.complete(before, after, path=rel_path, beam=MEMORY_BEAM, open_files=open_files,
+                            exclude_path=rel_path)
+    return tuple(MemoryProposal(c.text, c.score) for c in found if c.text)[:VERIFIED]
+
+
+def checked_by_model(memory, rel: str, doc: Document, row: int, col: int, built: context.BuiltContext,
+                     run: Callable[[context.BuiltContext], Future], cancel: CancelToken, pool: Executor,
+                     stats: Stats, workspace_index: WorkspaceIndex) -> Future:
+    """A Future of the model's run (`run`) on `built` with the memory's proposals and snippets of
+    other files in its prompt; its result is None when the request was cancelled meanwhile. The
+    proposals are computed on a pool thread, then the engine's denoiser checks them."""
+    out: Future = Future()
+    opened = workspace_index.open_files(file_path(doc.uri) or "")
+    opened.pop(rel, None)  # this document is the memory's first level, from the text below
+    before, after = text_around(doc, row, col)
+
+    def propose() -> None:
+        # The indexer waits from here until the model's step ends too: its Python work
+        # would otherwise take the GIL between the step's torch calls, each time for a
+        # whole switch interval.
+        end = workspace_index.begin_prediction()
+        out.add_done_callback(lambda _: end())
+        try:
+            t_memory = time.monotonic()
+            proposals = memory_proposals(memory, before, after, rel, opened)
+            stats.stage("memory_ms", (time.monotonic() - t_memory) * 1000)
+            if cancel.cancelled:
+                out.set_result(None)
+                return
+            # typing: snippets of other files in the layout's snippet sections too
+            with_memory = context.with_snippets(built, memory, rel)
+            with_memory = replace(with_memory, prompt=replace(with_memory.prompt, proposals=proposals))
+            chain(run(with_memory), out)
+        except Exception as exc:  # noqa: BLE001 - a memory failure costs this keystroke, never the server
+            if not out.done():
+                out.set_exception(exc)
+
+    pool.submit(propose)
+    return out

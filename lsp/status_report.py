@@ -1,0 +1,96 @@
+"""What the server reports about itself: the dlm/status notification, the dlm/stats answer, and
+why an explicit trigger showed nothing.
+
+dlm/status carries the model's state (lsp.engine_holder), the workspace index's
+(lsp.workspace_index), the line an editor shows, the latency percentiles and the counters of
+what was offered and held back (lsp.stats), and the outcome of the last explicit trigger. The
+server (lsp.server) decides when to send it; this module only says what it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from dlm.coder_model.types import EngineStatus
+from dlm.lsp.stats import Stats
+
+INDEX_BUSY = ("loading", "indexing")  # index states in which the status is not "ready"
+# Why an explicit trigger showed nothing, from what the request counted, most telling first.
+TRIGGER_REASONS = {
+    "binary": "a binary document (it holds NUL bytes): no suggestions",
+    "held_back_syntax": "held back: accepting it would break the syntax",
+    "held_back_degenerate": "held back: a degenerate answer (repeats, blank lines)",
+    "gated_low_confidence": "nothing over the confidence gate (minConfidence)",
+    "gated_rewrites_recent": "nothing over the gate for text that rewrites what you just typed",
+    "gated_late": "the answer came after its deadline",
+    "no_steps": "no time for a model step (deadlineMs)",
+    "no_change": "nothing to propose here: the memory has no continuation and the model proposes no change",
+    "failed": "the model failed on this request (see the server log)",
+    "refused": "the model refused this request (see the server log)",
+}
+
+
+def status_text(state: str, message: str, index: dict) -> str:
+    """The status line: "ready" only when the model answers and the index is done; while it is
+    built, "indexing 38/77 files"; the model's state and why it is not ready otherwise, with the
+    index's line after it ("model loading · indexing 38/77 files")."""
+    if state == "ready":
+        return index["text"] if index["state"] in INDEX_BUSY else f"ready · {index['text']}"
+    why = f": {message}" if message else ""
+    return f"model {state}{why} · {index['text']}"
+
+
+def status_payload(st: EngineStatus, stats: Stats, index: dict, trigger: dict | None) -> dict:
+    """dlm/status: `state` is the model's; `index` the workspace index's (lsp.workspace_index);
+    `ready` is true once both are done (the model answers, the index is built or loaded, or
+    it failed or is off: `index` says which) and `text` is the line an editor shows."""
+    c = stats.counts
+    return {
+        "ready": st.state == "ready" and index["state"] not in INDEX_BUSY,
+        "text": status_text(st.state, st.message, index),
+        "state": st.state,
+        "device": st.device,
+        "model": st.model,
+        "message": st.message,
+        "p50_ms": stats.p(50),
+        "p95_ms": stats.p(95),
+        "requests": c["requests"],
+        "accepted": c["accepted"],
+        "shown": c["shown"],
+        **stats.held_back(),
+        "index": index,
+        "trigger": trigger,
+    }
+
+
+def trigger_outcome(shown: bool, counts: Mapping[str, int], before: Mapping[str, int], document_open: bool,
+                    last_confidence: float | None, min_confidence: float) -> dict:
+    """dlm/status `trigger` after an explicit trigger: {shown, reason}. The reason is what the
+    request counted (lsp.stats: `counts` now against `before` it), most telling first."""
+    if shown:
+        return {"shown": True, "reason": ""}
+    counted = {k for k, v in counts.items() if v > before.get(k, 0)}
+    if not document_open:
+        reason = ("this document is not open in the server (never opened, or over "
+                  "maxDocumentChars): reopen it, or raise maxDocumentChars")
+    else:
+        reason = next((TRIGGER_REASONS[k] for k in TRIGGER_REASONS if k in counted),
+                      "no answer: the request was superseded, or the model is not ready (see dlm/status)")
+        if any(k.startswith("gated_") for k in counted) and last_confidence is not None:
+            reason += f" (confidence {last_confidence:.2f}, gate {min_confidence:.2f})"
+    return {"shown": False, "reason": reason}
+
+
+def stats_payload(stats: Stats, documents: int, pending_futures: int, state: str, workspace_folders: int,
+                  index: dict, trigger: dict | None) -> dict:
+    """dlm/stats: the counters and stage times (lsp.stats), the open documents, pygls' request table
+    (bounded: lsp.pygls_protocol), the model's state, the workspace folders, the index's status and
+    the last explicit trigger (also in dlm/status)."""
+    out = stats.snapshot()
+    out["documents"] = documents
+    out["pending_futures"] = pending_futures
+    out["state"] = state
+    out["workspace_folders"] = workspace_folders
+    out["index"] = index
+    out["trigger"] = trigger
+    return out
