@@ -7,6 +7,7 @@ without) a model being loaded.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, fields
 from typing import Literal, Protocol, get_args, runtime_checkable
@@ -201,6 +202,10 @@ class Prediction:
     # the editor's alternatives to it. Empty when the engine checked none (a free decode, the
     # open families, older remote servers).
     proposal_confidences: tuple[tuple[str, float], ...] = ()
+    # False: `confidence` is no probability (a hosted engine's answer: 1.0 when it answered
+    # something, coder_model.hosted); the gate lets such an answer through, except over text the
+    # user just typed (lsp.gate), as for an engine that computes no confidence
+    scored: bool = True
 
     @property
     def total_ms(self) -> float:
@@ -212,15 +217,31 @@ class Prediction:
 
 
 class CancelToken:
-    """A thread-safe flag; the sampler checks it before every denoising step."""
+    """A thread-safe flag; the sampler checks it before every denoising step. An engine that
+    waits on the network instead registers `on_cancel`, so that a superseded request is aborted
+    at once rather than at its next look at the flag."""
 
-    __slots__ = ("_event",)
+    __slots__ = ("_callbacks", "_event", "_lock")
 
     def __init__(self) -> None:
         self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
 
     def cancel(self) -> None:
-        self._event.set()
+        with self._lock:
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:  # on the cancelling thread: each only schedules its abort
+            callback()
+
+    def on_cancel(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once when the token is cancelled (at once when it already is)."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
 
     @property
     def cancelled(self) -> bool:

@@ -10,7 +10,7 @@ masked slot is scored with every other slot visible: a pseudo-likelihood, a far 
 masked model than one all-masked pass (which ranked the memory's beam worse than the memory's own
 order, docs/architecture.md §10). All proposals of a pass go through the model in one batched call.
 
-`choose` mixes the memory's probability and the model's score (weights by measurement, `Mix`)
+`choose` (coder_model.proposal_mix, torch-free) mixes the memory's probability and the model's score (weights by measurement, `Mix`)
 and may answer None: the model vetoes every proposal. `ranked` orders every proposal the model
 lets through by that mixed confidence: the editor lists the runners-up as alternatives.
 """
@@ -18,46 +18,15 @@ lets through by that mixed confidence: the editor lists the runners-up as altern
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 
 import torch
-from dlm.coder_model.types import MemoryProposal, SamplerParams
+from dlm.coder_model.proposal_mix import Mix, choose, ranked, region_after
+from dlm.coder_model.types import MemoryProposal
 
 __all__ = ["Mix", "Verdict", "choose", "ranked", "score_proposals"]
-
-
-@dataclass(frozen=True)
-class Mix:  # built from SamplerParams (Mix.of): the one knob set that travels with a request
-    """How the memory's and the model's scores combine into one confidence (log-linear).
-
-    confidence = sigmoid(bias + memory_weight * logit(p_memory) + model_weight * log(p_model))
-    where p_model is the geometric mean probability of the proposal's slots; a proposal with
-    p_model < veto is never shown. The defaults are the measured ones (BENCHMARKS.md
-    "Repository memory through the server").
-    """
-
-    memory_weight: float = SamplerParams.memory_weight
-    model_weight: float = SamplerParams.model_weight
-    bias: float = SamplerParams.memory_bias
-    veto: float = SamplerParams.veto
-    passes: int = SamplerParams.verify_passes
-    # A proposal is scored in one block of up to block_len * blocks slots: the sampler writes a
-    # region in up to max_blocks blocks, so a region it could write is one the check can read (with
-    # one block, every proposal on a long multi-line statement went unscored and was vetoed).
-    blocks: int = SamplerParams.max_blocks
-
-    @classmethod
-    def of(cls, params) -> Mix:
-        return cls(params.memory_weight, params.model_weight, params.memory_bias, params.veto,
-                   params.verify_passes, params.max_blocks)
-
-    def combine(self, p_memory: float, p_model: float | None) -> float:
-        pm = min(max(p_memory, 1e-6), 1 - 1e-6)
-        z = self.bias + self.memory_weight * math.log(pm / (1 - pm))
-        if p_model is not None and self.model_weight:
-            z += self.model_weight * math.log(max(p_model, 1e-9))
-        return 1.0 / (1.0 + math.exp(-z))
 
 
 @dataclass(frozen=True)
@@ -70,10 +39,6 @@ class Verdict:
     # (proposal index, mixed confidence) of every proposal not vetoed, best first (`ranked`):
     # the first is `index`, the others are the alternatives an editor may cycle through
     ranked: tuple[tuple[int, float], ...] = ()
-
-
-def region_after(region: str, cursor: int, insertion: str) -> str:
-    return region[:cursor] + insertion + region[cursor:]
 
 
 def score_proposals(model, tok, cache, region: str, cursor: int, proposals: tuple[MemoryProposal, ...],
@@ -94,7 +59,7 @@ def score_proposals(model, tok, cache, region: str, cursor: int, proposals: tupl
         ids = tok.encode(p.text if insert else region_after(region, cursor, p.text)) + [tok.eom_id]
         if len(ids) > block_len:
             continue
-        a = _common_prefix(before, ids)
+        a = len(os.path.commonprefix([before, ids]))
         # the block ends one <pad> after <eom> (as in training, pads follow <eom>), not at block_len:
         # the slots past it would cost every pass and say nothing about this proposal
         rows.append(ids + [tok.pad_id] * min(1, block_len - len(ids)))
@@ -140,29 +105,6 @@ def score_proposals(model, tok, cache, region: str, cursor: int, proposals: tupl
     return scores, ran
 
 
-def ranked(proposals: tuple[MemoryProposal, ...], model_scores: list[float | None] | tuple[float | None, ...],
-           mix: Mix) -> list[tuple[int, float]]:
-    """(index, mixed confidence) of each proposal the model does not veto (model score below
-    `mix.veto`, or no score: it did not fit), highest confidence first; proposals of equal
-    confidence keep the memory's order. With passes == 0 (no model), every proposal is ranked by
-    the memory's probability alone."""
-    out = []
-    for j, (p, s) in enumerate(zip(proposals, model_scores)):
-        if mix.passes and (s is None or s < mix.veto):
-            continue
-        out.append((j, mix.combine(p.score, s)))
-    out.sort(key=lambda jc: -jc[1])  # stable: ties keep the memory's order
-    return out
-
-
-def choose(proposals: tuple[MemoryProposal, ...], model_scores: list[float | None],
-           mix: Mix) -> tuple[int | None, float | None]:
-    """The proposal with the highest mixed confidence, and that confidence; None when each one
-    is vetoed (`ranked`). With passes == 0 (no model), the memory's own order decides."""
-    order = ranked(proposals, model_scores, mix)
-    return order[0] if order else (None, None)
-
-
 def verify(model, tok, cache, region: str, cursor: int, proposals: tuple[MemoryProposal, ...], block_len: int,
            mix: Mix, insert: bool = False) -> Verdict:
     t0 = time.perf_counter()
@@ -176,10 +118,3 @@ def verify(model, tok, cache, region: str, cursor: int, proposals: tuple[MemoryP
     return Verdict(index, conf, tuple(scores), ran, (time.perf_counter() - t0) * 1000, tuple(order))
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

@@ -338,16 +338,18 @@ def _dir_skip_reason(entry: os.DirEntry, rel: str, ignore: IgnoreStack, skip_dir
     return ""
 
 
-def path_allowed(root: str, rel: str, ignore: IgnoreStack) -> str:
+def path_allowed(root: str, rel: str, ignore: IgnoreStack, sources_only: bool = True) -> str:
     """Why `rel` under `root` may not be indexed ('' when it may), for a single path that
     did not come from `walk` (an open buffer, a watched-file event): the same rules, with
-    the `.gitignore` files of its directories read if the walk has not read them."""
+    the `.gitignore` files of its directories read if the walk has not read them.
+    `sources_only=False`: a file of no known language passes too (what may be sent to a
+    hosted engine: lsp.hosted_filter)."""
     parts = rel.split("/")
     if not rel or "" in parts or ".." in parts or "." in parts:
         return "outside the root"
     if any(is_vendored_dir(p) for p in parts[:-1]):
         return "vendored"
-    if not is_source_name(rel):
+    if sources_only and not is_source_name(rel):
         return "not_source"
     if is_secret_path(rel):
         return "secret"

@@ -3,8 +3,10 @@
 Both front ends answer at once (LSP `initialize`, HTTP `/health`) while the
 model loads; `EngineHolder` runs the factory in a thread and remembers how
 that went. `make_engine_factory` turns the command line into that factory:
-a local checkpoint, a `dlm-lsp serve` box (--remote), or a test double
-(DLM_ENGINE_FACTORY).
+a local checkpoint, a `dlm-lsp serve` box (--remote), a model behind an HTTP
+API (--engine KIND: coder_model.hosted, docs/engines.md), or a test double
+(DLM_ENGINE_FACTORY). The language server may replace the factory before it
+starts loading (`set_factory`): a user-scoped engine in initializationOptions.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ from dlm.coder_model.types import Engine, EngineStatus
 log = logging.getLogger(__name__)
 
 
+class EngineRefused(Exception):
+    """An engine that cannot be made, for a reason in the user's settings: its message is the
+    status line's as it is (no advice about --model)."""
+
+
 class EngineHolder:
     """Loads the engine once, in a background thread, and says whether it is ready.
 
@@ -37,6 +44,14 @@ class EngineHolder:
         self._lock = threading.Lock()
         self._started = False
         self._loaded = threading.Event()
+
+    def set_factory(self, factory: Callable[[], Engine]) -> bool:
+        """Load with `factory` instead; False (nothing changed) once loading has started."""
+        with self._lock:
+            if self._started:
+                return False
+            self._factory = factory
+            return True
 
     def start(self) -> None:
         """Start loading (once; later calls do nothing)."""
@@ -59,6 +74,9 @@ class EngineHolder:
                 engine.on_status_change = self.refresh
                 self.refresh()  # it may have connected or failed before we listened
             log.info("engine ready in %.1f s: %s", time.monotonic() - t0, self.status)
+        except EngineRefused as exc:
+            log.warning("no engine: %s", exc)
+            self.status = EngineStatus(state="failed", message=str(exc))
         except BaseException as exc:  # a failed load must leave the front end running, with the reason
             log.exception("model failed to load")
             self.status = EngineStatus(
@@ -95,8 +113,10 @@ class EngineHolder:
             st = self.engine.status()
         except Exception:  # noqa: BLE001 - a status that fails means "not ready", not a crash
             return False
-        if st.state != self.status.state:
-            self.status = st
+        # a hosted engine's problem ("Inception API: 429, ...") changes its words, not its state
+        changed = st.state != self.status.state or st.message != self.status.message
+        self.status = st  # the latest figures (a hosted engine's latency) even when nothing changed
+        if changed:
             self._on_change()
         return st.state == "ready"
 
@@ -112,8 +132,34 @@ class EngineHolder:
             self.engine.close()
 
 
+def hosted_factory(settings) -> Callable[[], Engine]:
+    """A factory of the hosted engine of `settings` (coder_model.hosted.settings.EngineSettings);
+    httpx is imported in the loader thread, when it runs."""
+
+    def hosted() -> Engine:
+        from dlm.coder_model.hosted.settings import EngineSettingsError
+
+        try:
+            from dlm.coder_model.hosted.http_engine import HostedEngine
+
+            return HostedEngine(settings)
+        except ImportError as exc:
+            raise EngineRefused(f"the hosted engines need httpx ({exc}): pip install 'httpx>=0.27'") from None
+        except EngineSettingsError as exc:
+            raise EngineRefused(f"{exc}; no suggestions until the engine settings are fixed") from None
+
+    return hosted
+
+
+def names_engine(args) -> bool:
+    """Does the command line (or DLM_ENGINE_FACTORY) choose the engine? Then initializationOptions
+    do not: the command line is the user's own."""
+    return bool(os.environ.get("DLM_ENGINE_FACTORY") or getattr(args, "engine_factory", None)
+                or getattr(args, "remote", None) or getattr(args, "model", None) or getattr(args, "engine_kind", None))
+
+
 def make_engine_factory(args) -> Callable[[], Engine]:
-    """The engine per the command line: DLM_ENGINE_FACTORY (tests), --remote, or local."""
+    """The engine per the command line: DLM_ENGINE_FACTORY (tests), --remote, --engine, or local."""
     spec = os.environ.get("DLM_ENGINE_FACTORY") or getattr(args, "engine_factory", None)
     model = getattr(args, "model", None)
     device = getattr(args, "device", "auto") or "auto"
@@ -135,6 +181,10 @@ def make_engine_factory(args) -> Callable[[], Engine]:
             return RemoteEngine(host, port, token=token, tls=bool(getattr(args, "tls", False)))
 
         return remote
+    if getattr(args, "engine_kind", None):
+        from dlm.coder_model.hosted.settings import settings_from_args
+
+        return hosted_factory(settings_from_args(args))  # checked by the command's run()
 
     def local() -> Engine:
         # torch is imported here, in the loader thread: `import dlm.lsp` must stay light

@@ -81,13 +81,9 @@ class CharClass:
         return (not inside and c != "/") if self.negated else inside
 
 
-def _class(pattern: str, i: int) -> tuple[CharClass | None, int]:
-    """The `[...]` class starting at pattern[i] == '[': (class, index after it), or
-    (None, i + 1) when there is no closing bracket (the `[` is then a literal).
-
-    Inside a class a backslash and `[` are plain characters; a `]` right after the `[`
-    (or after `[!`) is a member; `a-z` is a range (a reversed one matches nothing, as
-    in git); a `-` first or last is a member."""
+def class_end(pattern: str, i: int) -> int | None:
+    """The index of the `]` that closes the `[...]` class starting at pattern[i] == '[', or None
+    when there is none. A `]` right after the `[` (or after `[!`, `[^`) is a member, not the end."""
     j = i + 1
     if j < len(pattern) and pattern[j] in "!^":
         j += 1
@@ -95,7 +91,18 @@ def _class(pattern: str, i: int) -> tuple[CharClass | None, int]:
         j += 1
     while j < len(pattern) and pattern[j] != "]":
         j += 1
-    if j >= len(pattern):
+    return j if j < len(pattern) else None
+
+
+def _class(pattern: str, i: int) -> tuple[CharClass | None, int]:
+    """The `[...]` class starting at pattern[i] == '[': (class, index after it), or
+    (None, i + 1) when there is no closing bracket (the `[` is then a literal).
+
+    Inside a class a backslash and `[` are plain characters; a `]` right after the `[`
+    (or after `[!`) is a member; `a-z` is a range (a reversed one matches nothing, as
+    in git); a `-` first or last is a member."""
+    j = class_end(pattern, i)
+    if j is None:
         return None, i + 1
     body = pattern[i + 1 : j]
     negated = body[:1] in ("!", "^")
@@ -312,9 +319,9 @@ class Rule:
         return self.glob.match(rel[rel.rfind("/") + 1 :])
 
 
-def parse_line(line: str) -> Rule | None:
-    """One line of a .gitignore as a Rule, or None (blank, comment)."""
-    source = line
+def split_line(line: str) -> tuple[str, bool, bool, bool] | None:
+    """One line of a .gitignore as (pattern, anchored, negated, dir_only), or None (blank,
+    comment): the pattern without its `!`, trailing `/` and leading `/`."""
     line = line.rstrip("\n").rstrip("\r")
     if not line or line.startswith("#"):
         return None
@@ -335,7 +342,16 @@ def parse_line(line: str) -> Rule | None:
     line = line.lstrip("/")
     if not line:
         return None
-    return Rule(compile_glob(line), anchored, negated, dir_only, source.strip())
+    return line, anchored, negated, dir_only
+
+
+def parse_line(line: str) -> Rule | None:
+    """One line of a .gitignore as a Rule, or None (blank, comment)."""
+    parts = split_line(line)
+    if parts is None:
+        return None
+    pattern, anchored, negated, dir_only = parts
+    return Rule(compile_glob(pattern), anchored, negated, dir_only, line.strip())
 
 
 class IgnoreText(str):

@@ -8,6 +8,16 @@ predict the new region, and answers in the request's format. Zed sends a
 request per keystroke: a newer request for the same file cancels the one
 still running (latest wins).
 
+A request with OpenAI's `suffix` field is a fill in the middle (`prompt` before the cursor,
+`suffix` after it), as vLLM and SGLang take it and as the language server's `openai-fim` engine
+sends it (coder_model.hosted, docs/engines.md): the answer is the text to insert, written in the
+language server's typing mode (the region: the cursor line and the rest of its statement), and
+the commented file headers the engine puts before the prefix (`# Path: P`,
+coder_model.hosted.prompts.file_headers) name the file and carry the repository memory's
+snippets. The engine, having read `owned_by: dlm-lsp` in /v1/models, also sends the `dlm` field:
+the editable region's extent, the language and the mode, so the model gets exactly the prompt the
+language server would have given it embedded.
+
 With `--workspace DIR` the endpoint also has the repository memory of DIR: the
 language server's indexer (lsp.workspace_index: the same walk, ignore rules, secret
 filter and on-disk cache) indexes it, and a typing request (a fill-in-the-middle
@@ -34,6 +44,7 @@ request headers and the body each have a deadline, and connections beyond
 from __future__ import annotations
 
 import argparse
+import bisect
 import hmac
 import ipaddress
 import json
@@ -49,18 +60,21 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from dlm.coder_model import budget as budget_rules
-from dlm.coder_model import limits, secrets
+from dlm.coder_model import limits, regions, secrets
 from dlm.coder_model.devices import add_device_argument
+from dlm.coder_model.hosted.prompts import DLM_FIELD, read_file_headers
+from dlm.coder_model.languages import language_for_path
 from dlm.coder_model.limits import MAX_PATH_CHARS
 from dlm.coder_model.remote.auth import AuthConfigError, check_bind_allowed, load_token
 from dlm.coder_model.remote.client import parse_host_port
-from dlm.coder_model.types import CancelToken, LayoutBudget, SamplerParams
+from dlm.coder_model.types import CancelToken, LayoutBudget, Prompt, SamplerParams
 from dlm.lsp import context, discovery, gate, postprocess, syntax_check
 from dlm.lsp.cli import expand_path
 from dlm.lsp.engine_holder import EngineHolder, make_engine_factory
 from dlm.lsp.options import IndexOptions, Options
 from dlm.lsp.workspace_index import WorkspaceIndex
 from dlm.lsp.zed_prompts import (
+    SUFFIX_FORMAT,
     Built,
     PromptFormatError,
     ZedPrompt,
@@ -201,6 +215,33 @@ def typing_request(zp: ZedPrompt) -> bool:
     return context.at_completion_point(line, col)
 
 
+def server_prompt(zp: ZedPrompt, ext: dict) -> Built:
+    """The Prompt of a `suffix` request from the language server (coder_model.hosted.prompts.dlm_fields):
+    its editable region, language, path and mode, as it would have given them to the embedded model."""
+    before, after = ext["region"]
+    start, end = zp.cursor - min(before, zp.cursor), min(len(zp.text), zp.cursor + after)
+    t = zp.text
+    prompt = Prompt(prefix=t[:start], region=t[start:end], cursor=zp.cursor - start, suffix=t[end:],
+                    language=ext["language"] or language_for_path(zp.path), path=zp.path, insert=ext["insert"])
+    return Built(prompt, start, end)
+
+
+def statement_end(zp: ZedPrompt) -> int | None:
+    """Where the language server's typing region ends for the cursor of `zp` (coder_model.regions:
+    the cursor line and the rest of its statement, over a tree of the prompt's text), as an offset
+    in its text; None without a grammar for the file's language."""
+    span = regions.statement_spans(zp.text, language_for_path(zp.path)) if zp.path else None
+    if span is None:
+        return None
+    lines = regions.split_lines(zp.text)
+    starts = [0]
+    for line in lines[:-1]:
+        starts.append(starts[-1] + len(line))
+    row = bisect.bisect_right(starts, zp.cursor) - 1
+    _, end = regions.region_rows(lines, row, zp.cursor - starts[row], "typing", regions.RegionBudget(), span)
+    return starts[end] + len(regions.content(lines[end]))
+
+
 def breaks_syntax(zp: ZedPrompt, built: Built, new_region: str) -> str | None:
     """Why the insertion the answer makes at the cursor would break the code's syntax, or None
     (lsp.syntax_check on the prompt's text, as the server checks an inline insertion; a prompt
@@ -256,9 +297,37 @@ def parse_request(body: bytes, max_chars: int) -> dict:
         if problem is not None:
             raise RequestError(400, problem)
     model = req.get("model", "")
+    suffix = req.get("suffix")
+    if suffix is not None and not isinstance(suffix, str):
+        raise RequestError(400, "'suffix' must be a string (the text after the cursor)")
+    if suffix is not None and len(prompt) + len(suffix) > max_chars:
+        raise RequestError(413, f"'prompt' and 'suffix' have {len(prompt) + len(suffix)} characters, over the "
+                           f"{max_chars} limit")
+    ext = req.get(DLM_FIELD)
+    if ext is not None:
+        ext = parse_dlm_fields(ext, len(prompt), len(suffix or ""))
     # A lone surrogate is valid JSON ("\ud800") but no tokenizer takes it: U+FFFD, as the LSP does.
     return {"prompt": limits.clean_text(prompt), "stop": [limits.clean_text(s) for s in stop],
-            "max_tokens": max_tokens, "model": model if isinstance(model, str) else ""}
+            "max_tokens": max_tokens, "model": model if isinstance(model, str) else "",
+            "suffix": None if suffix is None else limits.clean_text(suffix), "dlm": ext}
+
+
+def parse_dlm_fields(ext: Any, prompt_chars: int, suffix_chars: int) -> dict:
+    """The language server's fields of a `suffix` request (coder_model.hosted.prompts.dlm_fields):
+    {"region": [before, after], "language", "path", "insert"}; RequestError (400) otherwise."""
+    if not isinstance(ext, dict):
+        raise RequestError(400, f"'{DLM_FIELD}' must be an object")
+    region = ext.get("region")
+    if not (isinstance(region, list) and len(region) == 2
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in region)):
+        raise RequestError(400, f"'{DLM_FIELD}.region' must be [characters before the cursor, after it]")
+    if region[0] > prompt_chars or region[1] > suffix_chars:
+        raise RequestError(400, f"'{DLM_FIELD}.region' reaches past the prompt or the suffix")
+    language, path, insert = ext.get("language", ""), ext.get("path", ""), ext.get("insert", True)
+    if not isinstance(language, str) or not isinstance(path, str) or not isinstance(insert, bool):
+        raise RequestError(400, f"'{DLM_FIELD}': language and path are strings, insert a boolean")
+    return {"region": region, "language": limits.bound_language(language), "path": path[:MAX_PATH_CHARS],
+            "insert": insert}
 
 
 def params_for_max_tokens(params: SamplerParams, max_tokens: int | None) -> SamplerParams:
@@ -272,11 +341,17 @@ def params_for_max_tokens(params: SamplerParams, max_tokens: int | None) -> Samp
     return replace(params, max_blocks=max_tokens // params.block_len)
 
 
-def fit_to_budget(built: Built, budget: LayoutBudget) -> Built | None:
+def fit_to_budget(built: Built, budget: LayoutBudget, server_region: bool = False) -> Built | None:
     """The prompt cut to what the model takes (coder_model.budget), or None when its region
     cannot fit: the engine cuts prefix, suffix and history in tokens but takes the region,
-    which the model rewrites, whole (a minified line of 20k characters would overflow it)."""
-    if not budget_rules.region_fits(built.prompt.region, budget):
+    which the model rewrites, whole (a minified line of 20k characters would overflow it).
+    `server_region`: the language server's region (its region rules bound it), refused only
+    past what the whole context could hold."""
+    region = built.prompt.region
+    if server_region:
+        if len(region) > budget.max_context * budget_rules.MAX_CHARS_PER_TOKEN:
+            return None
+    elif not budget_rules.region_fits(region, budget):
         return None
     return replace(built, prompt=budget_rules.clip_prompt(built.prompt, budget))
 
@@ -306,17 +381,35 @@ class Predictor:
 
     def complete(self, req: dict) -> dict:
         deadline = time.monotonic() + self.opts.deadline_ms / 1000.0  # from the request's arrival
-        try:
-            zp = parse_prompt(req["prompt"])
-        except PromptFormatError as exc:
-            raise RequestError(400, str(exc)) from None
+        snippets: tuple = ()
+        ext = req.get("dlm") if req.get("suffix") is not None else None  # the language server's own fields
+        if req.get("suffix") is not None:  # OpenAI's fill in the middle: the file headers, then the prefix
+            path, snippets, prefix = read_file_headers(req["prompt"])
+            zp = ZedPrompt(format=SUFFIX_FORMAT, text=prefix + req["suffix"], cursor=len(prefix),
+                           editable=(0, len(prefix) + len(req["suffix"])), path=(ext or {}).get("path") or path)
+        else:
+            try:
+                zp = parse_prompt(req["prompt"])
+            except PromptFormatError as exc:
+                raise RequestError(400, str(exc)) from None
         engine = self.engine()
         # The repository memory: only with --workspace, and only for a prompt of no file or of an
         # indexed file of the folder (FolderIndex.current); the rest is answered by the model alone.
         found = self.workspace.current(zp) if self.workspace is not None else None
-        typing = found is not None and typing_request(zp)
-        built = fit_to_budget(build_prompt(zp, self.opts.zeta_lines_before, self.opts.zeta_lines_after, typing),
-                              engine.budget)
+        # a `suffix` request is an insertion at the cursor: the language server's typing mode, its
+        # region the cursor line and the rest of its statement
+        typing = (found is not None or zp.format == SUFFIX_FORMAT) and typing_request(zp)
+        if ext is not None and zp.format == SUFFIX_FORMAT:  # the language server's own region and mode
+            typing = ext["insert"]
+            built = server_prompt(zp, ext)
+        else:
+            end = statement_end(zp) if zp.format == SUFFIX_FORMAT else None
+            built = build_prompt(zp, self.opts.zeta_lines_before, self.opts.zeta_lines_after, typing, end)
+        if snippets:
+            built = replace(built, prompt=replace(built.prompt, snippets=snippets))
+        # the language server's own region (the `dlm` field) goes to the model as the language server
+        # would give it to its embedded one: whole, as the layout takes it
+        built = fit_to_budget(built, engine.budget, server_region=ext is not None)
         if built is None:
             log.info("%s: the region around the cursor is longer than the model's context takes "
                      "(a minified line?); answered no suggestion", zp.path or "<untitled>")
@@ -354,8 +447,10 @@ class Predictor:
             log.warning("%s: held back an answer holding %d secret(s) (coder_model.secrets)", key, len(leaked))
         shown = not pred.cancelled and verdict.show and not held and not leaked
         # An insertion at the cursor that would break the code is never shown (lsp.syntax_check),
-        # as the language server holds back such an inline suggestion.
-        insertion = typing or zp.format not in ("zeta", "zeta2")
+        # as the language server holds back such an inline suggestion. A request of the language
+        # server itself (the `dlm` field) is checked there, against the whole document, of which
+        # this prompt holds only a window: a window that starts inside a string would read wrong.
+        insertion = (typing or zp.format not in ("zeta", "zeta2")) and ext is None
         broken = breaks_syntax(zp, built, pred.text) if shown and insertion else None
         if broken:
             log.info("%s: held back an insertion that %s", key, broken)
@@ -457,6 +552,9 @@ def make_server(host: str, port: int, predictor: Predictor) -> EndpointServer:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "dlm-lsp-http"
+        # the headers and the body are two writes: without TCP_NODELAY a kept-alive client's delayed
+        # ACK holds the body back (up to 40 ms on Linux)
+        disable_nagle_algorithm = True
         _timer: threading.Timer | None = None
         _unread = 0  # bytes of the body not read yet (-1: unknown)
 

@@ -27,6 +27,8 @@ from dlm.coder_model.types import CancelToken, LayoutBudget, SamplerParams
 from dlm.lsp import context, gate, memory_proposals, postprocess, syntax_check
 from dlm.lsp.documents import Document
 from dlm.lsp.engine_runs import Ran, engine_future
+from dlm.lsp.hosted_filter import SendFilter
+from dlm.lsp.workspace_index import file_path
 
 if TYPE_CHECKING:
     from dlm.lsp.documents import Documents
@@ -55,6 +57,8 @@ class InlineAnswer:
     proposal_confidences: tuple[tuple[str, float], ...]
     inline_rewrites_recent: bool  # the inline insertion replaces lines typed recently (lsp.gate)
     edits_rewrite_recent: bool  # the region's edits do
+    # False: the confidence is no probability (a hosted engine's answer, Prediction.scored)
+    scored: bool = True
 
     def at(self, version: int, row: int, col: int) -> bool:
         """The answer is for this version of the document and this cursor."""
@@ -98,6 +102,7 @@ class InlinePredictor:
         self.recent: dict[str, gate.RecentEdits] = {}  # uri -> lines typed recently (confidence gate)
         self.last_confidence: float | None = None  # of the last answer the gate judged
         self._refused_messages: set[str] = set()  # engine refusals already logged (once each)
+        self.send_filter = SendFilter(ctx.workspace_index)  # what a hosted engine may be sent
 
     def recent_edits(self, uri: str) -> gate.RecentEdits:
         """The lines typed recently in `uri`, for its changes to be recorded in."""
@@ -121,7 +126,9 @@ class InlinePredictor:
             ctx.stats.add("empty")
             return None
         version = doc.version
-        deadline = gate.deadline_at(doc.last_change_at, t0, ctx.options.deadline_ms)
+        # a hosted engine has a deadline of its own (engine.deadlineMs: a remote model takes longer)
+        deadline_ms = getattr(ctx.holder.engine, "deadline_ms", None) or ctx.options.deadline_ms
+        deadline = gate.deadline_at(doc.last_change_at, t0, deadline_ms)
         start = self._starter(doc, row, col, mode, deadline)
 
         def valid() -> bool:
@@ -160,6 +167,12 @@ class InlinePredictor:
 
             def run(b: context.BuiltContext) -> Future:
                 return engine_future(engine, b, ctx_ms, params, cancel, deadline, self.refused)
+
+            if getattr(engine, "hosted", False):  # text leaves the machine: the index's filters first
+                direct = run
+
+                def run(b: context.BuiltContext) -> Future:
+                    return self.send_filter.guarded(file_path(doc.uri), lambda: direct(b), ctx.pool)
 
             if memory is None:
                 return run(built)
@@ -204,6 +217,7 @@ class InlinePredictor:
             proposal_confidences=pred.proposal_confidences,
             inline_rewrites_recent=rewrites_recent(inline_spans),
             edits_rewrite_recent=rewrites_recent([(e.start, e.end) for e in sugg.edits]),
+            scored=pred.scored,
         )  # fmt: skip
         self.last[doc.uri] = answer
         return answer
@@ -285,7 +299,10 @@ class InlinePredictor:
         """Show this answer? (lsp.gate); counts what it holds back by reason."""
         opts = self.ctx.options
         self.last_confidence = answer.confidence
-        verdict = gate.decide(answer.confidence, rewrites_recent, answer.late, opts.min_confidence,
+        # an answer whose confidence is no probability (a hosted engine's) is gated as one with
+        # none: through, except over what the user just typed (docs/architecture.md §12)
+        confidence = answer.confidence if answer.scored or not rewrites_recent else None
+        verdict = gate.decide(confidence, rewrites_recent, answer.late, opts.min_confidence,
                               opts.min_confidence_rewrite_recent)
         self.ctx.stats.add("offered" if verdict.show else f"gated_{verdict.reason}")
         return verdict.show

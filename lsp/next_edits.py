@@ -326,6 +326,8 @@ async def check(ctx: EditContext, prompt: Prompt, expected: str, deadline: float
     if not ctx.holder.ready():
         return None
     engine = ctx.holder.engine
+    if getattr(engine, "hosted", False):  # a hosted engine has no probability to check it with: the
+        return prompt.proposals[0].score  # memory's own confidence stands, and nothing leaves the machine
     params = replace(ctx.sampler_params(), veto=ctx.options.next_edits.veto)
     cancel = CancelToken()
     fut = engine.submit(prompt, params, cancel, deadline)

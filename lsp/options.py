@@ -183,10 +183,17 @@ def _snake(key: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower()
 
 
+# Top-level initializationOptions keys that are not options: `engine` (a hosted model server) is
+# coder_model.hosted.settings' own declaration, read only from user scope (docs/engines.md).
+SEPARATE_SETTINGS = frozenset({"engine"})
+
+
 def _fill(obj: Any, data: dict, where: str, problems: list[str]) -> None:
     fields = {f.name: f for f in dataclasses.fields(obj)}
     for key, value in data.items():
         name = _snake(str(key))
+        if not where and name in SEPARATE_SETTINGS:
+            continue  # declared and checked by their own owner
         if name not in fields:
             problems.append(f"unknown option {where}{key!r} (known: {', '.join(sorted(fields))})")
             continue

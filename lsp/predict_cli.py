@@ -59,6 +59,7 @@ from dlm.coder_model import limits
 from dlm.coder_model.budget import LAYOUT_SPECIALS, plan
 from dlm.coder_model.devices import add_device_argument
 from dlm.coder_model.edit_history import patch_lines
+from dlm.coder_model.hosted.settings import EngineSettingsError, add_engine_arguments, settings_from_args
 from dlm.coder_model.types import CancelToken, LayoutBudget, Prompt, SamplerParams
 from dlm.lsp import context, discovery, gate, positions, postprocess
 from dlm.lsp.documents import Document, content
@@ -117,6 +118,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                          "earlier predict indexed loads from the cache in about a second)")
     ap.add_argument("--log-level", default="WARNING", type=str.upper, choices=LOG_LEVELS, metavar="LEVEL",
                     help="DEBUG, INFO, WARNING or ERROR, any case (default WARNING; DEBUG adds tracebacks)")
+    add_engine_arguments(ap)
 
 
 # -- input ------------------------------------------------------------------------------------
@@ -432,6 +434,15 @@ def setup_logging(level: str) -> None:
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     try:
+        settings = settings_from_args(args)
+        if settings is not None:
+            if args.model:
+                raise EngineSettingsError("--engine names a model server and --model another engine: give one")
+            settings.resolved()
+    except EngineSettingsError as exc:
+        print(f"dlm-lsp predict: --engine: {exc}", file=sys.stderr)
+        return 2
+    try:
         file_doc = open_document(args.file, read_source(args.file), args.line, args.col)
         params = SamplerParams(steps=args.steps, threshold=args.threshold, block_len=args.block_len,
                                order=args.order, repeat_penalty=args.repeat_penalty,
@@ -452,14 +463,28 @@ def run(args: argparse.Namespace) -> int:
             index.close()
 
 
+def load_predict_engine(args: argparse.Namespace):
+    """The embedded model (or --model), or the hosted engine --engine names (docs/engines.md)."""
+    settings = settings_from_args(args)
+    if settings is None:
+        from dlm.coder_model.engine import load_engine
+
+        return load_engine(args.model, args.device)
+    from dlm.coder_model.hosted.http_engine import HostedEngine
+
+    engine = HostedEngine(settings)
+    if engine.status().state == "failed":
+        engine.close()
+        raise ValueError(engine.status().message)
+    return engine
+
+
 def _predict(args: argparse.Namespace, params: SamplerParams, file_doc: Document, doc: Document, rest: str,
              name: str, index: ProjectIndex | None, memory_note: str) -> int:
     memory_line = f"off ({memory_note})"
     try:
-        from dlm.coder_model.engine import load_engine
-
         t0 = time.perf_counter()
-        engine = load_engine(args.model, args.device)  # the index builds meanwhile, in its own thread
+        engine = load_predict_engine(args)  # the index builds meanwhile, in its own thread
         load_ms = (time.perf_counter() - t0) * 1000
         try:
             path = name

@@ -39,7 +39,7 @@ from dlm.lsp import context, convert, copilot_nes, framing, next_edits, position
 from dlm.lsp.convert import ACCEPT_COMMAND
 from dlm.lsp.documents import Document, Documents
 from dlm.lsp.edit_prediction import edit_prediction
-from dlm.lsp.engine_holder import EngineHolder
+from dlm.lsp.engine_holder import EngineHolder, EngineRefused, hosted_factory
 from dlm.lsp.history import History
 from dlm.lsp.index_progress import (
     IndexProgress,
@@ -69,8 +69,13 @@ DID_PARTIALLY_ACCEPT = "textDocument/didPartiallyAcceptCompletion"
 
 
 class DlmServer(LanguageServer):
-    def __init__(self, engine_factory: Callable[[], Engine], max_workers: int = 8) -> None:
+    def __init__(self, engine_factory: Callable[[], Engine], max_workers: int = 8,
+                 command_line_engine: bool = True) -> None:
         super().__init__("dlm-lsp", "0.1.0", protocol_cls=DlmProtocol, max_workers=max_workers)
+        # the command line chose the engine (and the holder started at launch); else `initialize`
+        # takes a user-scoped engine from initializationOptions, or the embedded default
+        self.command_line_engine = command_line_engine
+        self.engine_notes: list[str] = []  # what dlm/status says about the engine's settings
         self.options = Options()
         self.documents = Documents()
         self.stats = Stats()
@@ -113,8 +118,10 @@ class DlmServer(LanguageServer):
             loop.call_soon_threadsafe(self.send_status)
 
     def status_payload(self) -> dict:
+        if getattr(self.holder.engine, "hosted", False):
+            self.holder.refresh()  # the backend's latency as of now
         return status_report.status_payload(self.holder.status, self.stats, self.workspace_index.status(),
-                                            self.last_trigger)
+                                            self.last_trigger, self.engine_notes)
 
     def send_status(self) -> None:
         # after `shutdown` the client takes nothing but the `exit` reply's silence: a status sent then
@@ -174,6 +181,39 @@ def initialize(ls: DlmServer, params: types.InitializeParams) -> None:
     if params.root_uri:
         roots.append(params.root_uri)
     ls.configure(options, enc, [unquote(urlparse(r).path) for r in roots])
+    client = params.client_info.name if params.client_info is not None else ""
+    choose_engine(ls, params.initialization_options, client or "")
+    ls.holder.start()  # once only: a holder the command line started goes on as it is
+
+
+def choose_engine(ls: DlmServer, init_options: Any, client: str = "") -> None:
+    """The engine of the user's settings (docs/engines.md): initializationOptions["engine"] is taken
+    only when the client (`client`: clientInfo.name) is one whose plugin marks it user-scoped, it
+    is so marked, and the command line names no engine; anything else is ignored, and dlm/status
+    says why."""
+    value = init_options.get("engine") if isinstance(init_options, dict) else None
+    if value is None:
+        return
+    from dlm.coder_model.hosted.settings import from_initialization_options
+
+    found = from_initialization_options(value, client)
+    notes = [found.note] if found.note else []
+    if ls.command_line_engine and (found.settings is not None or found.problem):
+        notes.append("initializationOptions.engine ignored: the command line names the engine")
+    elif found.problem:  # the failed engine's status says it
+        log.warning("initializationOptions.engine: %s", found.problem)
+        problem = found.problem
+
+        def refused() -> Engine:  # the user asked for a hosted engine: never the embedded model instead
+            raise EngineRefused(problem)
+
+        ls.holder.set_factory(refused)
+    elif found.settings is not None:
+        ls.holder.set_factory(hosted_factory(found.settings))
+        log.info("engine from %s: %s", found.settings.source, found.settings.describe())
+    for note in notes:
+        log.warning("%s", note)
+    ls.engine_notes = notes
 
 
 def initialized(ls: DlmServer, params: types.InitializedParams) -> None:
@@ -371,8 +411,8 @@ def text_document_did_show_inline_edit(ls: DlmServer, params: Any) -> None:
     ls.ids.count("shown", convert.command_item_id(params))
 
 
-def create_server(engine_factory: Callable[[], Engine]) -> DlmServer:
-    server = DlmServer(engine_factory)
+def create_server(engine_factory: Callable[[], Engine], command_line_engine: bool = True) -> DlmServer:
+    server = DlmServer(engine_factory, command_line_engine=command_line_engine)
     server.feature(types.INITIALIZE)(initialize)
     server.feature(types.INITIALIZED)(initialized)
     server.feature(types.SHUTDOWN)(shutdown)

@@ -13,6 +13,7 @@ import sys
 from typing import NoReturn
 
 from dlm.coder_model.devices import add_device_argument
+from dlm.coder_model.hosted.settings import EngineSettingsError, add_engine_arguments, settings_from_args
 from dlm.coder_model.remote.client import parse_host_port
 
 
@@ -33,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remote", metavar="HOST:PORT", help="use a model served by `dlm-lsp serve`")
     parser.add_argument("--token-file", metavar="F", help="shared token for --remote (or env DLM_TOKEN)")
     parser.add_argument("--tls", action="store_true", help="use TLS for --remote")
+    add_engine_arguments(parser)
     parser.add_argument(
         "--log-file", metavar="F",
         help="also write logs here (default: stderr until the client is initialized, then window/logMessage)",
@@ -41,6 +43,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="LEVEL", help="DEBUG, INFO, WARNING or ERROR, any case (default INFO)")
     # Tests: "module:function" called as function(model, device) -> Engine (env DLM_ENGINE_FACTORY too).
     parser.add_argument("--engine-factory", help=argparse.SUPPRESS)
+
+
+def engine_problem(args: argparse.Namespace) -> str:
+    """What is wrong with the command line's --engine options ('' when nothing)."""
+    try:
+        settings = settings_from_args(args)
+        if settings is None:
+            return ""
+        if getattr(args, "remote", None) or getattr(args, "model", None):
+            return "--engine names a model server; --remote and --model name another engine: give one of them"
+        settings.resolved()
+    except EngineSettingsError as exc:
+        return f"--engine: {exc}"
+    return ""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,7 +75,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"dlm-lsp: --remote {exc}", file=sys.stderr)
             return 2
 
-    from dlm.lsp.engine_holder import make_engine_factory
+    problem = engine_problem(args)
+    if problem:
+        print(f"dlm-lsp: {problem}", file=sys.stderr)
+        return 2
+
+    from dlm.lsp.engine_holder import make_engine_factory, names_engine
     from dlm.lsp.heap import fix_mmap_threshold
     from dlm.lsp.server import create_server
 
@@ -69,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     # interval the event loop waits up to 5 ms per handoff to read the next keystroke.
     sys.setswitchinterval(0.0005)
 
-    server = create_server(make_engine_factory(args))
+    server = create_server(make_engine_factory(args), command_line_engine=names_engine(args))
     # Once the client is initialized, INFO and above go to it as window/logMessage with their
     # level: Neovim's lsp.log records everything on stderr as [ERROR]. stderr keeps what comes
     # before initialize (and DEBUG); --log-file keeps everything.
@@ -80,7 +101,10 @@ def run(args: argparse.Namespace) -> int:
     root.addHandler(to_client)
     if not args.log_file:
         handler.addFilter(NotSentToClient(to_client))
-    server.holder.start()
+    if server.command_line_engine:
+        # else `initialize` starts it, once it knows whether the user's settings name a hosted engine
+        # (docs/engines.md): the embedded model is not loaded for a user who asked for another
+        server.holder.start()
     if args.tcp:
         host, port = args.tcp
         server.start_tcp(host, port)

@@ -40,14 +40,37 @@ def status_text(state: str, message: str, index: dict) -> str:
     return f"model {state}{why} · {index['text']}"
 
 
-def status_payload(st: EngineStatus, stats: Stats, index: dict, trigger: dict | None) -> dict:
+def backend_text(backend: dict) -> str:
+    """A hosted engine's part of the status line (coder_model.hosted): its kind and latency, or
+    its problem in words."""
+    if backend.get("problem"):
+        return str(backend["problem"])
+    p50 = backend.get("p50_ms")
+    return f"{backend.get('kind')} {p50:.0f} ms" if p50 is not None else str(backend.get("kind"))
+
+
+def status_payload(st: EngineStatus, stats: Stats, index: dict, trigger: dict | None,
+                   notes: list[str] | tuple[str, ...] = ()) -> dict:
     """dlm/status: `state` is the model's; `index` the workspace index's (lsp.workspace_index);
     `ready` is true once both are done (the model answers, the index is built or loaded, or
-    it failed or is off: `index` says which) and `text` is the line an editor shows."""
+    it failed or is off: `index` says which) and `text` is the line an editor shows. A hosted
+    engine adds `backend` (its kind, host, model, latency p50 and problem: docs/engines.md) and
+    its part of the line; `notes` say what was ignored of the engine's settings."""
     c = stats.counts
+    text = status_text(st.state, st.message, index)
+    backend = st.extra.get("backend") if isinstance(st.extra, dict) else None
+    if isinstance(backend, dict) and st.state == "ready":
+        text += f" · {backend_text(backend)}"
+    if notes:  # each note's words before its first colon are its short form
+        text += " · " + "; ".join(n.split(":", 1)[0] for n in notes)
+    extra: dict = {}
+    if isinstance(backend, dict):
+        extra["backend"] = backend
+    if notes:
+        extra["notes"] = list(notes)
     return {
         "ready": st.state == "ready" and index["state"] not in INDEX_BUSY,
-        "text": status_text(st.state, st.message, index),
+        "text": text,
         "state": st.state,
         "device": st.device,
         "model": st.model,
@@ -60,6 +83,7 @@ def status_payload(st: EngineStatus, stats: Stats, index: dict, trigger: dict | 
         **stats.held_back(),
         "index": index,
         "trigger": trigger,
+        **extra,
     }
 
 

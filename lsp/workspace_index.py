@@ -226,10 +226,12 @@ class WorkspaceIndex:
             out.extend(os.path.join(ri.path, rel) for rel in list(ri.manifest))
         return out
 
-    def accepts(self, path: str, stacks: dict[str, discovery.IgnoreStack] | None = None) -> str:
+    def accepts(self, path: str, stacks: dict[str, discovery.IgnoreStack] | None = None,
+                sources_only: bool = True) -> str:
         """Why the file at `path` is not one the index takes ('' when it is): inside a root (the
-        deepest), not vendored, a source file, not a secret by name, not ignored, and no link on
-        the way from the root. For a jump to another file (lsp.next_edits), from any thread:
+        deepest), not vendored, a source file (unless `sources_only` is False), not a secret by
+        name, not ignored, and no link on the way from the root. For a jump to another file
+        (lsp.next_edits) and what a hosted engine is sent (lsp.hosted_filter), from any thread:
         `stacks` (root -> ignore rules, filled as needed) is the caller's, one per scan, never the
         indexer's own."""
         ri = max((r for r in list(self._roots.values()) if r.rel(path) is not None and not r.removed),
@@ -246,7 +248,7 @@ class WorkspaceIndex:
             ignore = stacks[ri.real] = discovery.ignore_stack(
                 ri.real, tuple(x for x in self.options.exclude if isinstance(x, str))
             )
-        return discovery.path_allowed(ri.real, rel, ignore) or discovery.link_under(ri.real, rel)
+        return discovery.path_allowed(ri.real, rel, ignore, sources_only) or discovery.link_under(ri.real, rel)
 
     def read_file(self, path: str, max_bytes: int,
                   stacks: dict[str, discovery.IgnoreStack] | None = None) -> discovery.Source | str:

@@ -79,6 +79,8 @@ FIM_FORMATS: dict[str, tuple[str, str, str]] = {
 CODESTRAL = ("[SUFFIX]", "[PREFIX]")  # "[SUFFIX]{suffix}[PREFIX]{prefix}"
 
 SUPPORTED = "code_llama, star_coder, deepseek_coder, qwen, codegemma, codestral, glm, zeta, zeta2"
+# The format of a request with OpenAI's `suffix` field (lsp.http_endpoint): prompt | suffix.
+SUFFIX_FORMAT = "suffix"
 
 
 class PromptFormatError(ValueError):
@@ -331,16 +333,20 @@ def _line_end(text: str, pos: int, hi: int) -> int:
 
 
 def build_prompt(zp: ZedPrompt, zeta_lines_before: int = 1, zeta_lines_after: int = 1,
-                 typing: bool = False) -> Built:
+                 typing: bool = False, region_end: int | None = None) -> Built:
     """The engine's Prompt for a parsed Zed prompt: the region is the cursor line (fim) or
     the cursor line with `zeta_lines_before`/`after` lines around it (zeta), clipped to
     Zed's editable range. `typing`: an insertion prompt (Prompt.insert, the language server's
-    typing mode) on the cursor line alone, in every format: the model, or the repository
-    memory's proposals, write only the text to insert at the cursor."""
+    typing mode) on the cursor line alone, in every format, or up to `region_end` (an offset at
+    or after the cursor line's end: the rest of its statement, as the server's region rule cuts
+    it): the model, or the repository memory's proposals, write only the text to insert at the
+    cursor."""
     lo, hi = zp.editable
     t = zp.text
     s = _line_start(t, zp.cursor, lo)
     e = _line_end(t, zp.cursor, hi)
+    if typing and region_end is not None and e <= region_end <= hi:
+        e = region_end
     if zp.format in ("zeta", "zeta2") and not typing:
         for _ in range(zeta_lines_before):
             if s > lo:
@@ -398,8 +404,9 @@ def render_answer(zp: ZedPrompt, built: Built, new_region: str, stop: list[str])
         # server would have stopped at), so nothing follows the new editable text.
         return REGION_START + "\n" + new_editable
     # Fill-in-the-middle and plain prompts: the answer is inserted at the cursor, so only an
-    # insertion can be shown.
-    sug = suggest(p.region, p.cursor, new_region, p.suffix)
+    # insertion can be shown. A `suffix` request's prefix is the document before the region, as
+    # the language server has it: its open brackets may be closed by the insertion.
+    sug = suggest(p.region, p.cursor, new_region, p.suffix, p.prefix if zp.format == SUFFIX_FORMAT else "")
     if sug.replace_end is not None:
         return ""
     return _cut_at_stop(sug.insert_text, stop)

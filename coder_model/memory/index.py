@@ -38,6 +38,7 @@ from dlm.coder_model.memory.ngram import (
     Segment,
     Smoothing,
     SortedTable,
+    add_mass,
     beam_search,
     next_tokens,
     order_keys,
@@ -461,12 +462,7 @@ class RepoMemory:
                     continue
             if inserted_secret(line_before, text, rest_of_line):
                 continue  # a secret (or part of one) seen elsewhere is never proposed
-            slot = merged.get(text)
-            if slot is None:
-                merged[text] = [prob, support]
-            else:
-                slot[0] += prob
-                slot[1] = max(slot[1], support)
+            add_mass(merged, text, prob, support)
         ranked = sorted(merged.items(), key=lambda kv: -kv[1][0])
         return [Candidate(text, min(1.0, max(0.0, p)), int(sup)) for text, (p, sup) in ranked]
 

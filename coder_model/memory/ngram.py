@@ -688,6 +688,17 @@ class Hypothesis:
     support: int
 
 
+def add_mass(texts: dict[str, list[float]], text: str, prob: float, support: float) -> None:
+    """Counts `text` once more in `texts` (text -> [probability, support]): the probabilities of
+    the ways to it add up, its support is the largest of theirs."""
+    slot = texts.get(text)
+    if slot is None:
+        texts[text] = [prob, support]
+    else:
+        slot[0] += prob
+        slot[1] = max(slot[1], support)
+
+
 def beam_search(
     step: Callable[[tuple[int, ...], bool], list[tuple[int, float, int]]],
     text_of: Callable[[int], str],
@@ -721,13 +732,7 @@ def beam_search(
                     text = hyp.text
                     if not text.strip():
                         continue
-                    prob = math.exp(logp)
-                    slot = done.get(text)
-                    if slot is None:
-                        done[text] = [prob, sup]
-                    else:
-                        slot[0] += prob
-                        slot[1] = max(slot[1], sup)
+                    add_mass(done, text, math.exp(logp), sup)
                 else:
                     expanded.append(Hypothesis(logp, hyp.tokens + (t,), hyp.text + s, sup))
         if not expanded:

@@ -1,10 +1,14 @@
 """The listening side of `dlm-lsp serve` (plain and on Ray) and `dlm-lsp http`: the address,
-token, TLS and limits they are configured with, and the line that announces the address."""
+token, TLS and limits they are configured with, the line that announces the address, and the
+run of a server until it is stopped."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import signal
 import ssl
+import sys
 import time
 
 DEFAULT_PORT = 7341
@@ -59,3 +63,33 @@ def network_config(args: argparse.Namespace):
     if args.max_connections < 1:
         raise ValueError(f"--max-connections {args.max_connections}: use at least 1")
     return host, port, token, ssl_context, limits
+
+
+def serve_until_stopped(server, host: str, port: int, described: str, stop_on_sigterm: bool = False) -> int:
+    """Runs `server` (a tcp_server.RemoteServer) until Ctrl-C, or SIGTERM with `stop_on_sigterm`
+    (a service manager's stop), printing the listening line with `described` once bound: 0 when
+    it stopped, 1 when it could not listen."""
+
+    async def main() -> None:
+        bound = await server.start()
+        # read_listening_address (tests, `dlm-lsp bench --remote`) finds a port-0 server by this line
+        print(f"dlm-lsp serve: {LISTENING}{host}:{bound} ({described})", file=sys.stderr, flush=True)
+        if stop_on_sigterm:
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
+        try:
+            await server.serve_forever()
+        except asyncio.CancelledError:
+            if not stop_on_sigterm:
+                raise
+        finally:
+            await server.aclose()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:
+        print(f"dlm-lsp serve: cannot listen on {host}:{port}: {exc.strerror or exc}; pick another port or "
+              "stop the process using it", file=sys.stderr)
+        return 1
+    return 0

@@ -58,7 +58,6 @@ import concurrent.futures
 import inspect
 import logging
 import os
-import signal
 import sys
 import time
 import uuid
@@ -500,7 +499,7 @@ def attach_forwarder(*, app_name: str = APP_NAME) -> RayForwarder:
 
 def run(args: argparse.Namespace) -> int:
     """`dlm-lsp serve --engine ray`: the checks and the listening line of plain serve, the model on Ray."""
-    from dlm.coder_model.remote.listening import LISTENING, network_config
+    from dlm.coder_model.remote.listening import network_config, serve_until_stopped
     from dlm.coder_model.remote.tcp_server import RemoteServer, ServerOptions
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s",
@@ -540,31 +539,12 @@ def run(args: argparse.Namespace) -> int:
     options = ServerOptions(host=host, port=port, token=token, ssl_context=ssl_context, limits=limits,
                             model_name=info["model"], device=f"ray:{info['device']} {size}",
                             max_connections=args.max_connections)
-    server = RemoteServer(forwarder, options)
-
-    async def main() -> None:
-        bound = await server.start()
-        print(f"dlm-lsp serve: {LISTENING}{host}:{bound} (model {info['model']} on Ray Serve, "
-              f"{size}, {info['device']}; auth {'token' if token else 'none (loopback only)'}, "
-              f"tls {'on' if ssl_context else 'off'})", file=sys.stderr, flush=True)
-        # SIGTERM (a service manager's stop) ends serving like Ctrl-C, so the replicas are removed too.
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
-        try:
-            await server.serve_forever()
-        except asyncio.CancelledError:
-            pass
-        finally:
-            await server.aclose()
-
+    described = (f"model {info['model']} on Ray Serve, {size}, {info['device']}; "
+                 f"auth {'token' if token else 'none (loopback only)'}, tls {'on' if ssl_context else 'off'}")
     try:
-        asyncio.run(main())
-    except KeyboardInterrupt:
-        pass
-    except OSError as exc:
-        print(f"dlm-lsp serve: cannot listen on {host}:{port}: {exc.strerror or exc}; pick another port or "
-              "stop the process using it", file=sys.stderr)
-        return 1
+        # SIGTERM (a service manager's stop) ends serving like Ctrl-C, so the replicas are removed too.
+        return serve_until_stopped(RemoteServer(forwarder, options), host, port, described,
+                                   stop_on_sigterm=True)
     finally:
         if deployment is not None:  # the ingress that deployed the replicas removes them; --attach never does
             deployment.shutdown()
-    return 0

@@ -9,12 +9,11 @@ Binding anything but a loopback address requires a token (auth.py).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 
 from dlm.coder_model.devices import add_device_argument
-from dlm.coder_model.remote.listening import DEFAULT_PORT, LISTENING, network_config
+from dlm.coder_model.remote.listening import DEFAULT_PORT, network_config, serve_until_stopped
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,28 +82,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     options = ServerOptions(host=host, port=port, token=token, ssl_context=ssl_context, limits=limits,
                             model_name=name, device=device, max_connections=args.max_connections)
-    server = RemoteServer(scheduler, options)
-
-    async def main() -> None:
-        bound = await server.start()
-        # read_listening_address (tests, `dlm-lsp bench --remote`) finds a port-0 server by this line
-        print(f"dlm-lsp serve: {LISTENING}{host}:{bound} (model {name} on {device}, "
-              f"auth {'token' if token else 'none (loopback only)'}, tls {'on' if ssl_context else 'off'})",
-              file=sys.stderr, flush=True)
-        try:
-            await server.serve_forever()
-        finally:
-            await server.aclose()
-
-    try:
-        asyncio.run(main())
-    except KeyboardInterrupt:
-        pass
-    except OSError as exc:
-        print(f"dlm-lsp serve: cannot listen on {host}:{port}: {exc.strerror or exc}; pick another port or "
-              "stop the process using it", file=sys.stderr)
-        return 1
-    return 0
+    described = (f"model {name} on {device}, auth {'token' if token else 'none (loopback only)'}, "
+                 f"tls {'on' if ssl_context else 'off'}")
+    return serve_until_stopped(RemoteServer(scheduler, options), host, port, described)
 
 
 def _run_ray(args: argparse.Namespace) -> int:

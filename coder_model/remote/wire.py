@@ -375,7 +375,9 @@ def deadline_from_wire(msg: dict[str, Any], request_id: int) -> float | None:
     return ok
 
 
-_PREDICTION_FIELDS = [f.name for f in fields(Prediction)]
+# Prediction.scored is the hosted engines' (coder_model.hosted): a remote server's model always
+# computes its confidence, so the field never travels.
+_PREDICTION_FIELDS = [f.name for f in fields(Prediction) if f.name != "scored"]
 # Optional result fields, sent when the engine's Prediction carries them (getattr with
 # these defaults: engines that do not compute them leave them out of the result).
 _OPTIONAL_RESULT_FIELDS = {"confidence": None, "late": None, "proposal_confidences": None}
@@ -423,7 +425,7 @@ def prediction_from_wire(msg: dict[str, Any]) -> Prediction:
                             f"{limits.MAX_PROPOSALS} [text of at most {limits.MAX_PROPOSAL_CHARS} "
                             "characters, a confidence in [0, 1]] pairs")
     for f in fields(Prediction):
-        if f.name not in msg:
+        if f.name not in msg or f.name not in _PREDICTION_FIELDS:
             continue
         if f.name in _OPTIONAL_RESULT_FIELDS:  # validated above; a Prediction with these fields takes them
             if f.name == "confidence":

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import random
 import sys
 import sysconfig
@@ -57,6 +56,21 @@ from dlm.coder_model.layout import LayoutBudget, encode_prompt
 from dlm.coder_model.sampler import BlockDecoder, generate
 from dlm.coder_model.types import Prompt, SamplerParams
 from dlm.drivers.evaluation.metrics import edit_similarity
+from dlm.drivers.figures import print_figures
+
+
+def pick_line(rng: random.Random, lines: list[str], shortest: int, longest: int) -> int | None:
+    """The index of a random line of `lines` that is no comment and whose text is `shortest` to
+    `longest` characters long; None when there is none."""
+    cands = [i for i, ln in enumerate(lines)
+             if shortest <= len(ln.strip()) <= longest and not ln.strip().startswith("#")]
+    return rng.choice(cands) if cands else None
+
+
+def around_line(lines: list[str], i: int) -> tuple[str, str]:
+    """The text of `lines` (joined by line breaks) before line i, with its line break, and after
+    line i, from the next line on."""
+    return "\n".join(lines[:i]) + ("\n" if i else ""), "\n".join(lines[i + 1 :])
 
 
 def typing_cases(n: int, seed: int = 0, prefix_chars: int = 3000, suffix_chars: int = 1000, insert: bool = True):
@@ -71,18 +85,17 @@ def typing_cases(n: int, seed: int = 0, prefix_chars: int = 3000, suffix_chars: 
             lines = path.read_text(encoding="utf-8").split("\n")
         except (UnicodeDecodeError, OSError):
             continue
-        cands = [i for i, ln in enumerate(lines) if 12 <= len(ln.strip()) <= 80 and not ln.strip().startswith("#")]
-        if not cands:
+        i = pick_line(rng, lines, 12, 80)
+        if i is None:
             continue
-        i = rng.choice(cands)
         line = lines[i]
         indent = len(line) - len(line.lstrip())
         cuts = [k for k in range(indent + 1, len(line) - 2) if not line[k - 1].isalnum() or not line[k].isalnum()]
         if not cuts:
             continue
         cut = rng.choice(cuts)
-        before = "\n".join(lines[:i]) + ("\n" if i else "")
-        after = "\n" + "\n".join(lines[i + 1 :])
+        before, after = around_line(lines, i)
+        after = "\n" + after
         # as the server cuts it: the region ends at the line's text, its line break starts the suffix
         prompt = Prompt(prefix=before[-prefix_chars:], region=line[:cut], cursor=cut,
                         suffix=after[:suffix_chars], language="python", path=path.name, insert=insert)
@@ -114,10 +127,9 @@ def corpus_typing_cases(corpus: Path, n: int, insert: bool, snippets: bool, seed
             break
         rec = rng.choice(tests)
         lines = rec["text"].split("\n")
-        cands = [i for i, ln in enumerate(lines) if 4 <= len(ln.strip()) <= 100 and not ln.strip().startswith("#")]
-        if not cands:
+        i = pick_line(rng, lines, 4, 100)
+        if i is None:
             continue
-        i = rng.choice(cands)
         line = lines[i]
         indent = len(line) - len(line.lstrip())
         if rng.random() < 0.3:
@@ -127,8 +139,8 @@ def corpus_typing_cases(corpus: Path, n: int, insert: bool, snippets: bool, seed
             if not cuts:
                 continue
             cut = rng.choice(cuts)
-        before = "\n".join(lines[:i]) + ("\n" if i else "")
-        after = "\n" + "\n".join(lines[i + 1 :])
+        before, after = around_line(lines, i)
+        after = "\n" + after
         prompt = Prompt(prefix=before[-prefix_chars:], region=line[:cut], cursor=cut, suffix=after[:suffix_chars],
                         language="python", path=Path(rec["path"]).name, insert=insert)
         if projects is not None:
@@ -254,11 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         for kind in args.kinds.split(","):
             cases = [(c.prompt, c.target) for c in corpus_cases(Path(args.corpus), kind, args.corpus_cases)]
             res[f"corpus_{kind}"] = measure(model, tok, cases, params, budget)
-    text = json.dumps(res, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
-    return 0
+    return print_figures(res, args.json)
 
 
 if __name__ == "__main__":

@@ -29,10 +29,8 @@ import threading
 import time
 
 from dlm.coder_model.limits import DEFAULT_DEADLINE_MS
-from dlm.coder_model.remote.client import parse_host_port
-from dlm.coder_model.remote.listening import read_listening_address
 from dlm.coder_model.types import CancelToken, SamplerParams
-from dlm.drivers.bench.remote_serving import _ensure_model, _pct, typing_prompts
+from dlm.drivers.bench.remote_serving import _ensure_model, _pct, start_listening, typing_prompts
 
 ISSUE_HEAVY = SamplerParams(block_len=1024, max_blocks=3, steps=4096, threshold=1.0)
 
@@ -58,13 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def start_server(model_dir: str, device: str, extra: list[str]) -> tuple[subprocess.Popen, int]:
     cmd = [sys.executable, "-m", "dlm.lsp.cli", "serve", "--listen", "127.0.0.1:0", "--model", model_dir,
            "--device", device, "--log-level", "warning", *extra]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-    address = read_listening_address(proc.stderr, 300)
-    if address is None:
-        proc.kill()
-        raise RuntimeError(f"`{shlex.join(cmd)}` did not start; run it by hand to see why")
-    threading.Thread(target=proc.stderr.read, daemon=True).start()  # never block the server on its stderr
-    return proc, parse_host_port(address)[1]
+    return start_listening(cmd, "`dlm-lsp serve`")
 
 
 def _normal_phase(engine, prompts, params: SamplerParams, deadline_ms: float, think_s: float, into: dict) -> None:

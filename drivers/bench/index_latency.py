@@ -93,7 +93,7 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 async def _run(args: argparse.Namespace) -> dict:
-    from dlm.drivers.bench.typing_latency import request
+    from dlm.drivers.bench.typing_latency import initialize_for_inline, request
     from lsprotocol import types
     from pygls.lsp.client import LanguageClient
 
@@ -113,18 +113,7 @@ async def _run(args: argparse.Namespace) -> dict:
     stages: dict = {}
     t_start = time.monotonic()
     try:
-        await client.initialize_async(
-            types.InitializeParams(
-                capabilities=types.ClientCapabilities(
-                    text_document=types.TextDocumentClientCapabilities(
-                        inline_completion=types.InlineCompletionClientCapabilities()
-                    )
-                ),
-                process_id=os.getpid(),
-                root_uri=root.as_uri(),
-            )
-        )
-        client.initialized(types.InitializedParams())
+        await initialize_for_inline(client, root.as_uri())
         deadline = time.monotonic() + args.load_timeout
         while (await request(client, "dlm/stats", {}))["state"] != "ready":
             if time.monotonic() > deadline:

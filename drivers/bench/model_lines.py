@@ -14,7 +14,6 @@ diffusion sampler and by the autoregressive baseline on the same network
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -29,6 +28,8 @@ from dlm.coder_model.layout import LayoutBudget, encode_prompt
 from dlm.coder_model.model import count_parameters
 from dlm.coder_model.sampler import generate
 from dlm.coder_model.types import Prompt, SamplerParams
+from dlm.drivers.bench.answers import around_line, pick_line
+from dlm.drivers.figures import print_figures
 from dlm.drivers.training.corpus import read_split
 
 
@@ -40,14 +41,12 @@ def held_out_lines(corpus: Path, n: int, seed: int = 0, prefix_chars: int = 6000
     out = []
     for r in files:
         lines = r["text"].split("\n")
-        cands = [i for i, ln in enumerate(lines) if 8 <= len(ln.strip()) <= 80 and not ln.strip().startswith("#")]
-        if not cands:
+        i = pick_line(rng, lines, 8, 80)
+        if i is None:
             continue
-        i = rng.choice(cands)
         line = lines[i]
         indent = line[: len(line) - len(line.lstrip())]
-        before = "\n".join(lines[:i]) + ("\n" if i else "")
-        after = "\n".join(lines[i + 1 :])
+        before, after = around_line(lines, i)
         before = before[-prefix_chars:]
         if len(before) == prefix_chars and "\n" in before:
             before = before[before.index("\n") + 1 :]
@@ -143,11 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         "forward_passes": res["autoregressive"]["forward_passes"] / max(res["diffusion"]["forward_passes"], 1e-9),
         "wall": res["autoregressive"]["ms_per_line"] / max(res["diffusion"]["ms_per_line"], 1e-9),
     }
-    text = json.dumps(res, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
-    return 0
+    return print_figures(res, args.json)
 
 
 if __name__ == "__main__":

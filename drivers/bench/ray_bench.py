@@ -24,11 +24,8 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
-from dlm.coder_model.remote.client import parse_host_port
-from dlm.coder_model.remote.listening import read_listening_address
 from dlm.coder_model.types import CancelToken
 from dlm.drivers.bench.remote_serving import (
     _concurrent,
@@ -36,18 +33,10 @@ from dlm.drivers.bench.remote_serving import (
     _params,
     _pct,
     _replay,
+    add_model_overrides,
+    start_listening,
     typing_prompts,
 )
-
-
-def _start(cmd: list[str], what: str) -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-    address = read_listening_address(proc.stderr, 300)
-    if address is None:
-        proc.kill()
-        raise RuntimeError(f"{what} did not start; run `{' '.join(cmd)}` by hand to see why")
-    threading.Thread(target=proc.stderr.read, daemon=True).start()  # a full pipe would block the server
-    return proc, parse_host_port(address)[1]
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -106,8 +95,8 @@ def run(args: argparse.Namespace) -> int:
     rows = {}
     prompts = typing_prompts(args.keystrokes)
     try:
-        plain, plain_port = _start(serve_cmd, "dlm-lsp serve")
-        ray1, ray1_port = _start(ray_cmd + ["--replicas", "1"], "dlm-lsp serve --engine ray --replicas 1")
+        plain, plain_port = start_listening(serve_cmd, "dlm-lsp serve")
+        ray1, ray1_port = start_listening(ray_cmd + ["--replicas", "1"], "dlm-lsp serve --engine ray --replicas 1")
         try:
             (p_eng,), (r_eng,) = _connect(plain_port, 1), _connect(ray1_port, 1)
             try:
@@ -134,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
             _stop(ray1)
         if args.clients > 0:
             time.sleep(2)  # the first ingress deletes its application on exit
-            ray2, ray2_port = _start(ray_cmd + ["--replicas", "2"], "dlm-lsp serve --engine ray --replicas 2")
+            ray2, ray2_port = start_listening(ray_cmd + ["--replicas", "2"], "dlm-lsp serve --engine ray --replicas 2")
             try:
                 rows["ray, 2 replicas"] = _throughput(ray2_port, args, params)
             finally:
@@ -182,10 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keystrokes", type=int, default=40, help="keystrokes replayed for the overhead")
     parser.add_argument("--replica-threads", type=int, default=1, help="torch threads per replica (default 1)")
     parser.add_argument("--ray-cpus", type=int, default=2, help="CPUs the local Ray cluster offers (default 2)")
-    parser.add_argument("--random-preset", default="cpu-small", help="model shape when no checkpoint exists")
-    parser.add_argument("--steps", type=int, default=None, help="override SamplerParams.steps")
-    parser.add_argument("--block-len", type=int, default=None, help="override SamplerParams.block_len")
-    parser.add_argument("--max-blocks", type=int, default=None, help="override SamplerParams.max_blocks")
+    add_model_overrides(parser.add_argument)
     return run(parser.parse_args(argv))
 
 

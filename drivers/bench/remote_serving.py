@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -77,6 +78,12 @@ def add_remote_arguments(parser: argparse.ArgumentParser) -> None:
     add("--clients", default="1,4,16,32", help="concurrent client counts for the throughput table")
     add("--requests", type=int, default=8, help="requests per client in the throughput runs")
     add("--keystrokes", type=int, default=40, help="keystrokes replayed for the latency comparison")
+    add_model_overrides(add)
+
+
+def add_model_overrides(add) -> None:
+    """The options `_ensure_model` and `_params` read (the random model's shape, the sampler's
+    overrides), declared through `add` (a parser's add_argument, or a wrapper of it)."""
     add("--random-preset", default="cpu-small", help="model shape when no checkpoint exists")
     add("--steps", type=int, default=None, help="override SamplerParams.steps")
     add("--block-len", type=int, default=None, help="override SamplerParams.block_len")
@@ -143,17 +150,23 @@ def _params(args) -> SamplerParams:
     return replace(p, **over)
 
 
+def start_listening(cmd: list[str], what: str) -> tuple[subprocess.Popen, int]:
+    """Starts `cmd` (a `dlm-lsp serve` on port 0) and waits for its listening line: (process, port);
+    RuntimeError naming `what` when it never comes."""
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    address = read_listening_address(proc.stderr, 300)
+    if address is None:
+        proc.kill()
+        raise RuntimeError(f"{what} did not start; run `{shlex.join(cmd)}` by hand to see why")
+    # keep draining stderr so the server never blocks on a full pipe
+    threading.Thread(target=proc.stderr.read, daemon=True).start()
+    return proc, parse_host_port(address)[1]
+
+
 def _start_server(model_dir: str, device: str) -> tuple[subprocess.Popen, int]:
     cmd = [sys.executable, "-m", "dlm.coder_model.remote.remote_cli", "--listen", "127.0.0.1:0", "--model", model_dir,
            "--device", device, "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
-    address = read_listening_address(proc.stderr, 300)
-    if address is not None:
-        # keep draining stderr so the server never blocks on a full pipe
-        threading.Thread(target=proc.stderr.read, daemon=True).start()
-        return proc, parse_host_port(address)[1]
-    proc.kill()
-    raise RuntimeError("`dlm-lsp serve` did not start; run it by hand to see why")
+    return start_listening(cmd, "`dlm-lsp serve`")
 
 
 def _replay(engine, prompts: list[Prompt], params: SamplerParams) -> tuple[list[float], int]:

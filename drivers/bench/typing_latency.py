@@ -41,12 +41,18 @@ import platform
 import random
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dlm.coder_model.devices import add_device_argument
+from dlm.coder_model.hosted.settings import add_engine_arguments, engine_argv
 from dlm.lsp.stats import percentile
+
+# Replays run on several threads at once (eval --next-edits); creating their LSP clients at the same
+# time races inside lsprotocol ("dictionary changed size during iteration").
+_CLIENT_LOCK = threading.Lock()
 
 LOOPBACK = "loopback"  # `--remote` without an address: the loopback comparison
 
@@ -91,6 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar="LEVEL", help="level of the server log: DEBUG, INFO, WARNING or ERROR, any case "
                         "(default INFO)")
     parser.add_argument("--engine-factory", help=argparse.SUPPRESS)  # tests: see lsp/server_cli.py
+    add_engine_arguments(parser)
     from dlm.drivers.bench.remote_serving import add_remote_arguments  # no torch at import
 
     add_remote_arguments(parser)  # --clients, --requests, sampler overrides (skips the ones above)
@@ -196,13 +203,14 @@ class Bench:
             value = getattr(self.args, opt, None)
             if value:
                 cmd += ["--" + opt.replace("_", "-"), value]
-        return cmd
+        return cmd + engine_argv(self.args)  # --engine KIND ...: a hosted engine (docs/engines.md)
 
     async def run(self) -> Result:
         from lsprotocol import types
         from pygls.lsp.client import LanguageClient
 
-        client = LanguageClient("dlm-bench", "0.1")
+        with _CLIENT_LOCK:  # lsprotocol builds its converter's hooks in a shared dict: one at a time
+            client = LanguageClient("dlm-bench", "0.1")
 
         @client.feature("dlm/status")
         def _status(params) -> None:
@@ -219,19 +227,7 @@ class Bench:
         env = dict(os.environ)
         await client.start_io(*cmd, env=env)
         try:
-            await client.initialize_async(
-                types.InitializeParams(
-                    capabilities=types.ClientCapabilities(
-                        text_document=types.TextDocumentClientCapabilities(
-                            inline_completion=types.InlineCompletionClientCapabilities()
-                        )
-                    ),
-                    process_id=os.getpid(),
-                    root_uri=self.root_uri(),
-                    initialization_options=self.initialization_options(),
-                )
-            )
-            client.initialized(types.InitializedParams())
+            await initialize_for_inline(client, self.root_uri(), self.initialization_options())
             await self._wait_ready(client, log_file)
             await self._replay(client, types)
             self.res.server = await request(client, "dlm/stats", {})
@@ -422,6 +418,26 @@ def plain(obj):
 
 
 _plain = plain  # the name dlm.drivers.evaluation.eval_typing imports
+
+
+async def initialize_for_inline(client, root_uri: str, initialization_options=None) -> None:
+    """The LSP handshake of `client` (a pygls client) as an editor that asks for inline
+    completions, with `root_uri` as its workspace."""
+    from lsprotocol import types
+
+    await client.initialize_async(
+        types.InitializeParams(
+            capabilities=types.ClientCapabilities(
+                text_document=types.TextDocumentClientCapabilities(
+                    inline_completion=types.InlineCompletionClientCapabilities()
+                )
+            ),
+            process_id=os.getpid(),
+            root_uri=root_uri,
+            initialization_options=initialization_options,
+        )
+    )
+    client.initialized(types.InitializedParams())
 
 
 async def request(client, method: str, params):

@@ -44,6 +44,7 @@ import gzip
 import json
 import logging
 import math
+import os
 import random
 import sys
 import time
@@ -51,6 +52,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dlm.coder_model.devices import add_device_argument
+from dlm.coder_model.hosted.settings import add_engine_arguments
 from dlm.drivers.bench.typing_latency import Bench, _plain
 from dlm.lsp.stats import percentile
 
@@ -114,6 +116,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--load-timeout", type=float, default=600.0, help="seconds to wait for the model")
     parser.add_argument("--server-log", metavar="F", help="server log file (default: a temp file)")
     parser.add_argument("--engine-factory", help=argparse.SUPPRESS)  # tests: see lsp/server_cli.py
+    add_engine_arguments(parser)  # --engine KIND ...: replay through a hosted engine (docs/engines.md)
 
 
 # ---- material ---------------------------------------------------------------------------------------
@@ -261,15 +264,6 @@ def _offset(text: str, row: int, col: int) -> int:
     return pos + col
 
 
-def _lcp(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def judge(current: str, cursor: int, insert: str, replace_to: int, target: str) -> tuple[bool, bool, int]:
     """(exact, accepted in full, accepted characters) of an inline suggestion that replaces
     current[cursor:replace_to] by `insert`, when the user ends up with `target`."""
@@ -277,7 +271,7 @@ def judge(current: str, cursor: int, insert: str, replace_to: int, target: str) 
     exact = after == target or after.rstrip() == target.rstrip()
     head, tail = after[: cursor + len(insert)], after[cursor + len(insert) :]
     on_the_way = len(target) >= len(after) and target.startswith(head) and target.endswith(tail)
-    return exact, exact or on_the_way, _lcp(insert, target[cursor:])
+    return exact, exact or on_the_way, len(os.path.commonprefix([insert, target[cursor:]]))
 
 
 @dataclass

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import random
 import sys
 import time
@@ -44,6 +43,7 @@ from dlm.coder_model.languages import language_name
 from dlm.coder_model.types import CancelToken, Prompt, SamplerParams
 from dlm.drivers.evaluation.metrics import edit_similarity, location_correct
 from dlm.drivers.evaluation.safim import iter_safim, score_safim
+from dlm.drivers.figures import print_figures
 from dlm.drivers.training.examples import KINDS, completion_example, fim_example, typing_example
 
 AR_PARAMS = {"threshold": 1.0, "order": "left_to_right"}
@@ -353,11 +353,7 @@ def run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"evaluate: {exc}", file=sys.stderr)
         return 2
-    text = json.dumps(report, indent=2)
-    if args.json:
-        Path(args.json).write_text(text + "\n", encoding="utf-8")
-    print(text)
-    return 0
+    return print_figures(report, args.json)
 
 
 def main(argv: list[str] | None = None) -> int:

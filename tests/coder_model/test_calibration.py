@@ -86,14 +86,6 @@ def test_fit_keeps_the_kind_that_ranks_right_answers_best():
     assert cal is None and not report["fitted"] and "too few" in report["why"]
 
 
-def _valid_commit() -> str:
-    for i in range(2000):  # the edit-histories README's rule: 90 <= sha256 % 100 < 95 is valid
-        c = f"{i:040x}"
-        if 90 <= int(hashlib.sha256(c.encode()).hexdigest(), 16) % 100 < 95:
-            return c
-    raise AssertionError("no valid-split commit found")
-
-
 def _edit_data(tmp_path):
     data = tmp_path / "edits"
     data.mkdir()

@@ -4,14 +4,12 @@ choice and is left alone."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 from dlm.coder_model import devices
 from dlm.coder_model.devices import cpu_threads
+from interpreter_checks import python_child
 
 
 def test_none_when_omp_num_threads_is_set(monkeypatch):
@@ -49,20 +47,6 @@ print(json.dumps({"cores": len(os.sched_getaffinity(0)), "threads": torch.get_nu
 """
 
 
-def _run_child(tmp_path, env: dict[str, str]) -> dict:
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=tmp_path,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def _affinity() -> int:
     if not hasattr(os, "sched_getaffinity") or not hasattr(os, "sched_setaffinity"):
         pytest.skip("no sched_getaffinity/sched_setaffinity on this platform")
@@ -73,7 +57,7 @@ def test_load_engine_on_two_cores_leaves_the_model_one_thread(tmp_path):
     if _affinity() < 2:
         pytest.skip("needs at least 2 cores in this process's affinity")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    out = _run_child(tmp_path, env)
+    out = python_child(CHILD, cwd=tmp_path, env=env)
     assert out["cores"] == 2
     assert out["threads"] == 1
 
@@ -82,5 +66,5 @@ def test_load_engine_keeps_the_users_omp_num_threads(tmp_path):
     if _affinity() < 2:
         pytest.skip("needs at least 2 cores in this process's affinity")
     env = dict(os.environ, OMP_NUM_THREADS="2")
-    out = _run_child(tmp_path, env)
+    out = python_child(CHILD, cwd=tmp_path, env=env)
     assert out["threads"] == 2

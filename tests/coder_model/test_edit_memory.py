@@ -25,35 +25,40 @@ def apply(line: str, site) -> str:
     return line[: site.start] + site.new_text + line[site.end :]
 
 
+def pattern_of(before: list[str], after: list[str]):
+    """The pattern of the one edit `before` -> `after`."""
+    (x,) = extract(before, after)
+    return x.pattern
+
+
+def applied(p, lines: list[str]) -> list[tuple[int, str]]:
+    """(line, the line with the edit made) of each site of `p` in `lines`, in find_sites' order."""
+    return [(s.line, apply(lines[s.line].rstrip("\n"), s)) for s in find_sites(p, lines, 0)]
+
+
 def test_a_rename_is_a_rename_and_applies_to_whole_names_and_name_parts():
-    (x,) = extract(["total = count_items(rows)\n"], ["total = count_rows(rows)\n"])
-    p = x.pattern
+    p = pattern_of(["total = count_items(rows)\n"], ["total = count_rows(rows)\n"])
     assert (p.kind, p.old, p.new) == ("rename", "count_items", "count_rows")
     lines = ["n = count_items(a) + count_items_fast(b)\n", "count_itemsx = 1\n", "discount_items = 2\n"]
-    sites = find_sites(p, lines, 0)
-    assert [apply(lines[s.line].rstrip("\n"), s) for s in sites] == [
+    assert [text for _, text in applied(p, lines)] == [
         "n = count_rows(a) + count_items_fast(b)",
         "n = count_items(a) + count_rows_fast(b)",  # the renamed name as a part of a longer one
     ]  # count_itemsx and discount_items are other names
 
 
 def test_an_affix_rename_renames_whole_names_only_never_a_use_already_renamed():
-    (x,) = extract(["        self.cookies = cookies\n"], ["        self._cookies = cookies\n"])
-    p = x.pattern
+    p = pattern_of(["        self.cookies = cookies\n"], ["        self._cookies = cookies\n"])
     assert (p.kind, p.old, p.new) == ("rename", "cookies", "_cookies")
     lines = ["        return self._cookies\n", "    def prepare_cookies(self, jar):\n", "        c = self.cookies\n"]
-    sites = find_sites(p, lines, 0)
-    assert [apply(lines[s.line].rstrip("\n"), s) for s in sites] == ["        c = self._cookies"]
+    assert [text for _, text in applied(p, lines)] == ["        c = self._cookies"]
 
 
 def test_an_inserted_argument_goes_to_every_call_that_lacks_it_whatever_its_arguments():
-    (x,) = extract(["r = fetch(url)\n"], ["r = fetch(url, timeout=5)\n"])
-    p = x.pattern
+    p = pattern_of(["r = fetch(url)\n"], ["r = fetch(url, timeout=5)\n"])
     assert p.kind == "append_arg" and p.before == ("fetch",) and p.text == ", timeout=5"
     lines = ["a = fetch(other, retries=2)\n", "b = fetch()\n", "c = fetch(u, timeout=5)\n",
              "def fetch(url):\n", "d = prefetch(u)\n"]
-    got = {s.line: apply(lines[s.line].rstrip("\n"), s) for s in find_sites(p, lines, 0)}
-    assert got == {0: "a = fetch(other, retries=2, timeout=5)", 1: "b = fetch(timeout=5)"}
+    assert dict(applied(p, lines)) == {0: "a = fetch(other, retries=2, timeout=5)", 1: "b = fetch(timeout=5)"}
 
 
 def test_an_added_decorator_goes_to_the_sibling_defs_most_alike_first():

@@ -16,6 +16,8 @@ from dlm.coder_model.edit_memory import GitMiner, git_read, mine
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX process groups and rlimits")
 
+DEFAULT_TAIL = 'cat "$1" 2>/dev/null'  # what a hostile script does after leaving its marker
+
 
 def _git(repo: Path, *args: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
@@ -42,7 +44,7 @@ def _repo(tmp_path: Path, attributes: str | None = None) -> Path:
     return repo
 
 
-def _marker_script(tmp_path: Path, name: str, tail: str = 'cat "$1" 2>/dev/null') -> tuple[Path, Path]:
+def _marker_script(tmp_path: Path, name: str, tail: str = DEFAULT_TAIL) -> tuple[Path, Path]:
     """An executable that creates `tmp_path/MARK-name` when run (then `tail`): (script, marker)."""
     marker = tmp_path / f"MARK-{name}"
     script = tmp_path / f"hostile-{name}"
@@ -60,34 +62,43 @@ def _assert_mined(repo: Path):
     return stats
 
 
-def test_a_textconv_driver_in_the_repository_config_runs_nothing(tmp_path):
-    repo = _repo(tmp_path, "*.py diff=x\n")
-    script, marker = _marker_script(tmp_path, "textconv")
-    _git(repo, "config", "diff.x.textconv", str(script))
-    _assert_mined(repo)
-    assert not marker.exists()
+def _assert_refused(path: Path, caplog, why: str) -> None:
+    """Mining `path` is refused, and the log says `why`."""
+    assert mine(str(path), 10, 1_000_000, timeout_s=10) is None
+    assert why in caplog.text
 
 
-def test_an_external_diff_in_the_repository_config_runs_nothing(tmp_path):
-    repo = _repo(tmp_path)
-    script, marker = _marker_script(tmp_path, "external")
-    _git(repo, "config", "diff.external", str(script))
-    _assert_mined(repo)
-    assert not marker.exists()
+def _git_workspace(tmp_path: Path) -> Path:
+    """An empty git repository `tmp_path/ws`, beside the one `_repo` makes."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    _git(ws, "init", "-q")
+    return ws
 
 
-def test_a_diff_driver_command_in_the_repository_config_runs_nothing(tmp_path):
-    repo = _repo(tmp_path, "*.py diff=x\n")
-    script, marker = _marker_script(tmp_path, "driver-command")
-    _git(repo, "config", "diff.x.command", str(script))
-    _assert_mined(repo)
-    assert not marker.exists()
-
-
-def test_an_fsmonitor_in_the_repository_config_runs_nothing(tmp_path):
-    repo = _repo(tmp_path)
-    script, marker = _marker_script(tmp_path, "fsmonitor", tail="exit 1")
-    _git(repo, "config", "core.fsmonitor", str(script))
+@pytest.mark.parametrize(
+    ("attributes", "name", "tail", "script_keys", "settings"),
+    [
+        pytest.param("*.py diff=x\n", "textconv", DEFAULT_TAIL, ("diff.x.textconv",), (), id="textconv-driver"),
+        pytest.param(None, "external", DEFAULT_TAIL, ("diff.external",), (), id="external-diff"),
+        pytest.param("*.py diff=x\n", "driver-command", DEFAULT_TAIL, ("diff.x.command",), (),
+                     id="diff-driver-command"),
+        pytest.param(None, "fsmonitor", "exit 1", ("core.fsmonitor",), (), id="fsmonitor"),
+        pytest.param(None, "ssh", "exit 1", ("core.sshCommand",),
+                     (("remote.origin.url", "ssh://git.invalid/r.git"),), id="ssh-command"),
+        pytest.param(None, "credential", "exit 1", ("credential.helper", "core.askPass"),
+                     (("remote.origin.url", "https://git.invalid/r.git"),), id="credential-helper"),
+    ],
+)
+def test_a_command_in_the_repository_config_runs_nothing(tmp_path, attributes, name, tail, script_keys, settings):
+    """The repository's config names a hostile script under each of `script_keys` (with `settings`
+    besides): mining reads the history and the script never runs."""
+    repo = _repo(tmp_path, attributes)
+    script, marker = _marker_script(tmp_path, name, tail=tail)
+    for key in script_keys:
+        _git(repo, "config", key, str(script))
+    for key, value in settings:
+        _git(repo, "config", key, value)
     _assert_mined(repo)
     assert not marker.exists()
 
@@ -117,15 +128,6 @@ def test_clean_smudge_and_process_filters_in_the_repository_config_run_nothing(t
     assert not clean_marker.exists() and not smudge_marker.exists() and not process_marker.exists()
 
 
-def test_an_ssh_command_in_the_repository_config_runs_nothing(tmp_path):
-    repo = _repo(tmp_path)
-    script, marker = _marker_script(tmp_path, "ssh", tail="exit 1")
-    _git(repo, "config", "core.sshCommand", str(script))
-    _git(repo, "config", "remote.origin.url", "ssh://git.invalid/r.git")
-    _assert_mined(repo)
-    assert not marker.exists()
-
-
 def test_a_hooks_path_in_the_repository_config_runs_nothing(tmp_path):
     repo = _repo(tmp_path)
     hooks = tmp_path / "hooks"
@@ -136,16 +138,6 @@ def test_a_hooks_path_in_the_repository_config_runs_nothing(tmp_path):
         (hooks / name).write_text(f"#!/bin/sh\ntouch '{marker}'\n")
         (hooks / name).chmod(0o755)
     _git(repo, "config", "core.hooksPath", str(hooks))
-    _assert_mined(repo)
-    assert not marker.exists()
-
-
-def test_a_credential_helper_in_the_repository_config_runs_nothing(tmp_path):
-    repo = _repo(tmp_path)
-    script, marker = _marker_script(tmp_path, "credential", tail="exit 1")
-    _git(repo, "config", "credential.helper", str(script))
-    _git(repo, "config", "core.askPass", str(script))
-    _git(repo, "config", "remote.origin.url", "https://git.invalid/r.git")
     _assert_mined(repo)
     assert not marker.exists()
 
@@ -204,39 +196,31 @@ def test_a_symlinked_git_directory_is_refused(tmp_path, caplog):
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / ".git").symlink_to(outside / ".git")
-    assert mine(str(ws), 10, 1_000_000, timeout_s=10) is None
-    assert "symbolic link" in caplog.text
+    _assert_refused(ws, caplog, "symbolic link")
 
 
 def test_a_symlink_inside_the_git_directory_is_refused(tmp_path, caplog):
     repo = _repo(tmp_path)
     refs = repo / ".git" / "refs" / "heads"
     (refs / "elsewhere").symlink_to(tmp_path / "secret")
-    assert mine(str(repo), 10, 1_000_000, timeout_s=10) is None
-    assert "symbolic link" in caplog.text
+    _assert_refused(repo, caplog, "symbolic link")
 
 
 def test_alternates_are_refused(tmp_path, caplog):
     outside = _repo(tmp_path)
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    _git(ws, "init", "-q")
+    ws = _git_workspace(tmp_path)
     (ws / ".git" / "objects" / "info" / "alternates").write_text(f"{outside / '.git' / 'objects'}\n")
     # HEAD names a commit only the alternate object store holds
     (ws / ".git" / "refs" / "heads" / "master").write_text(_git(outside, "rev-parse", "HEAD"))
     (ws / ".git" / "HEAD").write_text("ref: refs/heads/master\n")
-    assert mine(str(ws), 10, 1_000_000, timeout_s=10) is None
-    assert "alternates" in caplog.text
+    _assert_refused(ws, caplog, "alternates")
 
 
 def test_commondir_is_refused(tmp_path, caplog):
     outside = _repo(tmp_path)
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    _git(ws, "init", "-q")
+    ws = _git_workspace(tmp_path)
     (ws / ".git" / "commondir").write_text(f"{outside / '.git'}\n")
-    assert mine(str(ws), 10, 1_000_000, timeout_s=10) is None
-    assert "commondir" in caplog.text
+    _assert_refused(ws, caplog, "commondir")
 
 
 @pytest.mark.parametrize("section", ['[include]\n\tpath = {target}\n',
@@ -260,8 +244,7 @@ def test_a_partial_clone_is_refused(tmp_path, caplog):
     _git(repo, "config", "remote.origin.url", "ext::sh -c touch% MARK")
     _git(repo, "config", "remote.origin.promisor", "true")
     _git(repo, "config", "extensions.partialClone", "origin")
-    assert mine(str(repo), 10, 1_000_000, timeout_s=10) is None
-    assert "partial clone" in caplog.text
+    _assert_refused(repo, caplog, "partial clone")
 
 
 def test_a_workspace_without_its_own_git_directory_is_not_mined_from_a_parent(tmp_path):

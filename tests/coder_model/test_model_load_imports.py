@@ -5,63 +5,22 @@ the block, and the loaded weights are exactly the safetensors file's tensors."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from dlm.coder_model.checkpoint import embedded_checkpoint_dir, load_model, meta_without_init, weight_files
-
-HEAVY = ("torch._dynamo", "sympy")
-
-# The child imports torch first: the modules must be absent then (else the check says nothing),
-# and still absent after the embedded model is loaded with the engine the server uses.
-CHILD = """
-import json, sys
-import torch
-before = {m: m in sys.modules for m in %(heavy)r}
-from dlm.coder_model.engine import load_engine
-engine = load_engine(None, "cpu")
-after = {m: m in sys.modules for m in %(heavy)r}
-print(json.dumps({"before": before, "after": after, "engine": type(engine).__name__}))
-"""
-
-
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
+from interpreter_checks import assert_load_imports_nothing_heavy, torch_initialisers
 
 
 def test_cpu_load_of_the_embedded_checkpoint_imports_neither_dynamo_nor_sympy(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD % {"heavy": HEAVY}],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=tmp_path,
-        env=_child_env(),
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["before"] == {m: False for m in HEAVY}, f"importing torch alone imports {out['before']}"
-    assert out["after"] == {m: False for m in HEAVY}, f"loading the model imported {out['after']}"
-
-
-def _initialisers() -> dict[str, object]:
-    return {
-        name: getattr(torch.nn.init, name)
-        for name in dir(torch.nn.init)
-        if not name.startswith("__") and callable(getattr(torch.nn.init, name))
-    }
+    # the embedded model, loaded with the engine the server uses
+    assert_load_imports_nothing_heavy('from dlm.coder_model.engine import load_engine\nload_engine(None, "cpu")',
+                                      cwd=tmp_path, what="the model")
 
 
 def test_the_initialisers_are_skipped_inside_the_block_and_the_originals_after_it():
-    originals = _initialisers()
+    originals = torch_initialisers()
     with meta_without_init():
         t = torch.empty(3, 4)
         assert t.device.type == "meta"
@@ -71,7 +30,7 @@ def test_the_initialisers_are_skipped_inside_the_block_and_the_originals_after_i
         assert torch.nn.init.normal_(t) is t
         lin = torch.nn.Linear(4, 5)
         assert lin.weight.device.type == "meta"
-    after = _initialisers()
+    after = torch_initialisers()
     assert after.keys() == originals.keys()
     changed = [name for name in originals if after[name] is not originals[name]]
     assert changed == [], f"torch.nn.init functions not restored: {changed}"
@@ -83,10 +42,10 @@ def test_the_initialisers_are_skipped_inside_the_block_and_the_originals_after_i
 
 
 def test_the_initialisers_are_restored_when_the_block_raises():
-    originals = _initialisers()
+    originals = torch_initialisers()
     with pytest.raises(RuntimeError, match="boom"), meta_without_init():
         raise RuntimeError("boom")
-    after = _initialisers()
+    after = torch_initialisers()
     assert [name for name in originals if after[name] is not originals[name]] == []
     assert torch.empty(1).device.type == "cpu"
 

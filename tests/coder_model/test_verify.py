@@ -13,15 +13,6 @@ PROMPT = dict(prefix="import os\n\n\ndef read(path):\n", region="    with open(p
               suffix="\n        return f.read()\n", language="python", path="m.py")
 
 
-@pytest.fixture(scope="module")
-def engine():
-    from dlm.coder_model.engine import load_engine
-
-    eng = load_engine(None, "cpu")
-    yield eng
-    eng.close()
-
-
 def test_the_model_scores_every_proposal_and_answers_one_of_them(engine):
     proposals = (MemoryProposal("open(path) as f:", 0.4), MemoryProposal("os.fdopen(path) as f:", 0.3))
     p = Prompt(**{**PROMPT, "region": "    with ", "cursor": 9}, proposals=proposals)

@@ -28,15 +28,6 @@ def test_ranked_without_the_model_follows_the_memory_and_ties_keep_its_order():
     assert ranked(proposals, [None] * 3, Mix()) == []  # with the model, an unscored proposal is vetoed
 
 
-@pytest.fixture(scope="module")
-def engine():
-    from dlm.coder_model.engine import load_engine
-
-    eng = load_engine(None, "cpu")
-    yield eng
-    eng.close()
-
-
 def test_the_engine_answers_the_best_proposal_with_every_ones_confidence(engine):
     proposals = (MemoryProposal("open(path) as f:", 0.4), MemoryProposal("os.fdopen(path) as f:", 0.3),
                  MemoryProposal("x" * 400, 0.9))  # longer than the block: never scored, never listed

@@ -1,6 +1,9 @@
 """Test doubles for the *scheduling* tests (loaded in the server subprocess through
 DLM_ENGINE_FACTORY). They make no claim about model behaviour: the text they return is
 a fixed marker so the tests can see which request a result belongs to.
+
+Also what every double of the Engine contract shares: `FakeEngineBase` (submit on a thread,
+status, close), `InsertingEngine` (an answer inserted at the cursor) and `at_cursor`.
 """
 
 from __future__ import annotations
@@ -30,10 +33,49 @@ def on_a_thread(predict, prompt, params, cancel, deadline=None) -> Future:
     return fut
 
 
-class SlowFakeEngine:
+def at_cursor(prompt: Prompt, insertion: str) -> str:
+    """The prompt's region with `insertion` at its cursor: what an inserting double answers."""
+    return prompt.region[: prompt.cursor] + insertion + prompt.region[prompt.cursor :]
+
+
+class FakeEngineBase:
+    """The Engine contract around a test double's `predict`: `submit` runs it on a thread, `status`
+    says ready on the CPU with `model_name` (what the double is for), `close` has nothing to free."""
+
+    budget = LayoutBudget()
+    model_name = "fake (tests only)"
+
+    def predict(self, prompt: Prompt, params: SamplerParams, cancel: CancelToken,
+                deadline: float | None = None) -> Prediction:
+        raise NotImplementedError
+
+    def submit(self, prompt, params, cancel, deadline=None) -> Future:
+        return on_a_thread(self.predict, prompt, params, cancel, deadline)
+
+    def status(self) -> EngineStatus:
+        return EngineStatus(state="ready", device="cpu", model=self.model_name)
+
+    def close(self) -> None:
+        pass
+
+
+class InsertingEngine(FakeEngineBase):
+    """Inserts `insertion(prompt)` at the cursor at once, with full confidence."""
+
+    def insertion(self, prompt: Prompt) -> str:
+        raise NotImplementedError
+
+    def predict(self, prompt: Prompt, params: SamplerParams, cancel: CancelToken,
+                deadline: float | None = None) -> Prediction:
+        return Prediction(at_cursor(prompt, self.insertion(prompt)), steps=1, tokens=1, confidence=1.0)
+
+
+class SlowFakeEngine(FakeEngineBase):
     """Sleeps `steps` x `step_s` (checking the CancelToken each step, like the sampler),
     then inserts MARK at the cursor; a region containing "TODO" gets it replaced by "DONE"
     (an edit away from the cursor). One request at a time, like LocalEngine."""
+
+    model_name = "slow-fake (scheduling tests only)"
 
     def __init__(self, step_s: float = 0.02, steps: int = 10) -> None:
         self.step_s, self.steps = step_s, steps
@@ -58,7 +100,7 @@ class SlowFakeEngine:
             if "TODO" in region:
                 text = region.replace("TODO", "DONE", 1)
             else:
-                text = region[: prompt.cursor] + MARK + region[prompt.cursor :]
+                text = at_cursor(prompt, MARK)
             return Prediction(
                 text,
                 steps=self.steps,
@@ -67,16 +109,6 @@ class SlowFakeEngine:
                 denoise_ms=(time.monotonic() - t1) * 1000,
                 confidence=self.confidence,
             )
-
-    def submit(self, prompt, params, cancel, deadline=None) -> Future:
-        return on_a_thread(self.predict, prompt, params, cancel, deadline)
-
-    def status(self) -> EngineStatus:
-        return EngineStatus(state="ready", device="cpu", model="slow-fake (scheduling tests only)")
-
-    def close(self) -> None:
-        pass
-
 
 def slow(model, device):
     time.sleep(float(os.environ.get("FAKE_LOAD_S", "0")))
@@ -97,9 +129,7 @@ class FieldSizesEngine(SlowFakeEngine):
         pred = super().predict(prompt, params, cancel, deadline)
         if pred.cancelled:
             return pred
-        mark = f"P{len(prompt.path)}L{len(prompt.language)}"
-        region = prompt.region
-        pred.text = region[: prompt.cursor] + mark + region[prompt.cursor :]
+        pred.text = at_cursor(prompt, f"P{len(prompt.path)}L{len(prompt.language)}")
         return pred
 
 
@@ -127,10 +157,7 @@ class ProposalEchoEngine(SlowFakeEngine):
         pred = super().predict(prompt, params, cancel, deadline)
         if pred.cancelled:
             return pred
-        region = prompt.region
-        if prompt.proposals:
-            region = region[: prompt.cursor] + prompt.proposals[0].text + region[prompt.cursor :]
-        pred.text = region
+        pred.text = at_cursor(prompt, prompt.proposals[0].text) if prompt.proposals else prompt.region
         pred.confidence = 0.9
         return pred
 

@@ -8,6 +8,7 @@ for the tests in it), not a conftest, so that no test imports a conftest by name
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -32,14 +33,70 @@ def server_env(**extra: str) -> dict[str, str]:
 SERVER = [sys.executable, "-m", "dlm.lsp.cli", "--stdio"]
 
 
-async def wait_state(client, states=("ready",), timeout_s: float = 10.0, poll_s: float = 0.05) -> dict:
-    """Poll dlm/stats until the engine's state is one of `states`; the stats then."""
+async def wait_state(client, states=("ready",), timeout_s: float = 10.0, poll_s: float = 0.05,
+                     indexed: bool = False) -> dict:
+    """Poll dlm/stats until the engine's state is one of `states` (and, with `indexed`, the
+    workspace index is ready too); the stats then."""
     for _ in range(int(timeout_s / poll_s)):
         stats = await request(client, "dlm/stats", {})
-        if stats["state"] in states:
+        if stats["state"] in states and (not indexed or stats["index"]["state"] == "ready"):
             return stats
         await asyncio.sleep(poll_s)
-    raise AssertionError(f"the engine's state never reached {states} in {timeout_s:.0f} s")
+    raise AssertionError(f"the engine's state never reached {states} (indexed: {indexed}) "
+                         f"in {timeout_s:.0f} s: {stats}")
+
+
+async def start_in_workspace(tmp_path: Path, root: Path, init: dict, command=SERVER, folders: bool = True,
+                             indexed: bool = True, **env: str):
+    """The real server (`command`) with its cache and HOME under `tmp_path`, as VS Code starts it on
+    the workspace `root` (its one workspace folder too, with `folders`), initialized with `init`
+    (initializationOptions) and `env` added to its environment; once the model is ready, and the
+    index too with `indexed`."""
+    env = server_env(XDG_CACHE_HOME=str(tmp_path / "cache"), HOME=str(tmp_path / "home"), **env)
+    client = await ClientServerConfig(server_command=list(command), server_env=env).start()
+    await client.initialize_session(types.InitializeParams(
+        capabilities=client_capabilities("visual-studio-code"), root_uri=root.as_uri(),
+        workspace_folders=[types.WorkspaceFolder(uri=root.as_uri(), name=root.name)] if folders else None,
+        initialization_options=init))
+    try:
+        await wait_state(client, timeout_s=120.0, poll_s=0.1, indexed=indexed)
+    except BaseException:
+        await client.shutdown_session()
+        raise
+    return client
+
+
+@contextlib.asynccontextmanager
+async def inline_session(env: dict[str, str], init: dict, name: str = "inline-test", on_status=None):
+    """The real server (started with `env`) under a pygls client that asks for inline completions,
+    initialized with `init` (initializationOptions), once its engine is ready; `on_status` gets
+    each dlm/status. Shut down and stopped after."""
+    from pygls.lsp.client import LanguageClient as PyglsClient
+
+    client = PyglsClient(name, "1")
+    if on_status is not None:
+
+        @client.feature("dlm/status")
+        def _status(params) -> None:  # pygls marks the handler it registers: a plain function
+            on_status(params)
+
+    await client.start_io(*SERVER, env=env)
+    caps = types.ClientCapabilities(text_document=types.TextDocumentClientCapabilities(
+        inline_completion=types.InlineCompletionClientCapabilities()))
+    await client.initialize_async(types.InitializeParams(capabilities=caps, initialization_options=init))
+    client.initialized(types.InitializedParams())
+    try:
+        for _ in range(400):
+            if (await client.protocol.send_request_async("dlm/stats", {})).state == "ready":
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the engine never became ready")
+        yield client
+    finally:
+        await client.shutdown_async(None)
+        client.exit(None)
+        await client.stop()
 
 
 def fake_server_client(step_s: str, capabilities: str = "visual-studio-code", **initialize):
@@ -86,6 +143,16 @@ def change(client, uri: str, version: int, start: tuple[int, int], end: tuple[in
             ],
         )
     )
+
+
+def type_chars(client, uri: str, row: int, col: int, version: int, typed: str) -> int:
+    """Types `typed` one character at a time from (row, col), a didChange each from `version` on;
+    the next version."""
+    for ch in typed:
+        change(client, uri, version, (row, col), (row, col), ch)
+        col += 1
+        version += 1
+    return version
 
 
 def inline_params(

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import Future
 
-from dlm.coder_model.types import CancelToken, EngineStatus, LayoutBudget, Prediction, Prompt, SamplerParams
-from fake_engine import on_a_thread
+from dlm.coder_model.types import CancelToken, Prediction, Prompt, SamplerParams
+from fake_engine import FakeEngineBase, at_cursor
 
 
-class ScoredProposalsEngine:
+class ScoredProposalsEngine(FakeEngineBase):
+    model_name = "scored-proposals fake (tests only)"
+
     def __init__(self, scores: list[tuple[str, float]], log_path: str | None) -> None:
-        self.budget = LayoutBudget()
         self.scores, self.log_path = scores, log_path
 
     def confidence(self, text: str) -> float | None:
@@ -39,17 +39,8 @@ class ScoredProposalsEngine:
         if not ranked:  # no proposal (a free decode) or every one vetoed: no change
             return Prediction(prompt.region, steps=1, confidence=None if not prompt.proposals else 0.0)
         text, confidence = ranked[0]
-        region = prompt.region[: prompt.cursor] + text + prompt.region[prompt.cursor :]
-        return Prediction(region, steps=1, confidence=confidence, proposal_confidences=tuple(ranked))
-
-    def submit(self, prompt, params, cancel, deadline=None) -> Future:
-        return on_a_thread(self.predict, prompt, params, cancel, deadline)
-
-    def status(self) -> EngineStatus:
-        return EngineStatus(state="ready", device="cpu", model="scored-proposals fake (tests only)")
-
-    def close(self) -> None:
-        pass
+        return Prediction(at_cursor(prompt, text), steps=1, confidence=confidence,
+                          proposal_confidences=tuple(ranked))
 
 
 def scored(model, device):

@@ -10,6 +10,7 @@ accepted site counted.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from types import SimpleNamespace
 
@@ -57,12 +58,21 @@ def apply(client, uri: str, version: int, res: dict) -> None:
            (rng["end"]["line"], rng["end"]["character"]), edit["newText"])
 
 
-@pytest.mark.asyncio
-async def test_an_accepted_site_counts_as_the_rename_made_again_and_its_far_site_is_proposed(tmp_path):
+@contextlib.asynccontextmanager
+async def near_site_proposed(tmp_path):
+    """A server with stats.py open, the rename made at one use and the near site proposed:
+    (client, uri, the proposal); shut down after."""
     client = await start(tmp_path)
     try:
         uri = "file:///proj/stats.py"
-        res = await rename_then_near_site(client, uri)
+        yield client, uri, await rename_then_near_site(client, uri)
+    finally:
+        await client.shutdown_session()
+
+
+@pytest.mark.asyncio
+async def test_an_accepted_site_counts_as_the_rename_made_again_and_its_far_site_is_proposed(tmp_path):
+    async with near_site_proposed(tmp_path) as (client, uri, res):
         client.protocol.notify("dlm/acceptedEdit", {"id": res["id"], "textDocument": {"uri": uri}})
         apply(client, uri, 3, res)
         res = await edit_prediction(client, uri, 1, 13)
@@ -71,27 +81,19 @@ async def test_an_accepted_site_counts_as_the_rename_made_again_and_its_far_site
         assert edit["range"]["start"]["line"] == FAR and edit["newText"] == "tally"
         assert res["confidence"] >= 0.5
 
-    finally:
-        await client.shutdown_session()
-
 
 @pytest.mark.asyncio
 async def test_an_accept_that_is_not_of_an_answered_proposal_for_the_text_as_it_is_counts_nothing(tmp_path):
     # the same steps, the report wrong: an id never answered, a report repeated after the edit is
     # in, a report for a version the document has left: the site joins the rename's edit, and the
     # far site stays under the gate
-    client = await start(tmp_path)
-    try:
-        uri = "file:///proj/stats.py"
-        res = await rename_then_near_site(client, uri)
+    async with near_site_proposed(tmp_path) as (client, uri, res):
         client.protocol.notify("dlm/acceptedEdit", {"id": "no such id", "textDocument": {"uri": uri}})
         client.protocol.notify("dlm/acceptedEdit", {"id": None})
         apply(client, uri, 3, res)
         client.protocol.notify("dlm/acceptedEdit", {"id": res["id"], "textDocument": {"uri": uri}})
         assert await edit_prediction(client, uri, 1, 13) is None
         assert (await request(client, "dlm/stats", {}))["documents"] == 1  # the server took it calmly
-    finally:
-        await client.shutdown_session()
 
 
 def memory_server():

@@ -8,33 +8,23 @@ import os
 import pty
 import subprocess
 import sys
-from concurrent.futures import Future
 
 import pytest
-from dlm.coder_model.types import CancelToken, EngineStatus, LayoutBudget, Prediction, Prompt, SamplerParams
+from dlm.coder_model.types import CancelToken, Prediction, Prompt, SamplerParams
 from dlm.drivers.bench import typing_latency as bench
 from dlm.lsp import cli
-from fake_engine import on_a_thread
+from fake_engine import FakeEngineBase
 from lsp_helpers import SERVER, server_env
 
 
-class RaisingEngine:
+class RaisingEngine(FakeEngineBase):
     """Loaded in the server subprocess (--engine-factory test_cli:raising): every prediction
     fails, so the bench has a run with no completed request to report."""
 
-    budget = LayoutBudget()
+    model_name = "raising-fake (bench report test)"
 
     def predict(self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, deadline=None) -> Prediction:
         raise RuntimeError("this engine fails every prediction (test of the bench's report)")
-
-    def submit(self, prompt, params, cancel, deadline=None) -> Future:
-        return on_a_thread(self.predict, prompt, params, cancel, deadline)
-
-    def status(self) -> EngineStatus:
-        return EngineStatus(state="ready", device="cpu", model="raising-fake (bench report test)")
-
-    def close(self) -> None:
-        pass
 
 
 def raising(model, device):

@@ -140,6 +140,13 @@ class Server:
         else:
             self.proc.stdout.close()
 
+    def close_ends(self, which: str) -> None:
+        """The client closes "stdin", "stdout" or "both" of its ends (stdout first)."""
+        if which in ("both", "stdout"):
+            self.close_stdout()
+        if which in ("both", "stdin"):
+            self.close_stdin()
+
     def stop_reading(self) -> None:
         """The client stops reading (its reading side shut) but keeps stdin open: only the server's
         next write can tell it that the client is gone."""
@@ -195,6 +202,13 @@ def went_away(out: str, why: str) -> None:
     assert why in lines[0], lines
 
 
+def ends_as_gone(s, why: str) -> None:
+    """The server `s` ends with 0, its one log line saying the client went away and `why`."""
+    rc, out = s.ended()
+    assert rc == 0
+    went_away(out, why)
+
+
 def workspace(tmp: Path, files: int = 1) -> tuple[Path, str]:
     root = tmp / "ws"
     (root / "pkg").mkdir(parents=True)
@@ -211,11 +225,8 @@ def test_without_a_log_file_the_line_goes_to_stderr(started, tmp_path):
     it went away cannot, and stderr takes it."""
     s = started(tmp_path, FAKE, log_file=False)
     s.start()
-    s.close_stdout()
-    s.close_stdin()
-    rc, out = s.ended()
-    assert rc == 0
-    went_away(out, "went away")
+    s.close_ends("both")
+    ends_as_gone(s, "went away")
 
 
 def test_tcp_client_closes_the_connection(tmp_path):
@@ -265,13 +276,8 @@ def test_idle_server_ends_when_the_client_closes_its_ends(started, tmp_path, whi
     s = started(tmp_path, FAKE)
     s.start()
     s.quiet()
-    if which in ("both", "stdout"):
-        s.close_stdout()
-    if which in ("both", "stdin"):
-        s.close_stdin()
-    rc, out = s.ended()
-    assert rc == 0
-    went_away(out, {"stdin": "end of input", "stdout": "stdout", "both": "went away"}[which])
+    s.close_ends(which)
+    ends_as_gone(s, {"stdin": "end of input", "stdout": "stdout", "both": "went away"}[which])
 
 
 def test_a_completion_whose_answer_cannot_be_written_ends_the_server(started, tmp_path):
@@ -283,9 +289,7 @@ def test_a_completion_whose_answer_cannot_be_written_ends_the_server(started, tm
     s.send(did_open(uri, "def add(a, b):\n    return a + b\n\nx = ad"), inline_completion(2, uri, 3, 6))
     time.sleep(0.3)  # the fake engine is in its 1 s computation
     s.stop_reading()
-    rc, out = s.ended()
-    assert rc == 0
-    went_away(out, "could not be written")
+    ends_as_gone(s, "could not be written")
 
 
 def test_status_notifications_while_indexing_meet_a_client_that_stopped_reading(started, tmp_path):
@@ -298,9 +302,7 @@ def test_status_notifications_while_indexing_meet_a_client_that_stopped_reading(
     s.read_until(lambda m: m.get("method") == "dlm/status" and m["params"]["index"]["state"] == "indexing"
                  and m["params"]["index"].get("done", 0) > 0)  # fmt: skip
     s.stop_reading()
-    rc, out = s.ended()
-    assert rc == 0
-    went_away(out, "could not be written")
+    ends_as_gone(s, "could not be written")
 
 
 @pytest.mark.parametrize("which", ["both", "stdin"])
@@ -310,12 +312,8 @@ def test_closing_while_the_workspace_is_indexed(started, tmp_path, which):
                 module="slow_index_server")  # fmt: skip
     s.start(root)
     s.read_until(lambda m: m.get("method") == "dlm/status" and m["params"]["index"]["state"] == "indexing")
-    if which == "both":
-        s.close_stdout()
-    s.close_stdin()
-    rc, out = s.ended()
-    assert rc == 0
-    went_away(out, "went away")
+    s.close_ends(which)
+    ends_as_gone(s, "went away")
 
 
 @pytest.mark.parametrize("which", ["both", "stdin", "stdout"])
@@ -325,13 +323,8 @@ def test_closing_while_the_model_loads(started, tmp_path, which):
     s.send(initialize(None), INITIALIZED)
     s.read_until(lambda m: m.get("id") == 1)
     s.read_until(lambda m: m.get("method") == "dlm/status" and m["params"]["state"] == "loading")
-    if which in ("both", "stdout"):
-        s.close_stdout()
-    if which in ("both", "stdin"):
-        s.close_stdin()
-    rc, out = s.ended()
-    assert rc == 0
-    went_away(out, "the model is still loading")
+    s.close_ends(which)
+    ends_as_gone(s, "the model is still loading")
 
 
 @pytest.mark.timeout(120)
@@ -343,8 +336,7 @@ def test_closing_while_the_real_model_loads(started, tmp_path, delay_s):
     s.send(initialize(None), INITIALIZED)
     s.read_until(lambda m: m.get("id") == 1)
     time.sleep(delay_s)
-    s.close_stdout()
-    s.close_stdin()
+    s.close_ends("both")
     rc, _ = s.ended(60)
     assert rc == 0
 
@@ -361,8 +353,7 @@ def test_shutdown_then_the_pipes_close_with_a_completion_in_flight(started, tmp_
     s.send(did_open(uri, "def add(a, b):\n    return a + b\n\nx = ad"), inline_completion(2, uri, 3, 6))
     time.sleep(0.2)
     s.send(SHUTDOWN)
-    s.close_stdout()
-    s.close_stdin()
+    s.close_ends("both")
     rc, out = s.ended()
     assert rc == 0
     went_away(out, "went away")
@@ -377,8 +368,7 @@ def test_what_the_client_sent_before_it_went_is_handled(started, tmp_path, shutd
     s.start()
     s.quiet()
     s.send(*([SHUTDOWN] if shutdown else []), EXIT)
-    s.close_stdout()
-    s.close_stdin()
+    s.close_ends("both")
     rc, out = s.ended()
     assert rc == code
     lines = [ln for ln in out.splitlines() if "dlm.lsp.server_cli" in ln]
@@ -391,9 +381,7 @@ def test_shutdown_without_exit_then_end_of_input(started, tmp_path):
     s.send(SHUTDOWN)
     assert s.read_until(lambda m: m.get("id") == 900)["result"] is None
     s.close_stdin()
-    rc, out = s.ended()
-    assert rc == 0
-    went_away(out, "end of input")
+    ends_as_gone(s, "end of input")
 
 
 @pytest.mark.parametrize("shutdown,code", [(True, 0), (False, 1)])

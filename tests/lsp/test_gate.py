@@ -7,6 +7,8 @@ import asyncio
 
 from dlm.lsp.documents import Document
 from dlm.lsp.gate import RecentEdits, deadline_at, decide, replaced_lines
+from lsp_helpers import change, inline_params, inline_session, open_document, server_env
+from lsprotocol import types
 
 
 def test_deadline_counts_from_the_keystroke_when_the_request_belongs_to_it():
@@ -73,66 +75,21 @@ def test_recent_edits_keep_a_bounded_number_of_spans():
 # only; the fake's fixed confidence (FAKE_CONFIDENCE) is a number the test chooses.
 
 
-async def _session(env: dict, init: dict):
-    from lsp_helpers import SERVER
-    from lsprotocol import types
-    from pygls.lsp.client import LanguageClient
-
-    client = LanguageClient("gate-test", "1")
-    await client.start_io(*SERVER, env=env)
-    caps = types.ClientCapabilities(text_document=types.TextDocumentClientCapabilities(
-        inline_completion=types.InlineCompletionClientCapabilities()))
-    await client.initialize_async(types.InitializeParams(capabilities=caps, initialization_options=init))
-    client.initialized(types.InitializedParams())
-    for _ in range(400):
-        if (await client.protocol.send_request_async("dlm/stats", {})).state == "ready":
-            return client
-        await asyncio.sleep(0.05)
-    raise AssertionError("the fake engine never became ready")
-
-
-async def _close(client) -> None:
-    await client.shutdown_async(None)
-    client.exit(None)
-    await client.stop()
-
-
-def _open(client, uri: str, text: str) -> None:
-    from lsprotocol import types
-
-    client.text_document_did_open(types.DidOpenTextDocumentParams(
-        types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
-
-
-def _type(client, uri: str, version: int, line: int, ch: int, text: str) -> None:
-    from lsprotocol import types
-
-    pos = types.Position(line, ch)
-    client.text_document_did_change(types.DidChangeTextDocumentParams(
-        text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
-        content_changes=[types.TextDocumentContentChangePartial(range=types.Range(pos, pos), text=text)]))
-
-
 async def _inline(client, uri: str, line: int, ch: int):
-    from lsprotocol import types
-
-    return await client.text_document_inline_completion_async(types.InlineCompletionParams(
-        text_document=types.TextDocumentIdentifier(uri=uri), position=types.Position(line, ch),
-        context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)))
+    return await client.text_document_inline_completion_async(
+        inline_params(uri, line, ch, types.InlineCompletionTriggerKind.Automatic))
 
 
 def _env(**extra: str) -> dict:
-    from lsp_helpers import server_env
-
     return server_env(DLM_ENGINE_FACTORY="fake_engine:slow", **extra)
 
 
 def test_server_shows_only_answers_above_min_confidence_and_says_how_sure():
     async def scenario():
         uri = "file:///w/a.py"
-        sure = await _session(_env(FAKE_STEP_S="0.001", FAKE_CONFIDENCE="0.7"), {"minConfidence": 0.6})
-        try:
-            _open(sure, uri, "x = \n")
+        async with inline_session(_env(FAKE_STEP_S="0.001", FAKE_CONFIDENCE="0.7"),
+                                  {"minConfidence": 0.6}) as sure:
+            open_document(sure, uri, "x = \n")
             res = await _inline(sure, uri, 0, 4)
             assert [i.insert_text for i in res.items] == ["FAKE"]
             assert res.items[0].command.arguments[1] == {"confidence": 0.7, "rewritesRecent": False}
@@ -140,16 +97,12 @@ def test_server_shows_only_answers_above_min_confidence_and_says_how_sure():
             # every counter docs/protocol.md lists is there from the start, zero or not
             assert (stats.offered, stats.gated_low_confidence, stats.gated_rewrites_recent, stats.gated_late,
                     stats.no_steps) == (1, 0, 0, 0, 0)
-        finally:
-            await _close(sure)
-        unsure = await _session(_env(FAKE_STEP_S="0.001", FAKE_CONFIDENCE="0.5"), {"minConfidence": 0.6})
-        try:
-            _open(unsure, uri, "x = \n")
+        async with inline_session(_env(FAKE_STEP_S="0.001", FAKE_CONFIDENCE="0.5"),
+                                  {"minConfidence": 0.6}) as unsure:
+            open_document(unsure, uri, "x = \n")
             assert not (await _inline(unsure, uri, 0, 4)).items
             stats = await unsure.protocol.send_request_async("dlm/stats", {})
             assert stats.gated_low_confidence == 1 and stats.completed == 1
-        finally:
-            await _close(unsure)
 
     asyncio.run(scenario())
 
@@ -157,14 +110,12 @@ def test_server_shows_only_answers_above_min_confidence_and_says_how_sure():
 def test_server_never_shows_a_late_answer():
     async def scenario():
         # 10 steps of 50 ms against a 100 ms deadline: the fake cannot be on time
-        client = await _session(_env(FAKE_STEP_S="0.05", FAKE_CONFIDENCE="0.99"), {"deadlineMs": 100})
-        try:
-            _open(client, "file:///w/b.py", "x = \n")
+        async with inline_session(_env(FAKE_STEP_S="0.05", FAKE_CONFIDENCE="0.99"),
+                                  {"deadlineMs": 100}) as client:
+            open_document(client, "file:///w/b.py", "x = \n")
             assert not (await _inline(client, "file:///w/b.py", 0, 4)).items
             stats = await client.protocol.send_request_async("dlm/stats", {})
             assert stats.late == 1 and stats.gated_late == 1
-        finally:
-            await _close(client)
 
     asyncio.run(scenario())
 
@@ -176,25 +127,19 @@ def test_edit_predictions_can_be_turned_off_the_model_rewrite_is_off_by_default_
         # on by default, but only the edit memory answers: the model's rewrite (modelFallback) is off;
         # and turned off, nothing answers, the model's rewrite included
         for init in ({}, {"editPredictions": False, "nextEdits": {"modelFallback": True}}):
-            session = await _session(_env(FAKE_STEP_S="0.001", FAKE_CONFIDENCE="0.99"), init)
-            try:
-                _open(session, uri, text)
+            async with inline_session(_env(FAKE_STEP_S="0.001", FAKE_CONFIDENCE="0.99"), init) as session:
+                open_document(session, uri, text)
                 assert await session.protocol.send_request_async("dlm/editPrediction", params) is None
-            finally:
-                await _close(session)
-        on = await _session(_env(FAKE_STEP_S="0.001", FAKE_CONFIDENCE="0.9"),
-                            {"editPredictions": True, "minConfidence": 0.5, "minConfidenceRewriteRecent": 0.95,
-                             "nextEdits": {"modelFallback": True}})
-        try:
-            _open(on, uri, text)
+        init = {"editPredictions": True, "minConfidence": 0.5, "minConfidenceRewriteRecent": 0.95,
+                "nextEdits": {"modelFallback": True}}
+        async with inline_session(_env(FAKE_STEP_S="0.001", FAKE_CONFIDENCE="0.9"), init) as on:
+            open_document(on, uri, text)
             res = await on.protocol.send_request_async("dlm/editPrediction", params)
             assert res.edits[0].newText == "DONE" and res.confidence == 0.9 and res.rewritesRecent is False
-            _type(on, uri, 2, 1, 10, "!")  # the user just typed on the TODO line: "# TODO!"
+            change(on, uri, 2, (1, 10), (1, 10), "!")  # the user just typed on the TODO line: "# TODO!"
             res = await on.protocol.send_request_async("dlm/editPrediction", params)
             assert res is None  # rewriting what was just typed needs 0.95; the fake is 0.9 sure
             stats = await on.protocol.send_request_async("dlm/stats", {})
             assert stats.gated_rewrites_recent == 1
-        finally:
-            await _close(on)
 
     asyncio.run(scenario())

@@ -223,12 +223,18 @@ def test_second_initialize_is_refused_and_keeps_the_documents(server):
     assert items and items[0]["insertText"] == "FAKE"
 
 
-def test_edit_prediction_after_reopen_with_a_reused_version(server):
-    """The editPrediction cache was keyed by (version, row, col) and outlived the document."""
+def with_edit_predictions(server, uri: str) -> dict:
+    """Initializes the server with edit predictions (the fake's edits through the model fallback)
+    and no confidence gate: the params of a dlm/editPrediction at line 0, column 1 of `uri`."""
     server.initialize({"editPredictions": True, "minConfidence": 0, "minConfidenceRewriteRecent": 0,
                        "nextEdits": {"modelFallback": True}})
+    return {"textDocument": {"uri": uri}, "position": {"line": 0, "character": 1}}
+
+
+def test_edit_prediction_after_reopen_with_a_reused_version(server):
+    """The editPrediction cache is keyed by (version, row, col) and must not outlive the document."""
     uri = "file:///reopen.py"
-    pos = {"textDocument": {"uri": uri}, "position": {"line": 0, "character": 1}}
+    pos = with_edit_predictions(server, uri)
     server.open(uri, "a = 1\nb = 2\nc = 3\n# TODO fix\nd = 4\n")
     server.inline(uri, 0, 1)
     first = server.call("dlm/editPrediction", pos)["result"]
@@ -240,10 +246,8 @@ def test_edit_prediction_after_reopen_with_a_reused_version(server):
 
 
 def test_edit_prediction_after_a_change_is_not_the_cached_one(server):
-    server.initialize({"editPredictions": True, "minConfidence": 0, "minConfidenceRewriteRecent": 0,
-                       "nextEdits": {"modelFallback": True}})
     uri = "file:///changed.py"
-    pos = {"textDocument": {"uri": uri}, "position": {"line": 0, "character": 1}}
+    pos = with_edit_predictions(server, uri)
     server.open(uri, "a = 1\n# TODO fix\n")
     server.inline(uri, 0, 1)
     # the TODO line goes away; the client reuses version 1 (a buggy client, but not our crash)

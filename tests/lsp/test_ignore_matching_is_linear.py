@@ -22,21 +22,17 @@ from dlm.lsp.gitignore import (
     IgnoreStack,
     IgnoreText,
     Rules,
+    class_end,
     compile_glob,
     parse_line,
+    split_line,
 )
+from workspace_fakes import stack, write
 
 LIMITS = discovery.Limits(max_files=1000, max_file_bytes=1_000_000, max_entries=100_000)
 HOSTILE = "a*a*a*a*a*a*a*a*a*a*b"  # ten stars: exponential for a backtracking matcher
 # Generous: the matcher needs well under a millisecond per name; a backtracking one needs seconds.
 MAX_SECONDS_PER_CALL = 0.05
-
-
-def write(root: Path, rel: str, text: str = "x = 1\n") -> Path:
-    path = root / rel
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return path
 
 
 def walked(root: Path, exclude: tuple[str, ...] = ()) -> list[str]:
@@ -52,12 +48,6 @@ def seconds_per_call(fn, calls: int = 100) -> float:
     return (time.perf_counter() - start) / calls
 
 
-def stack_of(text: str) -> IgnoreStack:
-    s = IgnoreStack()
-    s.add(Rules.from_text("", text))
-    return s
-
-
 # ---- the reference: the regex translation the matcher replaces --------------------------------
 
 
@@ -66,14 +56,8 @@ class _OracleSkip(Exception):
 
 
 def _old_class(pattern: str, i: int) -> tuple[str, int]:
-    j = i + 1
-    if j < len(pattern) and pattern[j] in "!^":
-        j += 1
-    if j < len(pattern) and pattern[j] == "]":
-        j += 1
-    while j < len(pattern) and pattern[j] != "]":
-        j += 1
-    if j >= len(pattern):
+    j = class_end(pattern, i)  # where the class ends is as the matcher finds it
+    if j is None:
         return re.escape("["), i + 1
     body = pattern[i + 1 : j]
     negate = body[:1] in ("!", "^")
@@ -126,26 +110,12 @@ def _old_glob_to_regex(pattern: str) -> str:
 
 
 def _old_rule(line: str) -> tuple[re.Pattern[str], bool, bool] | None:
-    """(regex, negated, dir_only) as the regex translation parsed a line."""
-    line = line.rstrip("\n").rstrip("\r")
-    if not line or line.startswith("#"):
+    """(regex, negated, dir_only) as the regex translation parsed a line (the line split as the
+    glob's parser splits it)."""
+    parts = split_line(line)
+    if parts is None:
         return None
-    stripped = line.rstrip(" ")
-    if stripped.endswith("\\") and len(stripped) < len(line):
-        stripped += " "
-    line = stripped
-    negated = line.startswith("!")
-    if negated or line.startswith(("\\!", "\\#")):
-        line = line[1:]
-    dir_only = line.endswith("/") and not line.endswith("\\/")
-    if dir_only:
-        line = line.rstrip("/")
-    if not line:
-        return None
-    anchored = "/" in line
-    line = line.lstrip("/")
-    if not line:
-        return None
+    line, anchored, negated, dir_only = parts
     prefix = "" if anchored else "(?:.*/)?"
     return re.compile(f"^{prefix}{_old_glob_to_regex(line)}$", re.DOTALL), negated, dir_only
 
@@ -167,9 +137,9 @@ def _old_rule(line: str) -> tuple[re.Pattern[str], bool, bool] | None:
     ],
 )
 def test_hostile_pattern_is_decided_correctly_in_linear_time(pattern: str, name: str, expected: bool):
-    stack = stack_of(pattern)
-    assert stack.ignored(name, False) is expected
-    assert seconds_per_call(lambda: stack.ignored(name, False)) < MAX_SECONDS_PER_CALL
+    ignores = stack(pattern)
+    assert ignores.ignored(name, False) is expected
+    assert seconds_per_call(lambda: ignores.ignored(name, False)) < MAX_SECONDS_PER_CALL
 
 
 def test_hostile_pattern_cost_grows_linearly_with_the_name():
@@ -345,7 +315,7 @@ def test_longest_allowed_pattern_is_still_fast():
     ],
 )
 def test_glob_semantics(line: str, path: str, is_dir: bool, ignored: bool):
-    assert stack_of(line).ignored(path, is_dir) is ignored
+    assert stack(line).ignored(path, is_dir) is ignored
 
 
 def _random_pattern(rng: random.Random) -> str:

@@ -21,10 +21,12 @@ from dlm.lsp.workspace_index import WorkspaceIndex
 from lsp_helpers import server_env
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, client_capabilities
-from test_workspace_e2e import as_dict, wait_for, write
-from test_workspace_index import (
+from test_workspace_e2e import as_dict, wait_for
+from workspace_fakes import (
     FakeMemory,  # tests/lsp is on the path, as for lsp_helpers
     cache_home,  # noqa: F401  (autouse: a private cache and HOME)
+    wait_until,
+    write,
 )
 
 SLOW_SERVER = [sys.executable, "-m", "slow_index_server", "--stdio"]
@@ -38,13 +40,6 @@ def many_files(root: Path, n: int) -> Path:
     return root
 
 
-def wait_until(cond, timeout_s: float = 30.0, what: str = "") -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what or cond}")
 
 
 # ---- WorkspaceIndex.status --------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from dlm.coder_model.memory import RepoMemory
 from dlm.coder_model.memory import index as index_mod
 from dlm.lsp.options import IndexOptions
 from dlm.lsp.workspace_index import WorkspaceIndex
-from test_workspace_index import cache_home, wait_until, write  # noqa: F401  (cache_home: autouse)
+from workspace_fakes import cache_home, ready, wait_until, write  # noqa: F401  (cache_home: autouse)
 
 BLOCKED_S = 0.3  # a pause still running after this long is waiting
 RETURN_S = 10.0  # a released pause returns well within this
@@ -31,9 +31,16 @@ def make_project(root: Path) -> Path:
     return root
 
 
-def ready(ws: WorkspaceIndex) -> dict:
-    wait_until(lambda: ws.status()["state"] == "ready", what=f"index ready (now {ws.status()})")
-    return ws.status()
+def built(tmp_path: Path) -> WorkspaceIndex:
+    """A WorkspaceIndex of make_project's tree, once built; the caller closes it."""
+    w = WorkspaceIndex(IndexOptions())
+    w.set_roots([str(make_project(tmp_path / "proj"))])
+    try:
+        ready(w)
+    except BaseException:
+        w.close()
+        raise
+    return w
 
 
 def the_root(ws: WorkspaceIndex):
@@ -75,11 +82,8 @@ class Call:
 
 @pytest.fixture
 def ws(tmp_path: Path):
-    root = make_project(tmp_path / "proj")
-    w = WorkspaceIndex(IndexOptions())
-    w.set_roots([str(root)])
+    w = built(tmp_path)
     try:
-        ready(w)
         yield w
     finally:
         w.close()
@@ -190,11 +194,8 @@ def test_with_prediction_still_holds_the_pause(ws: WorkspaceIndex):
 
 
 def test_close_releases_a_waiting_pause(tmp_path: Path):
-    root = make_project(tmp_path / "proj")
-    w = WorkspaceIndex(IndexOptions())
-    w.set_roots([str(root)])
+    w = built(tmp_path)
     try:
-        ready(w)
         end = w.begin_prediction()
         call = Call(the_root(w).memory.pause)
         assert call.blocked()

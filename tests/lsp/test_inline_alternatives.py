@@ -10,14 +10,12 @@ syntax check, typing through), not the model.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
 import pytest
-from lsp_helpers import SERVER, request, server_env
+from lsp_helpers import SERVER, inline_params, open_document, request, start_in_workspace, type_chars
 from lsprotocol import types
-from pytest_lsp import ClientServerConfig, client_capabilities
 
 EMPTY_HANDLER = "def handler_99(registry):\n\n    return registry\n"
 HANDLER = "def handler_{k}(registry):\n    frobnicate_{rest}\n    return registry\n"
@@ -34,42 +32,17 @@ def _project(root: Path, continuations: list[tuple[str, int]]) -> None:
 
 
 async def _start(tmp_path: Path, root: Path, init: dict, **env: str):
-    env = server_env(XDG_CACHE_HOME=str(tmp_path / "cache"), HOME=str(tmp_path / "home"), **env)
-    client = await ClientServerConfig(server_command=[*SERVER, "--device", "cpu"], server_env=env).start()
-    await client.initialize_session(types.InitializeParams(
-        capabilities=client_capabilities("visual-studio-code"), root_uri=root.as_uri(),
-        workspace_folders=[types.WorkspaceFolder(uri=root.as_uri(), name=root.name)],
-        initialization_options={"deadlineMs": 5000, **init}))
-    for _ in range(1200):
-        stats = await request(client, "dlm/stats", {})
-        if stats["state"] == "ready" and stats["index"]["state"] == "ready":
-            return client
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"model or index never ready: {stats}")
-
-
-def _type(client, uri: str, row: int, col: int, version: int, typed: str) -> int:
-    """Type `typed` one character at a time from (row, col); the next version."""
-    for ch in typed:
-        pos = types.Position(row, col)
-        client.text_document_did_change(types.DidChangeTextDocumentParams(
-            types.VersionedTextDocumentIdentifier(uri=uri, version=version),
-            [types.TextDocumentContentChangePartial(range=types.Range(pos, pos), text=ch)]))
-        col += 1
-        version += 1
-    return version
+    return await start_in_workspace(tmp_path, root, {"deadlineMs": 5000, **init}, [*SERVER, "--device", "cpu"], **env)
 
 
 async def _ask(client, uri: str, row: int, col: int):
-    return await client.text_document_inline_completion_async(types.InlineCompletionParams(
-        text_document=types.TextDocumentIdentifier(uri), position=types.Position(row, col),
-        context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)))
+    return await client.text_document_inline_completion_async(
+        inline_params(uri, row, col, types.InlineCompletionTriggerKind.Automatic))
 
 
 async def _type_and_ask(client, uri: str, typed: str):
-    client.text_document_did_open(types.DidOpenTextDocumentParams(
-        types.TextDocumentItem(uri=uri, language_id="python", version=1, text=EMPTY_HANDLER)))
-    _type(client, uri, 1, 0, 2, typed)
+    open_document(client, uri, EMPTY_HANDLER)
+    type_chars(client, uri, 1, 0, 2, typed)
     return await _ask(client, uri, 1, len(typed))
 
 
@@ -155,7 +128,7 @@ async def test_typing_through_the_answer_keeps_the_alternatives_that_match(tmp_p
         assert [t for t, _, _ in _listed(res)] == [
             "gadget(registry)", "widget(registry)", "gadget(registry, strict=True)"]
         before = await request(client, "dlm/stats", {})
-        _type(client, uri, 1, len(typed), 2 + len(typed), "gad")  # the user types into the first item
+        type_chars(client, uri, 1, len(typed), 2 + len(typed), "gad")  # the user types into the first item
         res = await _ask(client, uri, 1, len(typed) + 3)
         after = await request(client, "dlm/stats", {})
         assert after["cache_hits"] - before["cache_hits"] == 1 and after["model_runs"] == before["model_runs"]

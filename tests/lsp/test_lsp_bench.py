@@ -10,9 +10,15 @@ import subprocess
 import sys
 
 import pytest
-from lsp_helpers import SERVER, request, run_cli, server_env
+from lsp_helpers import (
+    change,
+    inline_params,
+    open_document,
+    run_cli,
+    server_env,
+    start_in_workspace,
+)
 from lsprotocol import types
-from pytest_lsp import ClientServerConfig, client_capabilities
 
 
 def test_bench_json_with_fake_engine(tmp_path):
@@ -147,31 +153,17 @@ async def test_the_typed_file_is_the_buffer_as_typed_never_its_indexed_copy(tmp_
     path.write_text(f"def flux():\n{SOLO}\n    return quantum_flux\n")
     if elsewhere:  # the control: the same line in another file is the memory's to propose
         (root / "other.py").write_text(f"def other():\n{SOLO}\n")
-    env = server_env(DLM_ENGINE_FACTORY="fake_engine:echo_proposals", XDG_CACHE_HOME=str(tmp_path / "cache"),
-                     HOME=str(tmp_path / "home"))
-    client = await ClientServerConfig(server_command=SERVER, server_env=env).start()
-    await client.initialize_session(types.InitializeParams(
-        capabilities=client_capabilities("visual-studio-code"), root_uri=root.as_uri(),
-        initialization_options={"deadlineMs": 5000}))
+    client = await start_in_workspace(tmp_path, root, {"deadlineMs": 5000}, folders=False,
+                                      DLM_ENGINE_FACTORY="fake_engine:echo_proposals")
     try:
-        for _ in range(600):
-            stats = await request(client, "dlm/stats", {})
-            if stats["state"] == "ready" and stats["index"]["state"] == "ready":
-                break
-            await asyncio.sleep(0.05)
         uri = document_uri(path, 1)
-        client.text_document_did_open(types.DidOpenTextDocumentParams(types.TextDocumentItem(
-            uri=uri, language_id="python", version=1, text="def flux():\n\n    return quantum_flux\n")))
-        client.text_document_did_change(types.DidChangeTextDocumentParams(
-            types.VersionedTextDocumentIdentifier(uri=uri, version=2),
-            [types.TextDocumentContentChangePartial(range=types.Range(types.Position(1, 0), types.Position(1, 0)),
-                                                    text=SOLO_TYPED)]))
+        open_document(client, uri, "def flux():\n\n    return quantum_flux\n")
+        change(client, uri, 2, (1, 0), (1, 0), SOLO_TYPED)
         answers = []
         for wait_s in (0.0, 1.5):  # the disk's copy indexed; then the buffer (after the index's debounce)
             await asyncio.sleep(wait_s)
-            res = await client.text_document_inline_completion_async(types.InlineCompletionParams(
-                text_document=types.TextDocumentIdentifier(uri), position=types.Position(1, len(SOLO_TYPED)),
-                context=types.InlineCompletionContext(trigger_kind=types.InlineCompletionTriggerKind.Automatic)))
+            res = await client.text_document_inline_completion_async(
+                inline_params(uri, 1, len(SOLO_TYPED), types.InlineCompletionTriggerKind.Automatic))
             answers.append([i.insert_text for i in res.items])
         rest = SOLO[len(SOLO_TYPED):]
         if elsewhere:

@@ -10,13 +10,12 @@ answer to editor is what is tested.
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import Future
 
 import pytest
-from dlm.coder_model.types import CancelToken, EngineStatus, LayoutBudget, Prediction, Prompt, SamplerParams
+from dlm.coder_model.types import Prompt
 from dlm.lsp.stats import Stats
 from dlm.lsp.syntax_check import check_text
-from fake_engine import on_a_thread
+from fake_engine import InsertingEngine
 
 HEADERS = """\
 class Headers:
@@ -212,25 +211,13 @@ def test_held_back_by_reports_syntax():
 # -- end to end: the real server does not show a breaking suggestion ---------------------------------
 
 
-class ColonEngine:
+class ColonEngine(InsertingEngine):
     """Inserts `:` at the cursor with full confidence."""
 
-    budget = LayoutBudget()
+    model_name = "colon (syntax hold-back test only)"
 
-    def predict(
-        self, prompt: Prompt, params: SamplerParams, cancel: CancelToken, deadline: float | None = None
-    ) -> Prediction:
-        text = prompt.region[: prompt.cursor] + ":" + prompt.region[prompt.cursor :]
-        return Prediction(text, steps=1, tokens=1, confidence=1.0)
-
-    def submit(self, prompt, params, cancel, deadline=None) -> Future:
-        return on_a_thread(self.predict, prompt, params, cancel, deadline)
-
-    def status(self) -> EngineStatus:
-        return EngineStatus(state="ready", device="cpu", model="colon (syntax hold-back test only)")
-
-    def close(self) -> None:
-        pass
+    def insertion(self, prompt: Prompt) -> str:
+        return ":"
 
 
 def engine(model=None, device=None) -> ColonEngine:
@@ -246,52 +233,16 @@ def engine(model=None, device=None) -> ColonEngine:
     ids=["colon-after-a-call-held-back", "colon-of-an-if-shown"],
 )
 def test_the_server_holds_back_a_suggestion_that_breaks_the_syntax(text, line, character, shown):
-    from lsp_helpers import SERVER, server_env
-    from lsprotocol import types
-    from pygls.lsp.client import LanguageClient
+    from lsp_helpers import inline_params, inline_session, open_document, server_env
 
     async def scenario():
-        client = LanguageClient("syntax-test", "1")
         statuses: list = []
-
-        @client.feature("dlm/status")
-        def _status(params):
-            statuses.append(params)
-
-        await client.start_io(
-            *SERVER, env=server_env(DLM_ENGINE_FACTORY="test_no_broken_code_is_shown:engine")
-        )
-        caps = types.ClientCapabilities(
-            text_document=types.TextDocumentClientCapabilities(
-                inline_completion=types.InlineCompletionClientCapabilities()
-            )
-        )
-        await client.initialize_async(
-            types.InitializeParams(
-                capabilities=caps, initialization_options={"minConfidence": 0, "statusIntervalS": 0}
-            )
-        )
-        client.initialized(types.InitializedParams())
-        try:
-            for _ in range(400):
-                if (await client.protocol.send_request_async("dlm/stats", {})).state == "ready":
-                    break
-                await asyncio.sleep(0.05)
+        env = server_env(DLM_ENGINE_FACTORY="test_no_broken_code_is_shown:engine")
+        init = {"minConfidence": 0, "statusIntervalS": 0}
+        async with inline_session(env, init, "syntax-test", on_status=statuses.append) as client:
             uri = "file:///w/headers.py"
-            client.text_document_did_open(
-                types.DidOpenTextDocumentParams(
-                    types.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)
-                )
-            )
-            res = await client.text_document_inline_completion_async(
-                types.InlineCompletionParams(
-                    text_document=types.TextDocumentIdentifier(uri=uri),
-                    position=types.Position(line, character),
-                    context=types.InlineCompletionContext(
-                        trigger_kind=types.InlineCompletionTriggerKind.Invoked
-                    ),
-                )
-            )
+            open_document(client, uri, text)
+            res = await client.text_document_inline_completion_async(inline_params(uri, line, character))
             items = res.items if res is not None else []
             stats = await client.protocol.send_request_async("dlm/stats", {})
             assert stats.completed == 1
@@ -303,9 +254,5 @@ def test_the_server_holds_back_a_suggestion_that_breaks_the_syntax(text, line, c
                 held_back_by = last["held_back_by"] if isinstance(last, dict) else last.held_back_by
                 syntax = held_back_by["syntax"] if isinstance(held_back_by, dict) else held_back_by.syntax
                 assert syntax == 1
-        finally:
-            await client.shutdown_async(None)
-            client.exit(None)
-            await client.stop()
 
     asyncio.run(scenario())

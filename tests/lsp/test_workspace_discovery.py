@@ -10,16 +10,10 @@ from pathlib import Path
 
 import pytest
 from dlm.lsp import discovery
-from dlm.lsp.gitignore import IgnoreStack, Rules
+from dlm.lsp.gitignore import IgnoreStack
+from workspace_fakes import stack, write
 
 LIMITS = discovery.Limits.for_files(max_files=10_000, max_file_bytes=1_000_000)
-
-
-def write(root: Path, rel: str, text: str = "x = 1\n") -> Path:
-    p = root / rel
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(text)
-    return p
 
 
 def walked(root: Path, limits: discovery.Limits = LIMITS, exclude: tuple[str, ...] = ()) -> list[str]:
@@ -29,12 +23,6 @@ def walked(root: Path, limits: discovery.Limits = LIMITS, exclude: tuple[str, ..
 
 
 # ---- .gitignore semantics ----------------------------------------------------------------------
-
-
-def stack(text: str, base: str = "") -> IgnoreStack:
-    s = IgnoreStack()
-    s.add(Rules.from_text(base, text))
-    return s
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ import pytest
 from lsp_helpers import SERVER, open_document, request, server_env
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, client_capabilities
+from workspace_fakes import write
 
 
 def as_dict(obj: Any) -> Any:
@@ -25,12 +26,6 @@ def as_dict(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: as_dict(v) for k, v in obj.items()}
     return obj
-
-
-def write(root: Path, rel: str, text: str) -> None:
-    p = root / rel
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(text)
 
 
 def project(root: Path) -> Path:

@@ -8,75 +8,18 @@ the round trip through the real RepoMemory is `test_real_memory_round_trip`."""
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import stat
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from dlm.lsp import discovery, index_store
 from dlm.lsp.options import IndexOptions
 from dlm.lsp.workspace_index import WorkspaceIndex
-
-
-class FakeMemory:
-    """The storage side of RepoMemory's interface; a token is a whitespace-separated word
-    (the tests index no blank files, which the real lexer counts and this does not)."""
-
-    def __init__(self, max_tokens: int = 20_000_000) -> None:
-        self.max_tokens = max_tokens
-        self.texts: dict[str, str] = {}
-
-    def update_file(self, path: str, text: str) -> int:
-        n = len(text.split())
-        if self.tokens - len(self.texts.get(path, "").split()) + n > self.max_tokens:
-            self.texts.pop(path, None)  # refused: no longer indexed (as RepoMemory does)
-            return 0
-        self.texts[path] = text
-        return n
-
-    def remove_file(self, path: str) -> None:
-        self.texts.pop(path, None)
-
-    @property
-    def files(self) -> int:
-        return len(self.texts)
-
-    @property
-    def tokens(self) -> int:
-        return sum(len(t.split()) for t in self.texts.values())
-
-    def save(self, fh) -> None:
-        fh.write(json.dumps({"max_tokens": self.max_tokens, "texts": self.texts}).encode())
-
-    @classmethod
-    def load(cls, fh) -> FakeMemory:
-        try:
-            data = json.loads(fh.read())
-        except Exception as exc:
-            raise ValueError(f"not a FakeMemory: {exc}") from exc
-        mem = cls(data["max_tokens"])
-        mem.texts = data["texts"]
-        return mem
-
-
-@pytest.fixture(autouse=True)
-def cache_home(tmp_path: Path, monkeypatch) -> Path:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    return cache
-
-
-def write(root: Path, rel: str, text: str = "x = 1\n") -> Path:
-    p = root / rel
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(text)
-    return p
+from workspace_fakes import FakeMemory, cache_home, ready, wait_until, write  # noqa: F401  (cache_home: autouse)
 
 
 def make_project(root: Path) -> Path:
@@ -91,24 +34,10 @@ def make_project(root: Path) -> Path:
     return root
 
 
-def wait_until(cond: Callable[[], bool], timeout_s: float = 30.0, what: str = "") -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what or cond}")
-
-
 def start(root: Path, **opts) -> WorkspaceIndex:
     ws = WorkspaceIndex(IndexOptions(**opts), memory_class=lambda: FakeMemory)
     ws.set_roots([str(root)])
     return ws
-
-
-def ready(ws: WorkspaceIndex, state: str = "ready") -> dict:
-    wait_until(lambda: ws.status()["state"] == state, what=f"index state {state} (now {ws.status()})")
-    return ws.status()
 
 
 def tree(root: Path) -> dict[str, tuple[int, int]]:
@@ -126,7 +55,7 @@ def tree(root: Path) -> dict[str, tuple[int, int]]:
 
 
 def test_indexes_sources_only_persists_0600_and_writes_nothing_into_the_project(
-    tmp_path: Path, cache_home: Path
+    tmp_path: Path, cache_home: Path  # noqa: F811 (the imported fixture)
 ):
     root = make_project(tmp_path / "proj")
     before = tree(root)
@@ -244,27 +173,27 @@ def test_a_full_disk_when_persisting_serves_from_memory(tmp_path: Path, monkeypa
     assert not list(cache_dir.glob(".*.tmp"))  # ... and no temp file left behind
 
 
+def built_with_cache_at(root: Path, cache: Path, monkeypatch) -> dict:
+    """The status of root's index once built with XDG_CACHE_HOME at `cache`."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    ws = start(root)
+    try:
+        return ready(ws)
+    finally:
+        ws.close()
+
+
 def test_an_unwritable_cache_folder_keeps_the_index_in_memory(tmp_path: Path, monkeypatch):
     root = make_project(tmp_path / "proj")
     (tmp_path / "blocker").write_text("a file where the cache folder should be")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "blocker"))
-    ws = start(root)
-    try:
-        st = ready(ws)
-        assert st["files"] == 3 and "cannot use the cache folder" in st["message"]
-    finally:
-        ws.close()
+    st = built_with_cache_at(root, tmp_path / "blocker", monkeypatch)
+    assert st["files"] == 3 and "cannot use the cache folder" in st["message"]
 
 
 def test_a_cache_inside_the_project_is_not_written(tmp_path: Path, monkeypatch):
     root = make_project(tmp_path / "proj")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(root / ".cache-here"))
-    ws = start(root)
-    try:
-        st = ready(ws)
-        assert st["files"] == 3 and "inside the project" in st["message"]
-    finally:
-        ws.close()
+    st = built_with_cache_at(root, root / ".cache-here", monkeypatch)
+    assert st["files"] == 3 and "inside the project" in st["message"]
     assert not (root / ".cache-here").exists()
 
 

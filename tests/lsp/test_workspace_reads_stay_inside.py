@@ -23,7 +23,7 @@ import pytest
 from dlm.lsp import discovery, index_store, next_edits
 from dlm.lsp.options import IndexOptions, NextEditOptions
 from dlm.lsp.workspace_index import WorkspaceIndex, _memory_class
-from test_workspace_index import FakeMemory  # tests/lsp is on the path, as for lsp_helpers
+from workspace_fakes import FakeMemory, cache_home, ready, wait_until, write  # noqa: F401  (cache_home: autouse)
 
 LINK_REFUSED = "is a symbolic link; remove it: the cache never follows links"
 
@@ -33,34 +33,14 @@ TextMemory = FakeMemory
 
 
 @pytest.fixture(autouse=True)
-def cache_home(tmp_path: Path, monkeypatch) -> Path:
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+def home_exists(cache_home: Path, tmp_path: Path) -> None:  # noqa: F811 (the imported fixture)
     (tmp_path / "home").mkdir()
-    return cache
-
-
-def write(root: Path, rel: str, text: str = "x = 1\n") -> Path:
-    p = root / rel
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(text)
-    return p
-
-
-def wait_until(cond: Callable[[], bool], timeout_s: float = 15.0, what: str = "") -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what or cond}")
 
 
 def indexed(root: Path, memory_class=lambda: TextMemory, **opts) -> WorkspaceIndex:
     ws = WorkspaceIndex(IndexOptions(**opts), memory_class=memory_class)
     ws.set_roots([str(root)])
-    wait_until(lambda: ws.status()["state"] == "ready", what=f"the index to be ready ({ws.status()})")
+    ready(ws)
     return ws
 
 

@@ -78,6 +78,8 @@ function readSettings(): DlmSettings {
     editPredictionDisplay: c.get<DlmSettings["editPredictionDisplay"]>("editPredictionDisplay", d.editPredictionDisplay),
     minConfidence: c.get<number | null>("minConfidence", d.minConfidence),
     deadlineMs: c.get<number | null>("deadlineMs", d.deadlineMs),
+    // the user's value only (its globalValue): a workspace's .vscode/settings.json never chooses the engine
+    engine: userOnlyValue(c.inspect<Record<string, unknown> | null>("engine"), d.engine),
   };
 }
 

@@ -18,6 +18,7 @@ export interface DlmSettings {
   editPredictionDisplay: EditPredictionDisplaySetting;
   minConfidence: number | null; // null: the server's default (chosen by measurement)
   deadlineMs: number | null; // null: the server's default (250 ms from the keystroke)
+  engine: Record<string, unknown> | null; // a hosted engine (docs/engines.md); null: the embedded model
 }
 
 export const DEFAULT_SETTINGS: DlmSettings = {
@@ -34,6 +35,7 @@ export const DEFAULT_SETTINGS: DlmSettings = {
   editPredictionDisplay: "auto",
   minConfidence: null,
   deadlineMs: null,
+  engine: null,
 };
 
 /**
@@ -47,6 +49,11 @@ export function initializationOptions(s: DlmSettings): Record<string, unknown> {
     out.minConfidence = Math.min(1, Math.max(0, s.minConfidence));
   }
   if (s.deadlineMs !== null && Number.isFinite(s.deadlineMs) && s.deadlineMs > 0) out.deadlineMs = s.deadlineMs;
+  // dlm.engine is read from the user's settings alone (userOnlyValue): marked so, the server takes it;
+  // an engine object without "scope": "user" (a workspace's) is ignored there (docs/engines.md)
+  if (s.engine !== null && typeof s.engine === "object" && !Array.isArray(s.engine)) {
+    out.engine = { ...s.engine, scope: "user" };
+  }
   return out;
 }
 

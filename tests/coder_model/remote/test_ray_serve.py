@@ -7,8 +7,10 @@ Serve is not installed (CI does not install the `ray` extra).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -54,6 +56,17 @@ def engine(srv, **kw) -> RemoteEngine:
     return eng
 
 
+@contextlib.contextmanager
+def connected(srv, n: int) -> Iterator[list[RemoteEngine]]:
+    """`n` engines connected to the ingress, closed after."""
+    engines = [engine(srv) for _ in range(n)]
+    try:
+        yield engines
+    finally:
+        for e in engines:
+            e.close()
+
+
 def running_replicas() -> list[str]:
     """Names of the replica actors alive now."""
     return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
@@ -96,6 +109,14 @@ class Typist(threading.Thread):
         return sum(1 for p in self.preds if p.cancelled)
 
 
+def start_typing(engines: list[RemoteEngine], n: int, name: str, pause_s: float = 0.0) -> list[Typist]:
+    """One Typist per engine, started: `n` keystrokes each, into a file `{name}{i}.py` of its own."""
+    typists = [Typist(e, keystrokes(n, f"{name}{i}.py"), pause_s=pause_s) for i, e in enumerate(engines)]
+    for t in typists:
+        t.start()
+    return typists
+
+
 def test_the_ingress_reaches_the_replicas_over_grpc(cluster):
     _srv, forwarder, _deployment = cluster
     response = forwarder.handle.describe.remote()
@@ -114,11 +135,8 @@ def test_a_serve_without_the_grpc_choice_keeps_its_default_path():
 
 def test_many_clients_answered_with_cache_affinity(cluster):
     srv, forwarder, _ = cluster
-    engines = [engine(srv) for _ in range(4)]
-    try:
-        typists = [Typist(e, keystrokes(8, f"doc{i}.py")) for i, e in enumerate(engines)]
-        for t in typists:
-            t.start()
+    with connected(srv, 4) as engines:
+        typists = start_typing(engines, 8, "doc")
         for t in typists:
             t.join(300)
         for t in typists:
@@ -130,9 +148,6 @@ def test_many_clients_answered_with_cache_affinity(cluster):
         assert len(forwarder.routes) == 4  # one per connection
         used = {r for counts in forwarder.routes.values() for r in counts}
         assert len(used) == 2, f"4 connections all went to one of the 2 replicas: {dict(forwarder.routes)}"
-    finally:
-        for e in engines:
-            e.close()
 
 
 def test_cancel_reaches_the_replica(cluster):
@@ -164,11 +179,8 @@ def test_cancel_reaches_the_replica(cluster):
 
 def test_replica_killed_mid_typing(cluster):
     srv, forwarder, _ = cluster
-    engines = [engine(srv) for _ in range(3)]
-    try:
-        typists = [Typist(e, keystrokes(30, f"kill{i}.py"), pause_s=0.02) for i, e in enumerate(engines)]
-        for t in typists:
-            t.start()
+    with connected(srv, 3) as engines:
+        typists = start_typing(engines, 30, "kill", pause_s=0.02)
         while min(len(t.preds) for t in typists) < 5:
             time.sleep(0.05)
         # the replica that client 0 uses (its caches are there)
@@ -186,20 +198,14 @@ def test_replica_killed_mid_typing(cluster):
         # forwarder.replica_lost counts the requests the kill caught in flight (retried on the other
         # replica); it may be 0 when the kill fell between requests or Ray's router retried by itself
         wait_replicas(2)  # Serve replaced the replica
-    finally:
-        for e in engines:
-            e.close()
 
 
 def test_scale_from_1_to_2_under_load(cluster):
     srv, forwarder, deployment = cluster
     deployment.scale(1)
     wait_replicas(1)
-    engines = [engine(srv) for _ in range(3)]
-    try:
-        typists = [Typist(e, keystrokes(25, f"scale{i}.py"), pause_s=0.05) for i, e in enumerate(engines)]
-        for t in typists:
-            t.start()
+    with connected(srv, 3) as engines:
+        typists = start_typing(engines, 25, "scale", pause_s=0.05)
         while min(len(t.preds) for t in typists) < 3:
             time.sleep(0.05)
         deployment.scale(2)
@@ -210,20 +216,13 @@ def test_scale_from_1_to_2_under_load(cluster):
             assert not t.errors and len(t.preds) == 25
             assert t.empties == 0  # scaling up loses nothing
         # new connections spread over both replicas
-        late = [engine(srv) for _ in range(4)]
-        try:
+        with connected(srv, 4) as late:
             owners_before = set(forwarder.routes)
             for i, e in enumerate(late):
                 for p in keystrokes(2, f"late{i}.py"):
                     assert not e.predict(p, PARAMS, CancelToken()).cancelled
             fresh = {o: c for o, c in forwarder.routes.items() if o not in owners_before}
             assert len({r for c in fresh.values() for r in c}) == 2, fresh
-        finally:
-            for e in late:
-                e.close()
-    finally:
-        for e in engines:
-            e.close()
 
 
 def test_autoscale_adds_a_replica_under_load_and_removes_it_when_idle(cluster):
@@ -232,25 +231,21 @@ def test_autoscale_adds_a_replica_under_load_and_removes_it_when_idle(cluster):
     wait_replicas(1)
     # sized for one request per replica: four editors typing without pause are load for two
     deployment.autoscale(1, 2, target_ongoing=1, downscale_delay_s=2.0)
-    engines = [engine(srv) for _ in range(4)]
     try:
-        typists = [Typist(e, keystrokes(100_000, f"auto{i}.py")) for i, e in enumerate(engines)]
-        for t in typists:
-            t.start()
-        wait_replicas(2, timeout=180)  # added by Ray Serve itself: nobody called scale
-        for t in typists:
-            t.stop.set()
-        for t in typists:
-            t.join(120)
-        for t in typists:
-            assert not t.is_alive() and not t.errors and t.preds
-            assert t.empties == 0  # scaling up under load lost no request
-        wait_replicas(1, timeout=180)  # idle: back to the minimum
-        for i, e in enumerate(engines):  # and still answering, on the replica that stayed
-            assert not e.predict(keystrokes(1, f"after{i}.py")[0], PARAMS, CancelToken()).cancelled
+        with connected(srv, 4) as engines:
+            typists = start_typing(engines, 100_000, "auto")
+            wait_replicas(2, timeout=180)  # added by Ray Serve itself: nobody called scale
+            for t in typists:
+                t.stop.set()
+            for t in typists:
+                t.join(120)
+            for t in typists:
+                assert not t.is_alive() and not t.errors and t.preds
+                assert t.empties == 0  # scaling up under load lost no request
+            wait_replicas(1, timeout=180)  # idle: back to the minimum
+            for i, e in enumerate(engines):  # and still answering, on the replica that stayed
+                assert not e.predict(keystrokes(1, f"after{i}.py")[0], PARAMS, CancelToken()).cancelled
     finally:
-        for e in engines:
-            e.close()
         deployment.scale(2)
         wait_replicas(2)
 

@@ -184,7 +184,7 @@ end
 
 --- Show the item `step` places on in the list (wrapping around), when it holds several and
 --- the text has not changed since; else ask the server again (1 = Invoked).
-local function cycle(step)
+function M.cycle(step)
   local bufnr = vim.api.nvim_get_current_buf()
   local s = state[bufnr]
   if s and s.items and #s.items > 1 and vim.api.nvim_buf_get_changedtick(bufnr) == s.tick then
@@ -194,14 +194,6 @@ local function cycle(step)
   end
   M.request(bufnr, 1)
   return true
-end
-
-function M.next()
-  return cycle(1)
-end
-
-function M.prev()
-  return cycle(-1)
 end
 
 --- Test/statusline helper: the text shown now (nil when none).

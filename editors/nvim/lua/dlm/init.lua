@@ -32,6 +32,9 @@ M.defaults = {
   min_confidence = nil, -- show only suggestions at least this confident (0..1); nil: the server's measured default
   deadline_ms = nil, -- a suggestion not ready this long after the keystroke is not shown; nil: 250
   server_options = nil, -- any other initializationOptions (docs/configuration.md), e.g. { context = { idleMs = 400 } }
+  -- a model server instead of the embedded model (docs/engines.md), e.g. { kind = "mercury-edit" }; sent
+  -- marked user-scoped: set it in your own config (an exrc is a project's, trusted by your :trust)
+  engine = nil,
   edit_prediction_delay_ms = 300,
   -- next/prev cycle through the server's alternatives (next with none shown asks again)
   keymaps = { accept = "<Tab>", next = "<M-]>", prev = "<M-[>", dismiss = "<C-]>", accept_edit = "<M-CR>" },
@@ -59,6 +62,9 @@ function M.init_options(o)
   end
   if o.deadline_ms ~= nil then
     opts.deadlineMs = o.deadline_ms
+  end
+  if type(o.engine) == "table" then
+    opts.engine = vim.tbl_extend("force", vim.deepcopy(o.engine), { scope = "user" })
   end
   return opts
 end
@@ -333,11 +339,7 @@ local function cycle(count)
     end
     return true
   end
-  local ghost = require("dlm.ghost")
-  if count < 0 then
-    return ghost.prev()
-  end
-  return ghost.next()
+  return require("dlm.ghost").cycle(count)
 end
 
 function M.next()

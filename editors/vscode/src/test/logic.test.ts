@@ -323,6 +323,15 @@ test("settings become the server's initializationOptions; unset numbers keep the
   assert.equal(needsRestart(DEFAULT_SETTINGS, { ...DEFAULT_SETTINGS }), false);
 });
 
+test("the user's engine setting goes to the server marked user-scoped; none sends no engine", () => {
+  assert.equal("engine" in initializationOptions(DEFAULT_SETTINGS), false);
+  const engine = { kind: "mercury-edit", apiKeyEnv: "INCEPTION_API_KEY", scope: "workspace" };
+  assert.deepEqual(initializationOptions({ ...DEFAULT_SETTINGS, engine }).engine, {
+    kind: "mercury-edit", apiKeyEnv: "INCEPTION_API_KEY", scope: "user",
+  });
+  assert.equal(needsRestart(DEFAULT_SETTINGS, { ...DEFAULT_SETTINGS, engine }), true);
+});
+
 test("edit prediction: a far edit's jump hint is kept, shown at the cursor and labels the inline edit", () => {
   const raw = {
     id: "j", version: 2, edits: [{ range: r(3, 6, 3, 7), newText: "g" }],
