@@ -1,26 +1,16 @@
-"""The language server: pygls wiring and thin handlers, one per LSP method.
+"""The language server: pygls wiring and thin handlers, one per LSP method (docs/protocol.md).
 
-Protocol surface (docs/protocol.md): textDocument/inlineCompletion,
-textDocument/completion (fallback), dlm/editPrediction, dlm/acceptedEdit, dlm/stats,
-textDocument/didShowCompletion, textDocument/didPartiallyAcceptCompletion,
-workspace/executeCommand dlm.acceptCompletion, Copilot's next-edit methods
-textDocument/copilotInlineEdit and textDocument/didShowInlineEdit
-(lsp.copilot_nes), and the dlm/status notification. The server answers `initialize` at once; the model loads in a
-background thread (lsp.engine_holder) and, until it is ready (or when it
-failed to load), every request returns an empty result, never an error.
+The server answers `initialize` at once; the engine loads in a background thread
+(lsp.engine_holder; which engine: lsp.engine_choice) and, until it is ready (or when it failed
+to load), every request returns an empty result, never an error. Handlers read params and call
+the modules that do the work: the inline pipeline (lsp.inline) and its list (lsp.inline_items),
+dlm/editPrediction (lsp.edit_prediction, lsp.next_edits), the suggestion ids
+(lsp.suggestion_ids), dlm/status and dlm/stats (lsp.status_report), Copilot's next-edit methods
+(lsp.copilot_nes). Each gets a narrow view of this server (InlineContext, EditContext).
 
-Handlers read params and call the modules that do the work: the inline pipeline (lsp.inline)
-and its inline list (lsp.inline_items), dlm/editPrediction (lsp.edit_prediction, lsp.next_edits),
-the suggestion ids (lsp.suggestion_ids), dlm/status and dlm/stats (lsp.status_report). Each gets
-a narrow view of this server (InlineContext, EditContext), built once here.
-
-The workspace index (lsp.workspace_index: the repository memory of each workspace
-folder) starts at `initialized` and follows didOpen/didChange/didSave/didClose,
-workspace/didChangeWatchedFiles and workspace/didChangeWorkspaceFolders.
-
-Documents are kept by lsp.documents (not by pygls' workspace: ours keeps a
-tree-sitter tree and the edit history, and does not re-split the text on
-each change).
+The workspace index (lsp.workspace_index) starts at `initialized` and follows the documents and
+workspace/didChangeWatchedFiles and didChangeWorkspaceFolders. Documents are kept by
+lsp.documents, not by pygls' workspace: ours keeps a tree-sitter tree and the edit history.
 """
 
 from __future__ import annotations
@@ -39,7 +29,8 @@ from dlm.lsp import context, convert, copilot_nes, framing, next_edits, position
 from dlm.lsp.convert import ACCEPT_COMMAND
 from dlm.lsp.documents import Document, Documents
 from dlm.lsp.edit_prediction import edit_prediction
-from dlm.lsp.engine_holder import EngineHolder, EngineRefused, hosted_factory
+from dlm.lsp.engine_choice import choose_engine
+from dlm.lsp.engine_holder import EngineHolder
 from dlm.lsp.history import History
 from dlm.lsp.index_progress import (
     IndexProgress,
@@ -182,38 +173,8 @@ def initialize(ls: DlmServer, params: types.InitializeParams) -> None:
         roots.append(params.root_uri)
     ls.configure(options, enc, [unquote(urlparse(r).path) for r in roots])
     client = params.client_info.name if params.client_info is not None else ""
-    choose_engine(ls, params.initialization_options, client or "")
+    ls.engine_notes = choose_engine(ls.holder, ls.command_line_engine, params.initialization_options, client)
     ls.holder.start()  # once only: a holder the command line started goes on as it is
-
-
-def choose_engine(ls: DlmServer, init_options: Any, client: str = "") -> None:
-    """The engine of the user's settings (docs/engines.md): initializationOptions["engine"] is taken
-    only when the client (`client`: clientInfo.name) is one whose plugin marks it user-scoped, it
-    is so marked, and the command line names no engine; anything else is ignored, and dlm/status
-    says why."""
-    value = init_options.get("engine") if isinstance(init_options, dict) else None
-    if value is None:
-        return
-    from dlm.coder_model.hosted.settings import from_initialization_options
-
-    found = from_initialization_options(value, client)
-    notes = [found.note] if found.note else []
-    if ls.command_line_engine and (found.settings is not None or found.problem):
-        notes.append("initializationOptions.engine ignored: the command line names the engine")
-    elif found.problem:  # the failed engine's status says it
-        log.warning("initializationOptions.engine: %s", found.problem)
-        problem = found.problem
-
-        def refused() -> Engine:  # the user asked for a hosted engine: never the embedded model instead
-            raise EngineRefused(problem)
-
-        ls.holder.set_factory(refused)
-    elif found.settings is not None:
-        ls.holder.set_factory(hosted_factory(found.settings))
-        log.info("engine from %s: %s", found.settings.source, found.settings.describe())
-    for note in notes:
-        log.warning("%s", note)
-    ls.engine_notes = notes
 
 
 def initialized(ls: DlmServer, params: types.InitializedParams) -> None:

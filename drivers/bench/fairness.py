@@ -32,7 +32,7 @@ from dlm.coder_model.limits import DEFAULT_DEADLINE_MS
 from dlm.coder_model.types import CancelToken, SamplerParams
 from dlm.drivers.bench.remote_serving import _ensure_model, _pct, start_listening, typing_prompts
 
-ISSUE_HEAVY = SamplerParams(block_len=1024, max_blocks=3, steps=4096, threshold=1.0)
+OVER_CAPS = SamplerParams(block_len=1024, max_blocks=3, steps=4096, threshold=1.0)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         heavy = HeavyClient(port, heavy_params, args.heavy_inflight)
         if not heavy.engine.wait_connected(60):
             raise RuntimeError("the heavy client could not connect")
-        issue_ok, issue_msg = heavy.probe(ISSUE_HEAVY)
+        refused_ok, refused_msg = heavy.probe(OVER_CAPS)
         heavy_ok, heavy_msg = heavy.probe(heavy_params)
         heavy.start()
         solo_raw: dict = {}
@@ -193,8 +193,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"model: {model_desc}, device {args.device}, serve {args.serve_args or '(defaults)'}; {args.rounds} rounds; "
           f"normal client: default SamplerParams, deadline "
           f"{args.deadline_ms:g} ms, {args.think_ms:g} ms between keystrokes")
-    print(f"request over the caps {vars_of(ISSUE_HEAVY)}: "
-          f"{'ANSWERED' if issue_ok else 'refused: ' + issue_msg}")
+    print(f"request over the caps {vars_of(OVER_CAPS)}: "
+          f"{'ANSWERED' if refused_ok else 'refused: ' + refused_msg}")
     print(f"heavy client: {args.heavy_inflight} in flight, {vars_of(heavy_params)}: "
           f"{'accepted' if heavy_ok else 'REFUSED: ' + heavy_msg}; {heavy_figures['completed_during_shared']} "
           f"requests answered ({heavy_figures['refused_during_shared']} not), "
@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"p99 beside the heavy client / p99 alone = {ratio:.2f} (target: within 2)")
     if args.json:
         print(json.dumps({"solo": solo, "shared": shared, "ratio_p99": ratio, "heavy": heavy_figures,
-                          "issue_request_answered": issue_ok, "issue_request_message": issue_msg,
+                          "over_caps_request_answered": refused_ok, "over_caps_request_message": refused_msg,
                           "machine": platform.processor() or platform.machine()}, indent=2))
     return 0
 
