@@ -380,7 +380,8 @@ def read_source(path: str, max_file_bytes: int) -> Source | str:
     return got if isinstance(got, str) else _source_of(*got)
 
 
-def read_workspace_file(root: str, path: str | bytes, max_file_bytes: int) -> Source | str:
+def read_workspace_file(root: str, path: str | bytes, max_file_bytes: int,
+                        between: Callable[[], None] | None = None) -> Source | str:
     """The text of the file `path` of the workspace root `root` (absolute, or relative to the
     root; str or bytes), or the reason it is not read (a short word; never raises, never blocks).
 
@@ -389,7 +390,8 @@ def read_workspace_file(root: str, path: str | bytes, max_file_bytes: int) -> So
     link after the walk reads nothing. Only a regular file is opened (`lstat` first, then
     `O_NONBLOCK` and `fstat`: a FIFO or a device is never waited on), at most `max_file_bytes`
     bytes are read, and the content rules of `read_source` apply. The root itself may be a link
-    (the user chose it)."""
+    (the user chose it). `between` is called between the pieces of a long file's secret scan
+    (the indexer waits there while a suggestion runs)."""
     rel = workspace_rel(root, path)
     if rel is None:
         return "outside_root"
@@ -400,7 +402,7 @@ def read_workspace_file(root: str, path: str | bytes, max_file_bytes: int) -> So
         got = _read_fd(fd, max_file_bytes, rel)
     finally:
         os.close(fd)
-    return got if isinstance(got, str) else _source_of(*got)
+    return got if isinstance(got, str) else _source_of(*got, between=between)
 
 
 def workspace_rel(root: str, path: str | bytes) -> str | None:
@@ -514,7 +516,7 @@ def _checked_fd(fd: int) -> int | str:
     return fd
 
 
-def _source_of(data: bytes, st: os.stat_result) -> Source | str:
+def _source_of(data: bytes, st: os.stat_result, between: Callable[[], None] | None = None) -> Source | str:
     """The content rules of `read_source` for a file's bytes."""
     if b"\0" in data:
         return "binary"
@@ -526,10 +528,16 @@ def _source_of(data: bytes, st: os.stat_result) -> Source | str:
     if any(len(line) > MAX_LINE_CHARS for line in text.splitlines()):
         return "minified"
     # A line holding a secret (coder_model.secrets) is emptied; the file's other lines are indexed.
-    text, masked = secrets.mask_secrets(text)
+    # In pieces: one scan of a megabyte holds the GIL for 100-400 ms, long enough to stall a
+    # suggestion computed meanwhile.
+    text, masked = secrets.mask_in_pieces(text, between or _no_pause)
     if masked:
         log.debug("index: %d line(s) holding a secret masked", masked)
     return Source(text, st.st_size, st.st_mtime_ns)
+
+
+def _no_pause() -> None:
+    pass
 
 
 def check_text(text: str, max_file_bytes: int) -> str:

@@ -671,7 +671,8 @@ class WorkspaceIndex:
         for i, cand in enumerate(todo):
             yield
             # from the root's descriptor down: a folder swapped for a link since the walk reads nothing
-            got = discovery.read_workspace_file(ri.real, cand.rel, self.options.max_file_bytes)
+            got = discovery.read_workspace_file(ri.real, cand.rel, self.options.max_file_bytes,
+                                                 self._pause_for_predictions)
             if isinstance(got, str):
                 skipped[got] += 1
                 self._drop(ri, cand.rel)  # vanished, or no longer something we index

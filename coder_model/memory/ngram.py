@@ -449,7 +449,7 @@ def _by_value_desc(kv: tuple[int, float]) -> float:
 
 # --- the sorted tables' build, in numpy ---------------------------------------------------------
 
-SLICE_ENTRIES = 1 << 19  # entries counted and sorted at once by `_fill_order`
+SLICE_ENTRIES = 1 << 17  # entries counted and sorted at once by `_fill_order`
 PAUSE_TOKENS = 1 << 14  # a build pauses before hashing a part of at least this many tokens
 CHAIN_CHUNK = 1 << 18  # positions hashed at once: bounds the temporaries and each call's GIL hold
 _U64 = (1 << 64) - 1

@@ -259,3 +259,30 @@ def test_the_indexer_waits_inside_a_file_while_a_prediction_runs(tmp_path: Path)
         assert st["files"] == 4
     finally:
         w.close()
+
+
+def test_reading_a_long_file_pauses_between_pieces_of_its_secret_scan(tmp_path: Path, monkeypatch):
+    """The secret scan of a file read for the index runs a piece at a time with the workspace's
+    pause between pieces: one scan of a megabyte holds the GIL for hundreds of milliseconds."""
+    from dlm.coder_model import secrets
+    from dlm.lsp import discovery
+
+    scans: list[tuple[int, object]] = []
+    real = secrets.mask_in_pieces
+
+    def spy(text, between):
+        scans.append((len(text), between))
+        return real(text, between)
+
+    monkeypatch.setattr(discovery.secrets, "mask_in_pieces", spy)
+    root = make_project(tmp_path / "proj")
+    write(root, "app/big.py", "".join(f"value_{i} = {i}\n" for i in range(8000)))
+    w = WorkspaceIndex(IndexOptions())
+    w.set_roots([str(root)])
+    try:
+        ready(w)
+        long_reads = [b for n, b in scans if n > secrets.MASK_PIECE_CHARS]
+        assert long_reads, "the long file was not scanned for secrets in pieces"
+        assert all(is_workspace_pause(b, w) for b in long_reads)
+    finally:
+        w.close()

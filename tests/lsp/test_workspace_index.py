@@ -89,7 +89,7 @@ def test_restart_loads_the_persisted_index_and_reads_only_what_changed(tmp_path:
     write(root, "app/new.py", "NEW = 1\n")  # added
     reads: list[str] = []
     real = discovery.read_workspace_file
-    monkeypatch.setattr(discovery, "read_workspace_file", lambda r, p, n: reads.append(p) or real(r, p, n))
+    monkeypatch.setattr(discovery, "read_workspace_file", lambda r, p, n, *more: reads.append(p) or real(r, p, n, *more))
     ws = start(root)
     try:
         ready(ws)
@@ -277,10 +277,10 @@ def test_a_fifo_and_files_vanishing_mid_index(tmp_path: Path, monkeypatch):
     os.mkfifo(root / "app" / "pipe.py")
     real = discovery.read_workspace_file
 
-    def vanish_first(root: str, path: str, n: int):
+    def vanish_first(root: str, path: str, n: int, *more):
         if path.endswith("main.py"):
             os.unlink(os.path.join(root, path))  # deleted between the walk and the read
-        return real(root, path, n)
+        return real(root, path, n, *more)
 
     monkeypatch.setattr(discovery, "read_workspace_file", vanish_first)
     ws = start(root)
