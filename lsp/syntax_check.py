@@ -31,6 +31,14 @@ that bracket, so the next line of code must be indented deeper than the edited l
 it (`"OPTIONS": {` above a `"DIRS": [],` at the same indentation is held back; the parser
 reports that error, if at all, far below the edited lines).
 
+Two more Python rules read the lines below the cursor as the compiler would:
+- a line of code indented deeper than the edited line continues it, so the edited line must
+  open a bracket (or end in `:` or `\\`): `x = ` + `(a, b)` above `    a,` / `)` is held back,
+  `x = ` + `(` passes (outside a bracket begun above, where indentation is free);
+- a statement typed where a docstring begun above swallows code below it (its closing quotes
+  are missing, so the code that follows reads as its prose) belongs after those quotes:
+  `try:` typed at the docstring's indentation is held back; prose there is not judged.
+
 What it cannot see: a valid statement in the wrong place (`del d[k]` under
 `if k not in d:`), or a valid one that means nothing (`self.value` alone on a line).
 
@@ -43,6 +51,7 @@ imported when a grammar is first asked for.
 
 from __future__ import annotations
 
+import ast
 import logging
 from dataclasses import dataclass
 
@@ -117,25 +126,96 @@ def window(lines: list[str], row: int, root=None) -> Window:
             least, start = ind, r
             if ind == 0:
                 break
-    base = least if least is not None else _indent(content(lines[row]))
+    start = _statement_start(root, lines, start, row)
+    base = _indent(content(lines[start])) if least is not None else _indent(content(lines[row]))
     end, limit = row, min(len(lines), row + 1 + MAX_AFTER)
     body = None  # the indentation of the first line after the cursor: its block's statements
     cut = None  # the last row before a statement of that block starts
+    decorated = False  # the last line of code was a decorator: no cut between it and its def
     for r in range(row + 1, len(lines)):
         text = content(lines[r])
-        if text.strip():
+        if text.strip() and _starts_token(root, lines, r):  # (a string's lines may start anywhere)
             ind = _indent(text)
             if ind < base:
                 return Window(lines[start : end + 1], row - start)
             body = ind if body is None else body
-            if ind <= body and _starts_token(root, lines, r):
+            closer = text.lstrip().startswith(tuple(_CLOSE))  # it ends the statement above it
+            if ind <= body and not decorated and not closer:
                 cut = end
+            if ind <= body and not closer:  # a decorator's own lines keep it open until its def
+                decorated = text.lstrip().startswith("@")
         if r >= limit:
             break
         end = r
     if end == len(lines) - 1:
         return Window(lines[start:], row - start)
-    return Window(lines[start : (cut if cut is not None and cut > row else end) + 1], row - start)
+    last = cut if cut is not None and cut > row else end
+    return Window(lines[start : _bracket_end(root, lines, last, row) + 1], row - start)
+
+
+def _bracket_end(root, lines: list[str], last: int, row: int) -> int:
+    """`last`, or the row where a bracket open across it closes (within MAX_STATEMENT_LINES of
+    `row`): a window cut inside a long bracket (a list of 80 cases) reads as unclosed."""
+    if root is None or last + 1 >= len(lines):
+        return last
+    text = content(lines[last + 1])
+    point = (last + 1, utf8_length(text[: _indent(text)]))
+    node = root.descendant_for_point_range(point, point)
+    far = last
+    while node is not None:
+        if node.type in _BRACKET_NODES and node.start_point[0] <= last < node.end_point[0]:
+            far = max(far, node.end_point[0])
+        node = node.parent
+    return far if far - row <= MAX_STATEMENT_LINES else last
+
+
+MAX_STRING_LINES = 200  # lines a window is extended by to take in the end of a triple-quoted string
+
+
+def _past_open_strings(win: Window, lines: list[str], row: int, text: str) -> Window:
+    """`win` extended past the end of a triple-quoted string that the insertion leaves open in it:
+    a window cut inside a docstring the insertion opens or closes (triple quotes typed on a docstring's
+    first or last line) reads that docstring as unterminated, an error of the insertion's line
+    that the document does not have. Quotes are counted roughly (escapes and quotes inside
+    one-line strings aside), the document's and the insertion's together."""
+    start = row - win.row
+    end = start + len(win.lines)
+    window_text = "".join(win.lines) + text
+    for quote in ('"""', "'''"):
+        if window_text.count(quote) % 2 == 0:
+            continue
+        for r in range(end, min(len(lines), end + MAX_STRING_LINES)):
+            if quote in lines[r]:
+                end = r + 1
+                break
+        window_text = "".join(lines[start:end]) + text
+    return win if end == start + len(win.lines) else Window(lines[start:end], win.row)
+
+
+MAX_STATEMENT_LINES = 400  # lines a window reaches back for the start of a statement it began inside
+
+
+def _statement_start(root, lines: list[str], start: int, row: int) -> int:
+    """The row where the statement (or decorator) begins whose bracket line `start` is inside, when
+    it lies within MAX_STATEMENT_LINES of `row`; else `start`. A window begun inside a long
+    bracket (a parametrize list of 80 cases) reads its closer as one that nothing opened."""
+    if root is None or start >= len(lines):
+        return start
+    text = content(lines[start])
+    point = (start, utf8_length(text[: _indent(text)]))
+    node = root.descendant_for_point_range(point, point)
+    outer = None
+    while node is not None:
+        if (node.type in _BRACKET_NODES or node.type == "ERROR") and node.start_point[0] < start:
+            outer = node  # (a bracket the half-typed line leaves unclosed is an ERROR of the tree)
+        node = node.parent
+    if outer is None:
+        return start
+    node = outer
+    while node.parent is not None and node.parent.type not in ("module", "block", "decorated_definition"):
+        node = node.parent
+    first = node.start_point[0]
+    return first if 0 <= row - first <= MAX_STATEMENT_LINES else start
 
 
 def _problems(root, lo: int, hi: int, typed_to: int) -> list:
@@ -264,6 +344,124 @@ def _colon_inside_bracket(after_line: str) -> bool:
         and bool(_open_brackets(code))  # fmt: skip
 
 
+_BRACKET_NODES = frozenset({
+    "argument_list", "parameters", "parenthesized_expression", "tuple", "list", "dictionary", "set",
+    "subscript", "generator_expression", "list_comprehension", "dictionary_comprehension",
+    "set_comprehension", "lambda_parameters", "import_from_statement",
+})  # fmt: skip
+
+
+def _inside_bracket_above(root, lines: list[str], row: int) -> bool:
+    """Does line `row` start inside a bracket opened on a line above (indentation is free there)?
+    Without the document's tree this cannot be told: True, so nothing is held back for it."""
+    if root is None:
+        return True
+    text = content(lines[row])
+    point = (row, utf8_length(text[: _indent(text)]))
+    node = root.descendant_for_point_range(point, point)
+    while node is not None:
+        if (node.type in _BRACKET_NODES or node.type == "ERROR") and node.start_point[0] < row:
+            return True
+        node = node.parent
+    return False
+
+
+def _code_of(line: str) -> str:
+    """A line without its `#` comment and trailing space (quotes skipped as `_open_brackets` does)."""
+    quote = ""
+    escaped = False
+    for i, ch in enumerate(line):
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "#":
+            return line[:i].rstrip()
+    return line.rstrip()
+
+
+def _continues_without_opening(after_line: str, next_line: str | None) -> bool:
+    """Is the next line of code indented deeper than the edited line, which opens no bracket, ends
+    in no `:` or `\\` and leaves no string open? (Python: only a bracket, a block header or a
+    backslash lets the next line be indented deeper.)"""
+    if next_line is None or _indent(next_line) <= _indent(after_line):
+        return False
+    code = _code_of(after_line)
+    if not code.strip() or code.endswith((":", "\\", ",")) or _open_brackets(code):
+        return False
+    return code.count('"""') % 2 == 0 and code.count("'''") % 2 == 0
+
+
+_STATEMENTS = (ast.Assign, ast.AugAssign, ast.Return, ast.Import, ast.ImportFrom, ast.FunctionDef,
+               ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try,
+               ast.With, ast.AsyncWith, ast.Raise, ast.Delete, ast.Global, ast.Nonlocal, ast.Assert)
+MAX_STATEMENT_CHARS = 400  # longer lines are not parsed by `_is_statement` (prose, or minified)
+
+
+def _is_statement(line: str) -> bool:
+    """Is `line` (one line) a Python statement that prose would not be: an assignment, a return, an
+    import, a call, a block header...? `Parameters`, `x : int` and `See foo(bar).` are not."""
+    code = line.strip()
+    if not code or len(code) > MAX_STATEMENT_CHARS:
+        return False
+    if code.endswith(":"):  # a block header: valid with a body, in the place its keyword wants
+        tries = (code + "\n pass", "if 1:\n pass\n" + code + "\n pass",
+                 "try:\n pass\n" + code + "\n pass", code + "\n pass\nexcept Exception:\n pass")
+        return any(_parses(src) is not None for src in tries)
+    tree = _parses(code)
+    if tree is None or len(tree.body) != 1:
+        return False
+    node = tree.body[0]
+    return isinstance(node, _STATEMENTS) or (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call))
+
+
+def _parses(src: str) -> ast.Module | None:
+    try:
+        return ast.parse(src)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def _docstring_swallowing_code(root, lines: list[str], row: int, col: int) -> int | None:
+    """When (row, col) is inside a triple-quoted string begun on a line above whose text below the
+    cursor holds statements at the indentation of the string's first line (the code after a
+    docstring whose closing quotes are missing), that indentation; else None."""
+    if root is None:
+        return None
+    point = (row, utf8_length(content(lines[row])[:col]))
+    node = root.descendant_for_point_range(point, point)
+    for _ in range(4):
+        if node is None:
+            return None
+        if node.type == "string" and node.start_point[0] < row < node.end_point[0]:
+            if node.parent is None or node.parent.type not in ("expression_statement", "ERROR", "block"):
+                return None  # a string that is a value (`HEADER = """...`): its lines may be anything
+            break
+        node = node.parent
+    else:
+        return None
+    opener = content(lines[node.start_point[0]])
+    if '"""' not in opener and "'''" not in opener:
+        return None
+    base = _indent(opener)
+    seen = 0
+    for r in range(row + 1, min(node.end_point[0], row + 1 + MAX_AFTER)):
+        text = content(lines[r])
+        if not text.strip():
+            continue
+        seen += 1
+        if _indent(text) <= base and _is_statement(text):
+            return base
+        if seen >= 8:
+            break
+    return None
+
+
 def _parser(language: str):
     lang = regions.grammar(language)
     if lang is None:
@@ -285,11 +483,18 @@ def check(
     parser = _parser(language)
     if parser is None:
         return None
+    if language in INDENTED_LANGUAGES and '"""' not in text and "'''" not in text:
+        base = _docstring_swallowing_code(root, lines, row, col)
+        line_after = content(lines[row])[:col] + split_lines(text)[0]
+        if base is not None and _indent(line_after) <= base and _is_statement(line_after):
+            return "writes code inside a docstring whose closing quotes the code below needs"
     if not _starts_token(root, lines, row) and content(lines[row])[:col].strip():
         return None  # inside a string or comment begun on a line above (a docstring's prose)
     if _inside_prose(root, lines, row, col) and '"""' not in text and "'''" not in text:
         return None  # the cursor is inside a string or comment (a blank line of a docstring)
     win = window(lines, row, root)
+    if language in INDENTED_LANGUAGES:
+        win = _past_open_strings(win, lines, row, text)
     wl, wr = win.lines, win.row
     line = wl[wr]
     body = content(line)
@@ -308,6 +513,10 @@ def check(
         return "leaves a bracket open that the next lines do not continue"
     if language in INDENTED_LANGUAGES and text.rstrip().endswith(":") and _colon_inside_bracket(content(after[last])):
         return "ends a block header inside an open bracket"
+    if language in INDENTED_LANGUAGES and _continues_without_opening(
+        content(after[last]), _next_code_line(after, last)
+    ) and not _inside_bracket_above(root, lines, row):
+        return "leaves no bracket open for the deeper lines below it"
     parsed_after = _Parsed(parser, after, wr, last, typed_to, col)
     before = _Parsed(parser, wl, wr, wr, col, col)
     # Errors below the edited lines that neither the document as it is nor the document without
@@ -334,6 +543,31 @@ def check(
     if closed_after.typed_errors() and not closed_before.typed_errors():
         return "introduces a syntax error in a half-typed line"
     return None
+
+
+def rewrite_problem(language: str, lines: list[str], first: int, last: int, new_text: str) -> str | None:
+    """Why replacing the document's lines `first`..`last` (inclusive; `lines` with terminators) by
+    `new_text` breaks its syntax, or None: the rewrite (a next edit's region) is held back when
+    the lines around it, parsed before and after, have more ERROR or MISSING nodes after. Both
+    parses cut the document at the same lines, MAX_BEFORE above and MAX_AFTER below, so what
+    differs is the rewrite's doing."""
+    if not 0 <= first <= last < len(lines):
+        return None
+    parser = _parser(language)
+    if parser is None:
+        return None
+    lo, hi = max(0, first - MAX_BEFORE), min(len(lines), last + 1 + MAX_AFTER)
+    new = split_lines(new_text)
+    if new and new[-1] == "":
+        new.pop()
+    if new and not new[-1].endswith(("\n", "\r")) and last + 1 < hi:
+        new[-1] += "\n"  # the region's last line keeps its break when lines follow
+    counts = []
+    for window_lines in (lines[lo:hi], lines[lo:first] + new + lines[last + 1 : hi]):
+        text = "".join(window_lines)
+        root = parser.parse(text.encode("utf-8", "surrogatepass")).root_node
+        counts.append(len(_problems(root, 0, 1 << 62, 1 << 62)))
+    return "adds a syntax error" if counts[1] > counts[0] else None
 
 
 def check_text(language: str, before: str, after: str, text: str, replace_rest: bool = False) -> str | None:

@@ -172,6 +172,83 @@ def test_prose_in_a_docstring_is_not_judged():
 # -- other languages: one breaking and one completing case each --------------------------------------
 
 
+def test_a_tuple_written_on_one_line_above_its_own_deeper_lines_is_held_back():
+    """The lines below hold the tuple's items and its closer: the line must open the bracket."""
+    before = "def pair():\n    x = "
+    after = "\n        first,\n        second,\n    )\n    return x\n"
+    assert check_text("python", before, after, "(first, second)", replace_rest=True) is not None
+    assert check_text("python", before, after, "(", replace_rest=True) is None
+    assert check_text("python", before, after, "dict(", replace_rest=True) is None
+
+
+def test_deeper_lines_inside_a_bracket_begun_above_are_free():
+    before = "def f():\n    call(\n        a,\n        "
+    after = "\n            c,\n    )\n"
+    assert check_text("python", before, after, "b,") is None
+    assert check_text("python", "def f():\n    if ready", "\n        go()\n", ":") is None
+    assert check_text("python", "def f():\n    # a note", "\n        go()\n", " on it") is None
+
+
+DOCSTRING_THEN_CODE = (
+    'def load(path):\n    """Read the file.\n\n    Raises OSError.\n    ',
+    '\n    try:\n        return open(path).read()\n    except OSError:\n        raise\n\n\n'
+    'def save(path):\n    """Write the file."""\n    return path\n',
+)
+
+
+def test_code_where_a_docstring_must_close_is_held_back():
+    """The docstring's closing quotes are what the user types here: the code below reads as its
+    prose until they come, and a statement typed in their place breaks the file."""
+    before, after = DOCSTRING_THEN_CODE
+    assert check_text("python", before, after, "try:") is not None
+    assert check_text("python", before, after, "return open(path).read()") is not None
+
+
+def test_prose_and_the_closing_quotes_where_a_docstring_must_close_are_shown():
+    before, after = DOCSTRING_THEN_CODE
+    assert check_text("python", before, after, '"""') is None
+    assert check_text("python", before, after, "Returns the text.") is None
+    assert check_text("python", before, after, "Parameters") is None
+
+
+# The true rest of a line is never held back: windows cut inside a statement, a docstring or a
+# long bracket read the document as broken where it is not.
+
+def test_closing_a_call_above_statements_that_end_in_closers_is_shown():
+    calls = "".join(f"        value_{i} = make(\n            {i},\n        )\n" for i in range(12))
+    before = "class T:\n    def test(self):\n        expected = make(\n            [1, 2],\n        "
+    assert check_text("python", before, "\n\n" + calls, ")") is None
+
+
+def test_closing_a_bracket_above_a_decorator_of_many_lines_is_shown():
+    before = "x = call(\n    1,\n"
+    after = ("\n@pytest.mark.parametrize(\n    'freq', ['A', 'B']\n)\ndef test_freq(freq):\n    assert freq\n"
+             + "".join(f"\n\n@mark(\n    {i}\n)\ndef test_{i}():\n    pass\n" for i in range(6)))
+    assert check_text("python", before, after, ")") is None
+
+
+def test_closing_a_list_of_many_cases_opened_far_above_is_shown():
+    cases = "".join(f"        ({i}, {i + 1}),\n" for i in range(90))
+    before = f"@pytest.mark.parametrize(\n    ('a', 'b'),\n    [\n{cases}    ],\n"
+    after = "\ndef test_pairs(a, b):\n    assert a < b\n"
+    assert check_text("python", before, after, ")") is None
+
+
+def test_opening_and_closing_quotes_of_a_long_docstring_are_shown():
+    prose = "".join(f"    Line {i} of what the function does.\n" for i in range(40))
+    before = "def combine(a, b):\n    "
+    after = f"\n{prose}    \"\"\"\n    return a + b\n"
+    assert check_text("python", before, after, '"""') is None
+    before = f'def combine(a, b):\n    """\n{prose}    '
+    assert check_text("python", before, "\n    return a + b\n", '"""') is None
+
+
+def test_assignments_typed_inside_a_string_value_are_shown():
+    before = 'HEADER = """\nSIMPLE = T\nSPECSYS = \''
+    after = "\nRESTFRQ = 1.42E+09\nRADESYS = 'FK5'\n\"\"\"\n"
+    assert check_text("python", before, after, "TOPOCENT'") is None
+
+
 def test_typescript():
     doc = "function f(a: number) {\n  const x = foo(a, b)|;\n}\n"
     assert breaks("typescript", doc, ")")  # a closer with no opener
