@@ -257,6 +257,22 @@ class EngineStatus:
     extra: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class EngineTraits:
+    """What the language server treats differently per engine, beyond the Engine protocol. An
+    engine declares them as its `traits` attribute; one without it has the defaults (`traits_of`)."""
+
+    hosted: bool = False  # text leaves the machine (the index's send filters apply); no probability
+    deadline_ms: int | None = None  # its own answer deadline (a remote model takes longer); None: the option's
+    next_edits: bool = False  # its region rewrite is a next-edit proposal of its own (Mercury Edit)
+
+
+def traits_of(engine: object) -> EngineTraits:
+    """`engine`'s declared traits, or the defaults (the embedded and remote engines, test doubles)."""
+    traits = getattr(engine, "traits", None)
+    return traits if isinstance(traits, EngineTraits) else EngineTraits()
+
+
 @runtime_checkable
 class Engine(Protocol):
     """Local and remote engines implement this; the LSP cannot tell them apart.

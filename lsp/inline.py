@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, TypeGuard
 
 from dlm.coder_model import limits
 from dlm.coder_model.languages import language_name
-from dlm.coder_model.types import CancelToken, LayoutBudget, SamplerParams
+from dlm.coder_model.types import CancelToken, LayoutBudget, SamplerParams, traits_of
 from dlm.lsp import context, gate, memory_proposals, postprocess, syntax_check
 from dlm.lsp.documents import Document
 from dlm.lsp.engine_runs import Ran, engine_future
@@ -127,7 +127,7 @@ class InlinePredictor:
             return None
         version = doc.version
         # a hosted engine has a deadline of its own (engine.deadlineMs: a remote model takes longer)
-        deadline_ms = getattr(ctx.holder.engine, "deadline_ms", None) or ctx.options.deadline_ms
+        deadline_ms = traits_of(ctx.holder.engine).deadline_ms or ctx.options.deadline_ms
         deadline = gate.deadline_at(doc.last_change_at, t0, deadline_ms)
         start = self._starter(doc, row, col, mode, deadline)
 
@@ -168,7 +168,7 @@ class InlinePredictor:
             def run(b: context.BuiltContext) -> Future:
                 return engine_future(engine, b, ctx_ms, params, cancel, deadline, self.refused)
 
-            if getattr(engine, "hosted", False):  # text leaves the machine: the index's filters first
+            if traits_of(engine).hosted:  # text leaves the machine: the index's filters first
                 direct = run
 
                 def run(b: context.BuiltContext) -> Future:

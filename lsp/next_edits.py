@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from dlm.coder_model import limits
 from dlm.coder_model.edit_memory import BurstTracker, EditMemory, GitMiner, Proposal, key_text, span_text
-from dlm.coder_model.types import CancelToken, MemoryProposal, Prompt
+from dlm.coder_model.types import CancelToken, MemoryProposal, Prompt, traits_of
 from dlm.lsp import discovery
 from dlm.lsp.convert import param
 from dlm.lsp.documents import Document
@@ -326,7 +326,7 @@ async def check(ctx: EditContext, prompt: Prompt, expected: str, deadline: float
     if not ctx.holder.ready():
         return None
     engine = ctx.holder.engine
-    if getattr(engine, "hosted", False):  # a hosted engine has no probability to check it with: the
+    if traits_of(engine).hosted:  # a hosted engine has no probability to check it with: the
         return prompt.proposals[0].score  # memory's own confidence stands, and nothing leaves the machine
     params = replace(ctx.sampler_params(), veto=ctx.options.next_edits.veto)
     cancel = CancelToken()

@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from dlm.coder_model import limits
-from dlm.coder_model.types import Engine, LayoutBudget, SamplerParams
+from dlm.coder_model.types import Engine, LayoutBudget, SamplerParams, traits_of
 from dlm.lsp import context, convert, copilot_nes, framing, next_edits, positions, status_report
 from dlm.lsp.convert import ACCEPT_COMMAND
 from dlm.lsp.documents import Document, Documents
@@ -109,7 +109,7 @@ class DlmServer(LanguageServer):
             loop.call_soon_threadsafe(self.send_status)
 
     def status_payload(self) -> dict:
-        if getattr(self.holder.engine, "hosted", False):
+        if traits_of(self.holder.engine).hosted:
             self.holder.refresh()  # the backend's latency as of now
         return status_report.status_payload(self.holder.status, self.stats, self.workspace_index.status(),
                                             self.last_trigger, self.engine_notes)

@@ -14,6 +14,7 @@ HELD_BACK_REASONS = {
     "no_steps": "no time for a model step",
     "held_back_degenerate": "degenerate (repeats, blank lines)",
     "held_back_syntax": "syntax",  # accepting it would break the line's syntax (lsp.syntax_check)
+    "held_back_deletes_lines": "deletes lines",  # a rewrite that drops lines it puts nothing in place of
 }
 
 

@@ -54,7 +54,7 @@ from dlm.coder_model.hosted import prompts
 from dlm.coder_model.hosted.settings import ApiKey, EngineSettings, EngineSettingsError, load_key
 from dlm.coder_model.proposal_mix import Mix, ranked, region_after
 from dlm.coder_model.quantiles import percentile
-from dlm.coder_model.types import CancelToken, EngineStatus, LayoutBudget, Prediction, Prompt, SamplerParams
+from dlm.coder_model.types import CancelToken, EngineStatus, EngineTraits, LayoutBudget, Prediction, Prompt, SamplerParams
 
 log = logging.getLogger("dlm.hosted")
 
@@ -89,14 +89,16 @@ class HostedEngine:
     """A model behind an HTTP API as an Engine. `HostedEngine(EngineSettings(kind="mercury-edit"))`
     reads INCEPTION_API_KEY; `key` gives one instead (tests)."""
 
-    hosted = True  # the language server filters what it sends and takes `deadline_ms` from it
-
     def __init__(self, settings: EngineSettings, key: ApiKey | None = None, *,
                  max_response_bytes: int = MAX_RESPONSE_BYTES, retries: int = RETRIES) -> None:
         self.settings = settings.resolved()
         self.kind = self.settings.kind
         self.budget: LayoutBudget = self.settings.budget
         self.deadline_ms = self.settings.deadline_ms
+        # the language server filters what it sends, takes the deadline from here, and (Mercury
+        # Edit) offers the region rewrite as a next edit beside the edit memory's
+        self.traits = EngineTraits(hosted=True, deadline_ms=self.deadline_ms,
+                                   next_edits=self.kind in prompts.EDIT_KINDS)
         self.url = self.settings.endpoint(prompts.ENDPOINTS[self.kind])
         # openai-fim: is the server `dlm-lsp http` (its /v1/models says so)? None: not known yet
         self._dlm_server: bool | None = None if self.kind == "openai-fim" else False
