@@ -17,26 +17,22 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, Future
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, TypeGuard
 
 from dlm.coder_model import limits
 from dlm.coder_model.languages import language_name
-from dlm.coder_model.types import CancelToken, LayoutBudget, SamplerParams, traits_of
+from dlm.coder_model.types import CancelToken, traits_of
 from dlm.lsp import context, gate, memory_proposals, postprocess, syntax_check
 from dlm.lsp.documents import Document
 from dlm.lsp.engine_runs import Ran, engine_future
 from dlm.lsp.hosted_filter import SendFilter
+from dlm.lsp.server_context import ServerContext
 from dlm.lsp.workspace_index import file_path
 
 if TYPE_CHECKING:
-    from dlm.lsp.documents import Documents
-    from dlm.lsp.engine_holder import EngineHolder
     from dlm.lsp.latest_wins import LatestWins
-    from dlm.lsp.options import Options
-    from dlm.lsp.stats import Stats
-    from dlm.lsp.workspace_index import WorkspaceIndex
 
 log = logging.getLogger(__name__)
 
@@ -66,29 +62,12 @@ class InlineAnswer:
 
 
 @dataclass(frozen=True)
-class InlineContext:
-    """What the inline pipeline uses of the server, built once by it (lsp.server). The settings and
-    the open documents are read through getters: `initialize` replaces both."""
+class InlineContext(ServerContext):
+    """The server's context (lsp.server_context) and what only the inline pipeline uses: the
+    latest-wins scheduler, and the server's hook after each completed run."""
 
-    holder: EngineHolder
-    stats: Stats
-    pool: Executor
-    scheduler: LatestWins
-    workspace_index: WorkspaceIndex
-    current_options: Callable[[], Options]
-    current_documents: Callable[[], Documents]
-    path_of: Callable[[str], str]
-    windows: Callable[[LayoutBudget], context.Windows]
-    sampler_params: Callable[[], SamplerParams]
-    answered: Callable[[], None]  # after each completed run (the server may send dlm/status)
-
-    @property
-    def options(self) -> Options:
-        return self.current_options()
-
-    @property
-    def documents(self) -> Documents:
-        return self.current_documents()
+    scheduler: LatestWins | None = None
+    answered: Callable[[], None] = lambda: None  # after each completed run (the server may send dlm/status)
 
 
 class InlinePredictor:

@@ -45,11 +45,9 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dlm.coder_model import limits
 from dlm.coder_model.edit_memory import BurstTracker, EditMemory, GitMiner, Proposal, key_text, span_text
@@ -57,16 +55,8 @@ from dlm.coder_model.types import CancelToken, MemoryProposal, Prompt, traits_of
 from dlm.lsp import discovery
 from dlm.lsp.convert import param
 from dlm.lsp.documents import Document
+from dlm.lsp.server_context import ServerContext
 from dlm.lsp.workspace_index import file_path
-
-if TYPE_CHECKING:
-    from dlm.coder_model.types import LayoutBudget, SamplerParams
-    from dlm.lsp.context import Windows
-    from dlm.lsp.documents import Documents
-    from dlm.lsp.engine_holder import EngineHolder
-    from dlm.lsp.options import Options
-    from dlm.lsp.stats import Stats
-    from dlm.lsp.workspace_index import WorkspaceIndex
 
 log = logging.getLogger(__name__)
 
@@ -211,32 +201,10 @@ class NextEdits:
 
 
 @dataclass(frozen=True)
-class EditContext:
-    """What the edit memory uses of the server, built once by it (lsp.server): the edit memory, the
-    workspace index (the files a jump may lead to), the counters, the pool its scans run on, the
-    engine (the model's check), and the server's settings, open documents, paths, suggestion ids,
-    text windows and sampler. The settings and the open documents are read through getters:
-    `initialize` replaces both."""
+class EditContext(ServerContext):
+    """The server's context (lsp.server_context) and the edit memory it serves."""
 
-    next_edits: NextEdits
-    workspace_index: WorkspaceIndex
-    stats: Stats
-    pool: Executor
-    holder: EngineHolder
-    current_options: Callable[[], Options]
-    current_documents: Callable[[], Documents]
-    path_of: Callable[[str], str]
-    next_id: Callable[[], str]
-    windows: Callable[[LayoutBudget], Windows]
-    sampler_params: Callable[[], SamplerParams]
-
-    @property
-    def options(self) -> Options:
-        return self.current_options()
-
-    @property
-    def documents(self) -> Documents:
-        return self.current_documents()
+    next_edits: NextEdits | None = None
 
 
 def start(ctx: EditContext, roots: list[str]) -> None:

@@ -43,6 +43,7 @@ from dlm.lsp.inline_items import InlineList
 from dlm.lsp.latest_wins import LatestWins
 from dlm.lsp.options import Options, parse_options
 from dlm.lsp.pygls_protocol import DlmProtocol
+from dlm.lsp.server_context import ServerContext
 from dlm.lsp.stats import Stats
 from dlm.lsp.suggestion_ids import SuggestionIds
 from dlm.lsp.workspace_index import WorkspaceIndex, file_path
@@ -86,13 +87,11 @@ class DlmServer(LanguageServer):
         self._windows: tuple[LayoutBudget, context.Windows] | None = None
         # What the keystroke paths use of this server; the settings and the documents through
         # getters, since `initialize` replaces both.
-        options, documents = (lambda: self.options), (lambda: self.documents)
-        self.edit_context = next_edits.EditContext(
-            self.next_edits, self.workspace_index, self.stats, self.pool, self.holder, options, documents,
-            self.roots.path_of, self.ids.next_id, self.windows, self.sampler_params)
-        self.inline = InlinePredictor(InlineContext(
-            self.holder, self.stats, self.pool, self.scheduler, self.workspace_index, options, documents,
-            self.roots.path_of, self.windows, self.sampler_params, self.maybe_send_status))
+        shared = ServerContext(
+            self.holder, self.stats, self.pool, self.workspace_index, lambda: self.options, lambda: self.documents,
+            self.roots.path_of, self.ids.next_id, self.windows, self.sampler_params).shared()
+        self.edit_context = next_edits.EditContext(**shared, next_edits=self.next_edits)
+        self.inline = InlinePredictor(InlineContext(**shared, scheduler=self.scheduler, answered=self.maybe_send_status))
         self.inline_list = InlineList(self.inline, self.ids.next_id)
 
     # ---- transport: our framing (lsp.framing) resynchronises after a bad frame --------------------

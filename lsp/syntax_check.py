@@ -56,6 +56,7 @@ import logging
 from dataclasses import dataclass
 
 from dlm.coder_model import regions
+from dlm.coder_model.line_scan import code_chars, without_comment
 from dlm.coder_model.regions import content, split_lines, utf8_length
 
 log = logging.getLogger(__name__)
@@ -240,22 +241,11 @@ def _problems(root, lo: int, hi: int, typed_to: int) -> list:
 
 
 def _open_brackets(text: str) -> list[str]:
-    """The brackets a line leaves open, innermost last (string literals skipped, roughly:
-    a quote opens a string up to the same quote; a closer with no opener clears nothing)."""
+    """The brackets a line leaves open, innermost last (string literals skipped roughly:
+    coder_model.line_scan; a closer with no opener clears nothing)."""
     stack: list[str] = []
-    quote = ""
-    escaped = False
-    for ch in text:
-        if quote:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == quote:
-                quote = ""
-        elif ch in _QUOTES:
-            quote = ch
-        elif ch in _OPEN:
+    for _, ch in code_chars(text, _QUOTES):
+        if ch in _OPEN:
             stack.append(ch)
         elif ch in _CLOSE and stack and stack[-1] == _CLOSE[ch]:
             stack.pop()
@@ -366,32 +356,13 @@ def _inside_bracket_above(root, lines: list[str], row: int) -> bool:
     return False
 
 
-def _code_of(line: str) -> str:
-    """A line without its `#` comment and trailing space (quotes skipped as `_open_brackets` does)."""
-    quote = ""
-    escaped = False
-    for i, ch in enumerate(line):
-        if quote:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == quote:
-                quote = ""
-        elif ch in "\"'":
-            quote = ch
-        elif ch == "#":
-            return line[:i].rstrip()
-    return line.rstrip()
-
-
 def _continues_without_opening(after_line: str, next_line: str | None) -> bool:
     """Is the next line of code indented deeper than the edited line, which opens no bracket, ends
     in no `:` or `\\` and leaves no string open? (Python: only a bracket, a block header or a
     backslash lets the next line be indented deeper.)"""
     if next_line is None or _indent(next_line) <= _indent(after_line):
         return False
-    code = _code_of(after_line)
+    code = without_comment(after_line)
     if not code.strip() or code.endswith((":", "\\", ",")) or _open_brackets(code):
         return False
     return code.count('"""') % 2 == 0 and code.count("'''") % 2 == 0

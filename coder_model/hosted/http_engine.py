@@ -54,7 +54,15 @@ from dlm.coder_model.hosted import prompts
 from dlm.coder_model.hosted.settings import ApiKey, EngineSettings, EngineSettingsError, load_key
 from dlm.coder_model.proposal_mix import Mix, ranked, region_after
 from dlm.coder_model.quantiles import percentile
-from dlm.coder_model.types import CancelToken, EngineStatus, EngineTraits, LayoutBudget, Prediction, Prompt, SamplerParams
+from dlm.coder_model.types import (
+    CancelToken,
+    EngineStatus,
+    EngineTraits,
+    LayoutBudget,
+    Prediction,
+    Prompt,
+    SamplerParams,
+)
 
 log = logging.getLogger("dlm.hosted")
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+from dlm.coder_model.line_scan import code_chars, without_comment
+
 MAX_FOLLOW_LINES = 8
 _OPEN = {"(": ")", "[": "]", "{": "}"}
 _CLOSE = set(_OPEN.values())
@@ -24,32 +26,12 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip(" \t"))
 
 
-def _code(line: str) -> str:
-    """The line without a trailing `#` comment (outside strings, roughly) and trailing blanks."""
-    quote = ""
-    for i, ch in enumerate(line):
-        if quote:
-            if ch == quote:
-                quote = ""
-        elif ch in "\"'":
-            quote = ch
-        elif ch == "#":
-            return line[:i].rstrip()
-    return line.rstrip()
-
-
 def bracket_depth(line: str) -> int:
     """Brackets the line leaves open (closers of brackets opened above count negative); strings
-    are skipped roughly (a quote opens a string to the same quote)."""
+    are skipped roughly (coder_model.line_scan)."""
     depth = 0
-    quote = ""
-    for ch in _code(line):
-        if quote:
-            if ch == quote:
-                quote = ""
-        elif ch in "\"'":
-            quote = ch
-        elif ch in _OPEN:
+    for _, ch in code_chars(without_comment(line)):
+        if ch in _OPEN:
             depth += 1
         elif ch in _CLOSE:
             depth -= 1
@@ -58,7 +40,7 @@ def bracket_depth(line: str) -> int:
 
 def opens_block(line: str) -> bool:
     """Does the line go on below: a block header (`:` at its end) or an open bracket?"""
-    code = _code(line)
+    code = without_comment(line)
     return bool(code.strip()) and (code.endswith(":") or bracket_depth(code) > 0)
 
 
@@ -77,7 +59,7 @@ def block_after(lines: Sequence[str], i: int, max_lines: int = MAX_FOLLOW_LINES)
             if depth <= 0:
                 return out
         return []  # the bracket does not close within max_lines: a cut call is no draft
-    if not _code(line).endswith(":"):
+    if not without_comment(line).endswith(":"):
         return []
     for nxt in lines[i + 1 :]:
         if nxt.strip() and _indent(nxt) <= base:

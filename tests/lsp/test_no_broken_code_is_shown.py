@@ -191,8 +191,8 @@ def test_deeper_lines_inside_a_bracket_begun_above_are_free():
 
 DOCSTRING_THEN_CODE = (
     'def load(path):\n    """Read the file.\n\n    Raises OSError.\n    ',
-    '\n    try:\n        return open(path).read()\n    except OSError:\n        raise\n\n\n'
-    'def save(path):\n    """Write the file."""\n    return path\n',
+    ('\n    try:\n        return open(path).read()\n    except OSError:\n        raise\n\n\n'
+     'def save(path):\n    """Write the file."""\n    return path\n'),
 )
 
 

@@ -1,0 +1,38 @@
+"""One line of code read roughly: the characters outside its string literals, and the line without
+its comment. A quote opens a string up to the same quote, and a backslash inside it escapes the
+next character; triple quotes, string prefixes and strings that go on past the line are not told
+apart. Enough to count a line's brackets and find its comment, which is all its callers ask
+(coder_model.memory.follow, lsp.syntax_check)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+QUOTES = "\"'"
+
+
+def code_chars(line: str, quotes: str = QUOTES) -> Iterator[tuple[int, str]]:
+    """(position, character) of each character of `line` outside its string literals (the quotes
+    themselves are not yielded)."""
+    quote = ""
+    escaped = False
+    for i, ch in enumerate(line):
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = ""
+        elif ch in quotes:
+            quote = ch
+        else:
+            yield i, ch
+
+
+def without_comment(line: str, mark: str = "#") -> str:
+    """`line` without its comment (from the first `mark` outside a string) and trailing blanks."""
+    for i, ch in code_chars(line):
+        if ch == mark:
+            return line[:i].rstrip()
+    return line.rstrip()
