@@ -662,20 +662,13 @@ class BlockDecoder:
         )
 
 
-def generate(
-    model: DLM,
-    tok: Tokenizer,
-    context_ids: list[int],
-    params: SamplerParams,
-    cache: PrefixCache | None = None,
-    cancel: CancelToken | None = None,
-    **options,
-) -> BlockDecoder:
+def generate(model: DLM, tok: Tokenizer, context_ids: list[int], params: SamplerParams, **options) -> BlockDecoder:
     """Decode one request to the end (or until cancelled or out of time); returns its decoder.
 
-    `options` go to BlockDecoder: deadline, step_timer, calibration, prompt, clock.
+    `options` go to BlockDecoder by name: cache, cancel, deadline, step_timer, calibration,
+    prompt, clock.
     """
-    dec = BlockDecoder(model, tok, context_ids, params, cache, cancel, **options)
+    dec = BlockDecoder(model, tok, context_ids, params, **options)
     if dec.check_cancel():  # cancelled, or no time left for a step (it queued too long): no model work
         return dec
     dec.prefill()

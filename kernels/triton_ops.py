@@ -460,10 +460,10 @@ def attention(
     v: torch.Tensor,
     *,
     context_len: int,
+    n_splits: int | None = None,  # this launcher's own: key splits of the decode kernel (None: chosen)
     kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None,
     bidirectional: bool = False,
     scale: float | None = None,
-    n_splits: int | None = None,
 ) -> torch.Tensor:
     """See reference.attention. q: (B, Hq, Tq, D); k, v: (B, Hk, Tq, D); cache (B, Hk, Tc, D) each.
 

@@ -179,7 +179,7 @@ def measure(model, tok, cases, params: SamplerParams, budget: LayoutBudget, keep
     examples = []
     for prompt, target in cases:
         ids = encode_prompt(tok, prompt, budget)
-        dec: BlockDecoder = generate(model, tok, ids, params, PrefixCache(), prompt=prompt)
+        dec: BlockDecoder = generate(model, tok, ids, params, cache=PrefixCache(), prompt=prompt)
         text, _conf = dec.answer()
         c["n"] += 1
         c["eom_first_block"] += dec.ended and dec.stats.blocks == 1

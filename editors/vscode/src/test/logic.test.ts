@@ -164,18 +164,17 @@ test("ghost text does not end in blank lines; one newline stays when the line go
 const doc = ["def f(x):", "    return x+1", "", "print(f(2))"];
 const line = (n: number) => doc[n] ?? "";
 const r = (l1: number, c1: number, l2: number, c2: number) => ({ start: { line: l1, character: c1 }, end: { line: l2, character: c2 } });
+type Edit = { range: ReturnType<typeof r>; newText: string };
+// a dlm/editPrediction result of version 7 with these edits
+const prediction = (...edits: Edit[]) => ({ id: "p1", version: 7, edits });
 
 test("edit prediction: replace, insert and delete become decorations", () => {
   const view = renderEditPrediction(
-    {
-      id: "p1",
-      version: 7,
-      edits: [
-        { range: r(1, 11, 1, 14), newText: "x + 1" },
-        { range: r(2, 0, 2, 0), newText: "\n\ndef g(y):\n    return y" },
-        { range: r(3, 0, 3, 11), newText: "" },
-      ],
-    },
+    prediction(
+      { range: r(1, 11, 1, 14), newText: "x + 1" },
+      { range: r(2, 0, 2, 0), newText: "\n\ndef g(y):\n    return y" },
+      { range: r(3, 0, 3, 11), newText: "" },
+    ),
     line,
   );
   assert.equal(view.id, "p1");
@@ -260,14 +259,10 @@ test("version comparison", () => {
 
 test("inline edit: the edits merged into one replacement of the covered text", () => {
   const e = inlineEditFor(
-    {
-      id: "p1",
-      version: 7,
-      edits: [
-        { range: r(3, 0, 3, 11), newText: "" },
-        { range: r(1, 11, 1, 14), newText: "x + 1" },
-      ],
-    },
+    prediction(
+      { range: r(3, 0, 3, 11), newText: "" },
+      { range: r(1, 11, 1, 14), newText: "x + 1" },
+    ),
     { line: 1, character: 0 },
     line,
   );
