@@ -433,6 +433,51 @@ def _docstring_swallowing_code(root, lines: list[str], row: int, col: int) -> in
     return None
 
 
+_CODE_STARTS = ("#", "@", "def ", "class ", "return", "if ", "elif ", "else", "for ", "while ", "with ", "try",
+                "except", "finally", "async ", "await ", "from ", "import ", "raise", "yield", "assert ")
+
+
+def _reads_as_code(text: str) -> bool:
+    """Is this line of the lines below code (or a piece of a statement), not a docstring's prose?"""
+    stripped = text.strip()
+    return (_is_statement(text) or stripped.startswith(_CODE_STARTS)
+            or stripped.endswith(("(", "[", "{", ",", ":", ")", "]", "}", "\\")))
+
+
+def _docstring_closed_below(lines: list[str], row: int, col: int) -> bool:
+    """Is the cursor on a new line right under a block header (nothing typed on it yet), with lines
+    of prose below it closed by triple quotes at its indentation? There the docstring must open:
+    anything else makes its prose code."""
+    typed = content(lines[row])[:col]
+    if typed.strip():
+        return False
+    above = _previous_code_line(lines, row)
+    if above is None or not without_comment(above).endswith(":"):
+        return False
+    prose = 0
+    for r in range(row + 1, min(len(lines), row + 1 + MAX_AFTER)):
+        text = content(lines[r])
+        stripped = text.strip()
+        if not stripped:
+            continue
+        for quote in ('"""', "\'\'\'"):
+            if quote in stripped:
+                closes = stripped.endswith(quote) and stripped.count(quote) == 1
+                return closes and (prose > 0 or stripped != quote) and _indent(text) == _indent(typed)
+        if _reads_as_code(text):
+            return False
+        prose += 1
+    return False
+
+
+def _previous_code_line(lines: list[str], row: int) -> str | None:
+    for r in range(row - 1, max(-1, row - 1 - MAX_BEFORE), -1):
+        text = content(lines[r])
+        if text.strip() and not text.strip().startswith("#"):
+            return text
+    return None
+
+
 def _parser(language: str):
     lang = regions.grammar(language)
     if lang is None:
@@ -463,6 +508,9 @@ def check(
         return None  # inside a string or comment begun on a line above (a docstring's prose)
     if _inside_prose(root, lines, row, col) and '"""' not in text and "'''" not in text:
         return None  # the cursor is inside a string or comment (a blank line of a docstring)
+    if language in INDENTED_LANGUAGES and '"""' not in text and "'''" not in text \
+            and not content(lines[row])[col:].strip() and _docstring_closed_below(lines, row, col):
+        return "leaves unopened the docstring whose prose and closing quotes follow"
     win = window(lines, row, root)
     if language in INDENTED_LANGUAGES:
         win = _past_open_strings(win, lines, row, text)

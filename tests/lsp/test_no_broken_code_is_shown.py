@@ -249,6 +249,17 @@ def test_assignments_typed_inside_a_string_value_are_shown():
     assert check_text("python", before, after, "TOPOCENT'") is None
 
 
+def test_code_where_a_docstring_must_open_is_held_back():
+    """A new line under a header, above prose closed by triple quotes: the docstring opens here."""
+    before = "class Store:\n    def expiry(self, data):\n        "
+    after = ('\n        Return the expiry time of the stored session.\n        """\n'
+             "        return data.get('expiry')\n")
+    assert check_text("python", before, after, "try:") is not None
+    assert check_text("python", before, after, "return data") is not None
+    assert check_text("python", before, after, '"""') is None
+    assert check_text("python", before, after, '"""Return') is None
+
+
 def test_typescript():
     doc = "function f(a: number) {\n  const x = foo(a, b)|;\n}\n"
     assert breaks("typescript", doc, ")")  # a closer with no opener
