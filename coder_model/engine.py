@@ -101,11 +101,14 @@ def verify_prediction(model, tok, prompt: Prompt, params: SamplerParams, ids: li
     import torch
     from dlm.coder_model.verify import Mix, region_after, verify
 
+    mix = Mix.of(params).checked(prompt.proposals)
     t0 = time.perf_counter()
-    with torch.inference_mode():
-        reused = model.prefill(ids, cache)
+    reused = 0
+    if mix.passes:  # (the fast path runs no pass: nothing to prefill)
+        with torch.inference_mode():
+            reused = model.prefill(ids, cache)
     prefill_ms = (time.perf_counter() - t0) * 1000
-    v = verify(model, tok, cache, prompt.region, prompt.cursor, prompt.proposals, params.block_len, Mix.of(params),
+    v = verify(model, tok, cache, prompt.region, prompt.cursor, prompt.proposals, params.block_len, mix,
                insert=prompt.insert)
     text = prompt.region if v.index is None else region_after(prompt.region, prompt.cursor,
                                                                prompt.proposals[v.index].text)

@@ -10,7 +10,7 @@ formula gives every confidence the gate sees of a proposal.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dlm.coder_model.types import MemoryProposal, SamplerParams
 
@@ -36,11 +36,21 @@ class Mix:  # built from SamplerParams (Mix.of): the one knob set that travels w
     # region in up to max_blocks blocks, so a region it could write is one the check can read (with
     # one block, every proposal on a long multi-line statement went unscored and was vetoed).
     blocks: int = SamplerParams.max_blocks
+    first: float = SamplerParams.memory_first  # the fast path: `checked` decides with it
 
     @classmethod
     def of(cls, params) -> Mix:
         return cls(params.memory_weight, params.model_weight, params.memory_bias, params.veto,
-                   params.verify_passes, params.max_blocks)
+                   params.verify_passes, params.max_blocks, params.memory_first)
+
+    def checked(self, proposals: tuple[MemoryProposal, ...]) -> Mix:
+        """This mix, or the memory alone (passes 0) when the memory's best proposal reaches `first`
+        by its own side of the mix: the fast path, where the check would rarely change the answer."""
+        if not self.passes or not proposals:
+            return self
+        alone = replace(self, passes=0)
+        best = ranked(proposals, [None] * len(proposals), alone)
+        return alone if best and best[0][1] >= self.first else self
 
     def combine(self, p_memory: float, p_model: float | None) -> float:
         pm = min(max(p_memory, 1e-6), 1 - 1e-6)

@@ -157,6 +157,13 @@ class SamplerParams:
         "repository memory: a proposal the model gives less than this probability is never shown")
     verify_passes: int = option(
         2, Cap("int", 0, 8), "repository memory: model passes per proposal (0: the memory alone)")
+    # The fast path: where the memory's own side of the mix (the model's weight left out) already
+    # reaches `memory_first`, the check would rarely change the answer, so none runs (no prefill,
+    # no pass) and the memory's confidence is the answer's (BENCHMARKS.md "The fast path").
+    memory_first: float = option(
+        2.0, Cap("float", 0.0, 2.0),
+        "repository memory: a proposal the memory alone gives at least this confidence is answered "
+        "without the model's check (above 1: every proposal is checked)")
     # Against degenerate answers (coder_model.sampler). repeat_penalty: logits
     # subtracted from a token that would repeat its committed neighbour, start a third copy of
     # the n-gram before or after it, or add a blank line to a blank line (0 = off).

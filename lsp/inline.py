@@ -209,7 +209,9 @@ class InlinePredictor:
         stats.add("completed")
         stats.add("steps", pred.steps)
         stats.add("tokens", pred.tokens)
-        if pred.steps == 0:
+        if pred.steps == 0 and pred.proposal_confidences:
+            stats.add("memory_answers")  # the memory's proposal, answered without a model pass
+        elif pred.steps == 0:
             # No model work (no time left for a step): a latency for it would be a lie.
             stats.add("no_steps")
             return

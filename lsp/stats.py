@@ -22,7 +22,7 @@ class Stats:
     COUNTERS = (
         "requests", "model_runs", "completed", "cancelled", "superseded", "skipped", "outdated",
         "cache_hits", "empty", "failed", "shown", "accepted", "partially_accepted", "steps", "tokens",
-        "late", "offered", "no_change", "no_steps", "binary", *[k for k in HELD_BACK_REASONS if k != "no_steps"],
+        "late", "offered", "no_change", "no_steps", "memory_answers", "binary", *[k for k in HELD_BACK_REASONS if k != "no_steps"],
     )  # fmt: skip
 
     def __init__(self, window: int = 200) -> None:

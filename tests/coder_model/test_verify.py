@@ -99,3 +99,25 @@ def test_typing_prompts_score_the_insertion_alone(engine):
     as_region, ran = score_proposals(engine.model, engine.tok, cache, p.region, p.cursor, proposals, 8, 2)
     assert as_region == [None] and ran == 0  # the whole region does not fit 8 slots
     assert as_insertion[0] is not None and 0 < as_insertion[0] < 1
+
+
+def test_a_proposal_the_memory_is_sure_of_is_answered_without_a_pass(engine):
+    """The fast path (SamplerParams.memory_first): the memory's best proposal, its own confidence
+    at or over the threshold, is answered with no prefill and no pass; below it, the check runs."""
+    proposals = (MemoryProposal("open(path) as f:", 0.9), MemoryProposal("os.fdopen(path) as f:", 0.05))
+    p = Prompt(**{**PROMPT, "region": "    with ", "cursor": 9}, proposals=proposals)
+    sure = Mix().combine(0.9, None)
+    fast = engine.predict(p, SamplerParams(memory_first=sure), CancelToken())
+    assert fast.text == "    with open(path) as f:" and fast.steps == 0 and fast.prefill_ms < 1.0
+    assert fast.confidence == pytest.approx(sure)
+    assert [t for t, _ in fast.proposal_confidences] == ["open(path) as f:", "os.fdopen(path) as f:"]
+    checked = engine.predict(p, SamplerParams(memory_first=sure + 1e-3), CancelToken())
+    assert checked.steps == 2
+
+
+def test_the_fast_path_needs_passes_and_proposals():
+    proposals = (MemoryProposal("a", 0.99),)
+    assert Mix(first=0.5).checked(proposals).passes == 0
+    assert Mix(first=1.5).checked(proposals).passes == Mix().passes
+    assert Mix(first=0.0).checked(()).passes == Mix().passes
+    assert Mix(first=0.0, passes=0).checked(proposals).passes == 0
