@@ -34,7 +34,9 @@ reports that error, if at all, far below the edited lines).
 Two more Python rules read the lines below the cursor as the compiler would:
 - a line of code indented deeper than the edited line continues it, so the edited line must
   open a bracket (or end in `:` or `\\`): `x = ` + `(a, b)` above `    a,` / `)` is held back,
-  `x = ` + `(` passes (outside a bracket begun above, where indentation is free);
+  `x = ` + `(` passes. Inside a bracket indentation is free, but formatted code indents a line
+  deeper than the one before it only under an opener, so the rule holds there too (an item
+  written whole above its own lines is held back);
 - a statement typed where a docstring begun above swallows code below it (its closing quotes
   are missing, so the code that follows reads as its prose) belongs after those quotes:
   `try:` typed at the docstring's indentation is held back; prose there is not judged.
@@ -341,21 +343,6 @@ _BRACKET_NODES = frozenset({
 })  # fmt: skip
 
 
-def _inside_bracket_above(root, lines: list[str], row: int) -> bool:
-    """Does line `row` start inside a bracket opened on a line above (indentation is free there)?
-    Without the document's tree this cannot be told: True, so nothing is held back for it."""
-    if root is None:
-        return True
-    text = content(lines[row])
-    point = (row, utf8_length(text[: _indent(text)]))
-    node = root.descendant_for_point_range(point, point)
-    while node is not None:
-        if (node.type in _BRACKET_NODES or node.type == "ERROR") and node.start_point[0] < row:
-            return True
-        node = node.parent
-    return False
-
-
 def _continues_without_opening(after_line: str, next_line: str | None) -> bool:
     """Is the next line of code indented deeper than the edited line, which opens no bracket, ends
     in no `:` or `\\` and leaves no string open? (Python: only a bracket, a block header or a
@@ -363,7 +350,7 @@ def _continues_without_opening(after_line: str, next_line: str | None) -> bool:
     if next_line is None or _indent(next_line) <= _indent(after_line):
         return False
     code = without_comment(after_line)
-    if not code.strip() or code.endswith((":", "\\", ",")) or _open_brackets(code):
+    if not code.strip() or code.endswith((":", "\\")) or _open_brackets(code):
         return False
     return code.count('"""') % 2 == 0 and code.count("'''") % 2 == 0
 
@@ -534,7 +521,7 @@ def check(
         return "ends a block header inside an open bracket"
     if language in INDENTED_LANGUAGES and _continues_without_opening(
         content(after[last]), _next_code_line(after, last)
-    ) and not _inside_bracket_above(root, lines, row):
+    ):
         return "leaves no bracket open for the deeper lines below it"
     parsed_after = _Parsed(parser, after, wr, last, typed_to, col)
     before = _Parsed(parser, wl, wr, wr, col, col)

@@ -181,10 +181,14 @@ def test_a_tuple_written_on_one_line_above_its_own_deeper_lines_is_held_back():
     assert check_text("python", before, after, "dict(", replace_rest=True) is None
 
 
-def test_deeper_lines_inside_a_bracket_begun_above_are_free():
+def test_deeper_lines_need_an_opener_inside_a_bracket_too():
+    """In a list, the item written whole on one line leaves its own lines below as stray ones."""
+    before = "fields = [\n    ("
+    after = '\n        "tag_ptr",\n        models.OneToOneField("Tag"),\n    ),\n]\n'
+    assert check_text("python", before, after, '"id", models.AutoField(primary_key=True)),') is not None
+    assert check_text("python", before, after, "") is None
     before = "def f():\n    call(\n        a,\n        "
-    after = "\n            c,\n    )\n"
-    assert check_text("python", before, after, "b,") is None
+    assert check_text("python", before, "\n        c,\n    )\n", "b,") is None  # the same indentation
     assert check_text("python", "def f():\n    if ready", "\n        go()\n", ":") is None
     assert check_text("python", "def f():\n    # a note", "\n        go()\n", " on it") is None
 
