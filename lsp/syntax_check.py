@@ -29,9 +29,11 @@ An indentation-sensitive language (Python) adds one rule tree-sitter's error rec
 an insertion that leaves a bracket open at the end of the line makes the next lines part of
 that bracket, so the next line of code must be indented deeper than the edited line or close
 it (`"OPTIONS": {` above a `"DIRS": [],` at the same indentation is held back; the parser
-reports that error, if at all, far below the edited lines).
+reports that error, if at all, far below the edited lines). An insertion that ends the line
+counts every bracket the line leaves open, not only those it opens: accepted, `f(g(1` + `)`
+leaves `f(` open.
 
-Two more Python rules read the lines below the cursor as the compiler would:
+More Python rules read the lines below the cursor as the compiler would:
 - a line of code indented deeper than the edited line continues it, so the edited line must
   open a bracket (or end in `:` or `\\`): `x = ` + `(a, b)` above `    a,` / `)` is held back,
   `x = ` + `(` passes. Inside a bracket indentation is free, but formatted code indents a line
@@ -39,7 +41,12 @@ Two more Python rules read the lines below the cursor as the compiler would:
   written whole above its own lines is held back);
 - a statement typed where a docstring begun above swallows code below it (its closing quotes
   are missing, so the code that follows reads as its prose) belongs after those quotes:
-  `try:` typed at the docstring's indentation is held back; prose there is not judged.
+  `try:` typed at the docstring's indentation is held back; prose there is not judged; and on a
+  new line under a header, above prose closed by triple quotes, the docstring opens;
+- a closer that starts a line below at the edited line's indentation (`):` under the arguments
+  of a `for ... in zip(`) closes a bracket the edited line must open;
+- in a call whose arguments above include a keyword one, a new argument line that begins a
+  positional argument is Python's "positional argument follows keyword argument".
 
 What it cannot see: a valid statement in the wrong place (`del d[k]` under
 `if k not in d:`), or a valid one that means nothing (`self.value` alone on a line).
@@ -55,6 +62,7 @@ from __future__ import annotations
 
 import ast
 import logging
+import re
 from dataclasses import dataclass
 
 from dlm.coder_model import regions
@@ -311,13 +319,14 @@ def _next_code_line(lines: list[str], after: int) -> str | None:
     return None
 
 
-def _opens_past_the_line(before_line: str, after_line: str, next_line: str | None) -> bool:
-    """Does the edited line leave more brackets open than the line had, with the next line of
-    code neither indented deeper nor closing the innermost of them?"""
+def _opens_past_the_line(before_line: str, after_line: str, next_line: str | None, ends_line: bool = False) -> bool:
+    """Does the edited line leave more brackets open than the line had (or, for an insertion that
+    ends the line, any bracket open: `f(g(1` + `)` leaves `f(` open), with the next line of code
+    neither indented deeper nor closing the innermost of them?"""
     if next_line is None:
         return False
     opened = _open_brackets(after_line)
-    if len(opened) <= len(_open_brackets(before_line)):
+    if not opened or (len(opened) <= len(_open_brackets(before_line)) and not ends_line):
         return False
     if _indent(next_line) > _indent(after_line):
         return False
@@ -341,6 +350,48 @@ _BRACKET_NODES = frozenset({
     "subscript", "generator_expression", "list_comprehension", "dictionary_comprehension",
     "set_comprehension", "lambda_parameters", "import_from_statement",
 })  # fmt: skip
+
+
+def _closed_below(lines: list[str], row: int) -> bool:
+    """Do the lines below `row` close a bracket that none of them opened, with a closer that starts
+    a line at `row`'s indentation, before any line less indented? (the statement the cursor line begins goes on over
+    them: `for k, v in zip(` above `        pairs, strict=True` and `    ):`)"""
+    ind = _indent(content(lines[row]))
+    depth = 0
+    for r in range(row + 1, min(len(lines), row + 1 + MAX_AFTER)):
+        text = content(lines[r])
+        if not text.strip() or text.lstrip().startswith("#"):
+            continue
+        if _indent(text) < ind:
+            return False
+        for _, ch in code_chars(without_comment(text), _QUOTES):
+            if ch in _OPEN:
+                depth += 1
+            elif ch in _CLOSE:
+                depth -= 1
+                if depth < 0:  # a closer that starts its line at the cursor line's indentation
+                    return _indent(text) == ind and text.lstrip()[:1] in _CLOSE
+    return False
+
+
+_NAMED_ARGUMENT = re.compile(r"\s*(\*\*|\*|[A-Za-z_]\w*\s*=(?!=)|[)\]}#]|$)")
+
+
+def _positional_after_keyword(root, lines: list[str], row: int, col: int, line_after: str) -> bool:
+    """Does the edited line begin a positional argument in a call whose arguments on the lines
+    above include a keyword one (`f(a=1,` over `    x,`: Python's "positional argument follows
+    keyword argument")? Only a line that starts at the cursor's argument is judged."""
+    if root is None or content(lines[row])[:col].strip() or _NAMED_ARGUMENT.match(line_after):
+        return False
+    point = (row, utf8_length(content(lines[row])[:col]))
+    node = root.descendant_for_point_range(point, point)
+    while node is not None and node.type != "argument_list":
+        if node.type in _BRACKET_NODES or node.type in ("block", "module", "ERROR"):
+            return False  # (an argument's own bracket: a list of items, where any item may come)
+        node = node.parent
+    if node is None or node.start_point[0] >= row:
+        return False
+    return any(ch.type == "keyword_argument" and ch.end_point[0] < row for ch in node.children)
 
 
 def _continues_without_opening(after_line: str, next_line: str | None) -> bool:
@@ -514,7 +565,7 @@ def check(
     last = wr + len(new) - 1
     typed_to = len("".join(new[:-1])) + len(split_lines(body[:col] + text)[-1])
     if language in INDENTED_LANGUAGES and _opens_past_the_line(
-        body, content(after[last]), _next_code_line(after, last)
+        body, content(after[last]), _next_code_line(after, last), ends_line=not rest.strip()
     ):
         return "leaves a bracket open that the next lines do not continue"
     if language in INDENTED_LANGUAGES and text.rstrip().endswith(":") and _colon_inside_bracket(content(after[last])):
@@ -523,6 +574,11 @@ def check(
         content(after[last]), _next_code_line(after, last)
     ):
         return "leaves no bracket open for the deeper lines below it"
+    if language in INDENTED_LANGUAGES and _positional_after_keyword(root, lines, row, col, content(after[wr])):
+        return "writes a positional argument after keyword arguments"
+    if language in INDENTED_LANGUAGES and not _open_brackets(without_comment(content(after[last]))) \
+            and _closed_below(wl, wr):
+        return "leaves no bracket open for the closer below it"
     parsed_after = _Parsed(parser, after, wr, last, typed_to, col)
     before = _Parsed(parser, wl, wr, wr, col, col)
     # Errors below the edited lines that neither the document as it is nor the document without

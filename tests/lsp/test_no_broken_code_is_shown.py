@@ -90,7 +90,8 @@ def test_a_del_under_if_not_in_is_wrong_but_valid_syntax_and_not_held_back():
 def test_closing_a_half_typed_call_is_shown_and_a_colon_after_it_is_not():
     doc = "def f(a, b):\n    x = foo(|\n    return x\n"
     assert breaks("python", doc, "a, b)") is None
-    assert breaks("python", doc, "a, ") is None  # still unfinished, not broken
+    # accepted, it would end the line with `foo(` open above a line that does not continue it
+    assert breaks("python", doc, "a, ")
     assert breaks("python", doc, "a, b):")
     assert breaks("python", doc, "a, b))")
 
@@ -348,3 +349,34 @@ def test_the_server_holds_back_a_suggestion_that_breaks_the_syntax(text, line, c
                 assert syntax == 1
 
     asyncio.run(scenario())
+
+
+def test_a_line_closed_whole_above_the_closer_of_its_own_bracket_is_held_back():
+    """`):` below at the line's indentation closes a bracket the line must open."""
+    before = "def persist(self):\n    if self.lazy:\n        "
+    after = "\n            self.lazy, self.done, strict=False\n        ):\n            pass\n"
+    assert check_text("python", before, after, "for key, data in zip(self.lazy, self.done):") is not None
+    assert check_text("python", before, after, "for key, data in zip(") is None
+
+
+def test_rows_that_close_on_a_line_of_their_own_items_are_not_judged_as_closers():
+    before = "M = Matrix([[1, 2],\n           "
+    after = "\n           [5, 6]])\nx = 1\n"
+    assert check_text("python", before, after, "[3, 4],") is None
+
+
+def test_a_positional_argument_after_keyword_arguments_is_held_back():
+    before = "view = make(\n    variables=variables,\n    attrs=attrs,\n    "
+    after = "\n    close=None,\n)\n"
+    assert check_text("python", before, after, "None if enc is None else dict(enc),") is not None
+    assert check_text("python", before, after, "encoding=enc,") is None
+    assert check_text("python", before, after, "**extra,") is None
+    before = "fields = make(\n    name='x',\n    fields=[\n        "
+    assert check_text("python", before, "\n    ],\n)\n", "('id', 1),") is None  # an item of a list argument
+
+
+def test_an_insertion_that_ends_the_line_with_a_bracket_still_open_is_held_back():
+    before = "def f(R):\n    raises(ValueError, lambda: R.from_expr(1"
+    after = "\n    raises(ValueError, lambda: R.from_expr(2))\n"
+    assert check_text("python", before, after, ")") is not None
+    assert check_text("python", before, after, "/x))") is None
