@@ -46,7 +46,7 @@ class Mix:  # built from SamplerParams (Mix.of): the one knob set that travels w
     def checked(self, proposals: tuple[MemoryProposal, ...]) -> Mix:
         """This mix, or the memory alone (passes 0) when the memory's best proposal reaches `first`
         by its own side of the mix: the fast path, where the check would rarely change the answer."""
-        if not self.passes or not proposals:
+        if not self.passes or not proposals or self.veto > 0:
             return self
         alone = replace(self, passes=0)
         best = ranked(proposals, [None] * len(proposals), alone)

@@ -9,6 +9,7 @@ import pytest
 from dlm.coder_model.types import CancelToken, MemoryProposal, Prompt, SamplerParams
 from dlm.coder_model.verify import Mix, choose
 
+CHECKED = 2.0  # SamplerParams.memory_first above 1: every proposal is checked (no fast path)
 PROMPT = dict(prefix="import os\n\n\ndef read(path):\n", region="    with open(path) as f:", cursor=9,
               suffix="\n        return f.read()\n", language="python", path="m.py")
 
@@ -42,7 +43,7 @@ def test_without_the_model_the_memory_order_decides():
 
 def test_a_proposal_longer_than_the_block_is_not_scored(engine):
     p = Prompt(**{**PROMPT, "region": "    with ", "cursor": 9}, proposals=(MemoryProposal("x" * 400, 0.9),))
-    pred = engine.predict(p, SamplerParams(block_len=8), CancelToken())
+    pred = engine.predict(p, SamplerParams(block_len=8, memory_first=CHECKED), CancelToken())
     assert pred.text == "    with "
 
 
@@ -74,9 +75,10 @@ def test_a_proposal_longer_than_one_block_but_within_max_blocks_is_scored(engine
     block = (slots + 1) // 2  # the region and its <eom> need two blocks of this size
     assert block < slots
     p = Prompt(**{**PROMPT, "region": region, "cursor": len(region)}, proposals=(MemoryProposal(text, 0.9),))
-    two = engine.predict(p, SamplerParams(block_len=block, max_blocks=2, veto=0.0), CancelToken())
+    two = engine.predict(p, SamplerParams(block_len=block, max_blocks=2, veto=0.0, memory_first=CHECKED),
+                         CancelToken())
     assert two.text == region + text and two.confidence is not None
-    one = engine.predict(p, SamplerParams(block_len=block, max_blocks=1), CancelToken())
+    one = engine.predict(p, SamplerParams(block_len=block, max_blocks=1, memory_first=CHECKED), CancelToken())
     assert one.text == region  # one block too small: not scored, so vetoed
 
 
@@ -121,3 +123,4 @@ def test_the_fast_path_needs_passes_and_proposals():
     assert Mix(first=1.5).checked(proposals).passes == Mix().passes
     assert Mix(first=0.0).checked(()).passes == Mix().passes
     assert Mix(first=0.0, passes=0).checked(proposals).passes == 0
+    assert Mix(first=0.5, veto=0.1).checked(proposals).passes == Mix().passes  # a veto checks them all
