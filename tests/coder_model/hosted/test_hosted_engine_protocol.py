@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import closing
 
 import pytest
 from dlm.coder_model.hosted.http_engine import HostedEngine
@@ -45,8 +46,7 @@ def predict(engine: HostedEngine, prompt: Prompt = PROMPT, deadline_s: float = 5
 
 def test_mercury_edit_request_and_a_fenced_answer(server):
     server.respond = lambda r: Response(body=chat_content("```python\n    return sum(items)\n```\n"))
-    engine = engine_for(server, "mercury-edit", key=True)
-    try:
+    with closing(engine_for(server, "mercury-edit", key=True)) as engine:
         pred = predict(engine)
         [rec] = server.records
         assert rec.path == "/v1/edit/completions"
@@ -62,18 +62,13 @@ def test_mercury_edit_request_and_a_fenced_answer(server):
         assert pred.confidence == 1.0 and pred.scored is False and not pred.late and pred.steps == 1
         st = engine.status()
         assert st.state == "ready" and st.extra["backend"]["p50_ms"] is not None and not st.message
-    finally:
-        engine.close()
 
 
 def test_a_null_answer_is_no_prediction(server):
     server.respond = lambda r: Response(body=chat_content(None))
-    engine = engine_for(server, "mercury-edit", key=True)
-    try:
+    with closing(engine_for(server, "mercury-edit", key=True)) as engine:
         pred = predict(engine)
         assert pred.text == REGION and pred.confidence == 0.0 and engine.status().state == "ready"
-    finally:
-        engine.close()
 
 
 @pytest.mark.parametrize("kind, body, fields", [
@@ -86,8 +81,7 @@ def test_a_null_answer_is_no_prediction(server):
 ])
 def test_fim_kinds_send_their_fields_and_insert_the_answer(server, kind, body, fields):
     server.respond = lambda r: Response(body=body)
-    engine = engine_for(server, kind, key=kind.startswith("mercury"))
-    try:
+    with closing(engine_for(server, kind, key=kind.startswith("mercury"))) as engine:
         pred = predict(engine)
         [rec] = server.records
         assert set(rec.body) == fields
@@ -99,19 +93,14 @@ def test_fim_kinds_send_their_fields_and_insert_the_answer(server, kind, body, f
             assert rec.body["suffix"] == PROMPT.suffix
         assert "authorization" in rec.headers if kind.startswith("mercury") else "authorization" not in rec.headers
         assert pred.text == REGION + "ems)"
-    finally:
-        engine.close()
 
 
 def test_connections_are_kept_alive_and_reused(server):
     server.respond = lambda r: Response(body=openai_text("ems)"))
-    engine = engine_for(server)
-    try:
+    with closing(engine_for(server)) as engine:
         for _ in range(5):
             assert predict(engine).text == REGION + "ems)"
         assert len(server.records) == 5 and len(server.connections) == 1
-    finally:
-        engine.close()
 
 
 def test_401_says_which_key_to_check_once_and_stops_asking(server, caplog):
@@ -140,46 +129,36 @@ def test_429_is_retried_after_retry_after_and_then_answers(server):
     answers = iter([Response(429, {"error": {"message": "slow down"}}, headers={"Retry-After": "0"}),
                     Response(body=openai_text("ems)"))])
     server.respond = lambda r: next(answers)
-    engine = engine_for(server)
-    try:
+    with closing(engine_for(server)) as engine:
         assert predict(engine).text == REGION + "ems)"
         assert len(server.records) == 2 and not engine.status().message
-    finally:
-        engine.close()
 
 
 def test_429_with_a_long_retry_after_holds_requests_back_until_then(server):
     server.respond = lambda r: Response(429, {}, headers={"Retry-After": "120"})
-    engine = engine_for(server)
-    try:
+    with closing(engine_for(server)) as engine:
         pred = predict(engine, deadline_s=0.5)
         assert pred.text == REGION
         assert "429" in engine.status().message and "resume in 120 s" in engine.status().message
         predict(engine)
         assert len(server.records) == 1
-    finally:
-        engine.close()
 
 
 def test_5xx_is_retried_a_bounded_number_of_times_and_the_next_request_works(server):
     failing = [True]
     server.respond = lambda r: Response(503, {"error": "down"}) if failing[0] else Response(body=openai_text("ems)"))
-    engine = engine_for(server)
-    try:
+    with closing(engine_for(server)) as engine:
         pred = predict(engine)
         assert pred.text == REGION and len(server.records) == 1 + engine.retries
         assert engine.status().message.startswith("the completions server at 127.0.0.1: 503")
         failing[0] = False
         assert predict(engine).text == REGION + "ems)"
         assert engine.status().message == ""
-    finally:
-        engine.close()
 
 
 def test_an_answer_later_than_the_deadline_is_late_and_aborted(server):
     server.respond = lambda r: Response(body=openai_text("ems)"), delay_s=2.0)
-    engine = engine_for(server)
-    try:
+    with closing(engine_for(server)) as engine:
         t0 = time.monotonic()
         pred = predict(engine, deadline_s=0.3)
         assert pred.late and pred.text == REGION and time.monotonic() - t0 < 1.5
@@ -191,8 +170,6 @@ def test_an_answer_later_than_the_deadline_is_late_and_aborted(server):
         assert server.records[0].aborted_at is not None  # its connection was closed, not left waiting
         server.respond = lambda r: Response(body=openai_text("ems)"))
         assert predict(engine).text == REGION + "ems)"
-    finally:
-        engine.close()
 
 
 @pytest.mark.parametrize("response, words", [
@@ -205,8 +182,7 @@ def test_an_answer_later_than_the_deadline_is_late_and_aborted(server):
 def test_bad_answers_are_refused_in_words_and_the_next_request_works(server, response, words):
     kind = "mercury-edit" if "current_file" in str(response.body) or "zzz" in str(response.body) else "openai-fim"
     server.respond = lambda r: response
-    engine = engine_for(server, kind, key=kind == "mercury-edit")
-    try:
+    with closing(engine_for(server, kind, key=kind == "mercury-edit")) as engine:
         pred = predict(engine)
         assert pred.text == REGION  # nothing applied
         assert words in engine.status().message and "nothing applied" in engine.status().message
@@ -215,14 +191,11 @@ def test_bad_answers_are_refused_in_words_and_the_next_request_works(server, res
                                             else openai_text("ems)"))
         assert predict(engine).text == REGION + "ems)"
         assert engine.status().message == ""
-    finally:
-        engine.close()
 
 
 def test_a_cancelled_request_is_aborted_at_once_and_answers_cancelled(server):
     server.respond = lambda r: Response(body=openai_text("ems)"), delay_s=5.0)
-    engine = engine_for(server)
-    try:
+    with closing(engine_for(server)) as engine:
         cancel = CancelToken()
         fut = engine.submit(PROMPT, PARAMS, cancel, time.monotonic() + 30)
         server.wait_records(1)
@@ -234,8 +207,6 @@ def test_a_cancelled_request_is_aborted_at_once_and_answers_cancelled(server):
             time.sleep(0.001)
         released_ms = (server.records[0].aborted_at - t0) * 1000
         print(f"superseded request's connection closed {released_ms:.1f} ms after cancel")  # measured, not asserted
-    finally:
-        engine.close()
 
 
 def test_secrets_are_masked_in_what_is_sent_and_a_region_holding_one_is_not_sent(server):
@@ -273,8 +244,7 @@ def test_no_key_in_any_log_at_debug(server, caplog):
 
 def test_a_confident_draft_answers_without_a_request_and_a_weak_one_when_the_backend_has_nothing(server):
     server.respond = lambda r: Response(body=openai_text(""))
-    engine = engine_for(server)
-    try:
+    with closing(engine_for(server)) as engine:
         confident = Prompt(prefix="", region="x = fo", cursor=6, suffix="", path="m.py", insert=True,
                            proposals=(MemoryProposal("o(1)", 0.95), MemoryProposal("o(2)", 0.02)))
         pred = predict(engine, confident)
@@ -286,5 +256,3 @@ def test_a_confident_draft_answers_without_a_request_and_a_weak_one_when_the_bac
         pred = predict(engine, weak)
         assert len(server.records) == 1  # the backend was asked, answered nothing: the draft, gated
         assert pred.text == "x = foo(3)" and pred.confidence < 0.7
-    finally:
-        engine.close()
