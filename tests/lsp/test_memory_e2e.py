@@ -31,41 +31,36 @@ async def _type_and_ask(client, uri: str, text: str, row: int, typed: str):
         inline_params(uri, row, len(typed), types.InlineCompletionTriggerKind.Automatic))
 
 
-@pytest.mark.asyncio
-async def test_the_memory_proposes_a_workspace_line_and_the_denoiser_checks_it(tmp_path: Path):
+async def _frobnicate(tmp_path: Path, init: dict) -> tuple[list[str], dict]:
+    """The inline items after `    frobnicate_` typed in a new file of the workspace, and dlm/stats."""
     root = tmp_path / "proj"
     _project(root)
-    # every proposal checked (no fast path: sampler.memoryFirst above 1)
-    init = {"minConfidence": 0, "deadlineMs": 5000, "sampler": {"memoryFirst": 2.0}}
     client = await start_in_workspace(tmp_path, root, init, CPU_SERVER)
     try:
         uri = (root / "new.py").as_uri()
         res = await _type_and_ask(client, uri, "def handler_9(registry):\n\n    return registry\n", 1,
                                   "    frobnicate_")
-        assert [i.insert_text for i in res.items] == ["widget(registry, widget_id=42, strict=True)"]
-        stats = await request(client, "dlm/stats", {})
-        assert stats["offered"] == 1 and stats["steps"] >= 1  # the denoiser ran on the proposal
+        return [i.insert_text for i in res.items], await request(client, "dlm/stats", {})
     finally:
         await client.shutdown_session()
+
+
+@pytest.mark.asyncio
+async def test_the_memory_proposes_a_workspace_line_and_the_denoiser_checks_it(tmp_path: Path):
+    # every proposal checked (no fast path: sampler.memoryFirst above 1)
+    items, stats = await _frobnicate(tmp_path, {"minConfidence": 0, "deadlineMs": 5000, "sampler": {"memoryFirst": 2.0}})
+    assert items == ["widget(registry, widget_id=42, strict=True)"]
+    assert stats["offered"] == 1 and stats["steps"] >= 1  # the denoiser ran on the proposal
 
 
 @pytest.mark.asyncio
 async def test_a_proposal_the_memory_is_sure_of_takes_the_fast_path(tmp_path: Path):
     """The one line of the workspace that continues `frobnicate_`: the memory is sure of it, so at
     the default `sampler.memoryFirst` it is answered with no model pass."""
-    root = tmp_path / "proj"
-    _project(root)
-    client = await start_in_workspace(tmp_path, root, {"minConfidence": 0, "deadlineMs": 5000}, CPU_SERVER)
-    try:
-        uri = (root / "new.py").as_uri()
-        res = await _type_and_ask(client, uri, "def handler_9(registry):\n\n    return registry\n", 1,
-                                  "    frobnicate_")
-        assert [i.insert_text for i in res.items] == ["widget(registry, widget_id=42, strict=True)"]
-        stats = await request(client, "dlm/stats", {})
-        assert stats["offered"] == 1 and stats["memory_answers"] >= 1 and stats["steps"] == 0
-        assert stats["no_steps"] == 0  # counted as the memory's answer, not as "no time for a step"
-    finally:
-        await client.shutdown_session()
+    items, stats = await _frobnicate(tmp_path, {"minConfidence": 0, "deadlineMs": 5000})
+    assert items == ["widget(registry, widget_id=42, strict=True)"]
+    assert stats["offered"] == 1 and stats["memory_answers"] >= 1 and stats["steps"] == 0
+    assert stats["no_steps"] == 0  # counted as the memory's answer, not as "no time for a step"
 
 
 @pytest.mark.asyncio
