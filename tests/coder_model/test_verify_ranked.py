@@ -31,7 +31,8 @@ def test_ranked_without_the_model_follows_the_memory_and_ties_keep_its_order():
 def test_the_engine_answers_the_best_proposal_with_every_ones_confidence(engine):
     proposals = (MemoryProposal("open(path) as f:", 0.4), MemoryProposal("os.fdopen(path) as f:", 0.3),
                  MemoryProposal("x" * 400, 0.9))  # longer than the block: never scored, never listed
-    pred = engine.predict(Prompt(**PROMPT, proposals=proposals), SamplerParams(), CancelToken())
+    # every proposal checked (sampler.memoryFirst above 1: no fast path for the sure one)
+    pred = engine.predict(Prompt(**PROMPT, proposals=proposals), SamplerParams(memory_first=2.0), CancelToken())
     listed = pred.proposal_confidences
     assert sorted(t for t, _ in listed) == sorted(p.text for p in proposals[:2])
     assert [c for _, c in listed] == sorted((c for _, c in listed), reverse=True)
