@@ -608,10 +608,10 @@ class WorkspaceIndex:
         if initial:
             refused = discovery.refusal(ri.path)
             if refused:
-                ri.state = "off"
-                ri.message = (f"{refused}: not indexed (too much, and it holds other projects and your "
-                              "secrets); open a project folder to use the repository memory")  # fmt: skip
-                log.warning("index: %s", ri.message)
+                message = (f"{refused}: not indexed (too much, and it holds other projects and your "
+                           "secrets); open a project folder to use the repository memory")  # fmt: skip
+                log.warning("index: %s", message)  # logged before the status says it
+                ri.state, ri.message = "off", message
                 self._notify_status()
                 return
             if not os.path.isdir(ri.real):
