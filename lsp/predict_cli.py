@@ -2,7 +2,7 @@
 language server makes it, with the repository memory on.
 
 Prints which repository memory it used, the predicted new region, the suggestion at the
-cursor, which source made it (the memory, checked by the model, or the model alone), the edit
+cursor, which source made it (the memory, checked by the model or sure alone, or the model alone), the edit
 as a unified diff of the file, the confidence and whether the editor would show it, and
 timings. Positions are 0-based (the first line is --line 0, the first column --col 0), as in
 LSP; the column counts characters (code points) of the line.
@@ -275,18 +275,19 @@ def with_memory(index: ProjectIndex, doc: Document, built: context.BuiltContext,
     return replace(out, prompt=replace(out.prompt, proposals=proposals)), rel
 
 
-def answer_source(prompt: Prompt, new_region: str, memory_note: str) -> str:
-    """Which source made the answer: the memory (its proposal, checked by the model), the
-    memory vetoed by the model, or the model decoding alone (and why the memory did not
-    propose)."""
+def answer_source(prompt: Prompt, new_region: str, memory_note: str, checked: bool = True) -> str:
+    """Which source made the answer: the memory (its proposal, checked by the model, or answered
+    alone where it is sure: `checked` False, the fast path), the memory vetoed by the model, or the
+    model decoding alone (and why the memory did not propose)."""
     proposals = prompt.proposals
     if proposals:
         n = len(proposals)
         region, c = prompt.region, prompt.cursor
         for i, p in enumerate(proposals):
             if region[:c] + p.text + region[c:] == new_region:  # coder_model.verify.region_after
+                how = "checked by the model" if checked else "sure enough that no check ran: sampler.memoryFirst"
                 return (f"memory (the repository memory's proposal {i + 1} of {n}, memory probability "
-                        f"{p.score:.3f}, checked by the model)")
+                        f"{p.score:.3f}, {how})")
         return f"memory: the model vetoed all {n} of the repository memory's proposals, so nothing is proposed"
     if memory_note:
         return f"model (no repository memory: {memory_note}; the model decoded alone)"
@@ -558,7 +559,7 @@ def _predict(args: argparse.Namespace, params: SamplerParams, file_doc: Document
     if prompt.insert:
         sugg = postprocess.suggest(prompt.region, prompt.cursor, pred.text, prompt.suffix, prompt.prefix)
         print(f"== suggestion at the cursor: {suggestion_line(sugg, rest)}")
-    print(f"== source: {answer_source(prompt, pred.text, memory_note)}")
+    print(f"== source: {answer_source(prompt, pred.text, memory_note, checked=pred.steps > 0)}")
     print("== edit (unified diff with file line numbers; `--diff | patch -p1` applies it)")
     if edit:
         print(edit, end="")

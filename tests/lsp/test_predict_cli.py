@@ -226,3 +226,13 @@ def test_paths_expand_home_and_variables(tmp_path, tiny_checkpoint):
     )
     assert r.returncode == 0, r.stderr
     assert "== predicted region" in r.stdout
+
+
+def test_the_source_says_whether_the_model_checked_the_memorys_proposal():
+    from dlm.coder_model.types import MemoryProposal, Prompt
+    from dlm.lsp.predict_cli import answer_source
+
+    p = Prompt(prefix="", region="x = ", cursor=4, suffix="", proposals=(MemoryProposal("1", 0.97),))
+    assert "checked by the model" in answer_source(p, "x = 1", "")
+    alone = answer_source(p, "x = 1", "", checked=False)
+    assert "no check ran" in alone and "checked by the model" not in alone
