@@ -43,6 +43,12 @@ More Python rules read the lines below the cursor as the compiler would:
   are missing, so the code that follows reads as its prose) belongs after those quotes:
   `try:` typed at the docstring's indentation is held back; prose there is not judged; and on a
   new line under a header, above prose closed by triple quotes, the docstring opens;
+- the brackets open at the line's end are counted from the first line of its statement, on the
+  tree's tokens above the cursor (a bracket inside a multi-line string counts for nothing): a
+  half-typed line is closed with all of them, and a line that leaves one open above the next
+  statement (a line of code at the statement's indentation or less that is a statement alone:
+  `for k in d:`, `L, U = m.lu()`) is held back (a generator's `for` given a `:`, a matrix's last
+  row given a comma);
 - a closer that starts a line below at the edited line's indentation (`):` under the arguments
   of a `for ... in zip(`) closes a bracket the edited line must open;
 - in a call whose arguments above include a keyword one, a new argument line that begins a
@@ -52,7 +58,8 @@ What it cannot see: a valid statement in the wrong place (`del d[k]` under
 `if k not in d:`), or a valid one that means nothing (`self.value` alone on a line).
 
 The window (MAX_BEFORE lines back to the nearest line at indentation 0, else to the least
-indented line; MAX_AFTER lines on, up to a line less indented than the window's first)
+indented line; MAX_AFTER lines on, up to a line less indented than the window's first that is
+not inside one of its brackets)
 keeps a check under a millisecond or so on real files: parsing the window costs about
 as much as a few hundred lines, never the whole file. No torch here; tree-sitter is
 imported when a grammar is first asked for.
@@ -119,6 +126,21 @@ def _inside_prose(root, lines: list[str], row: int, col: int) -> bool:
     return False
 
 
+def _inside_bracket(root, lines: list[str], r: int, start: int) -> bool:
+    """Does line r begin inside a bracket (or a half-typed line's ERROR) opened on a line from
+    `start` on? Inside one, indentation is free (the rows of a matrix at column 0)."""
+    if root is None:
+        return False
+    text = content(lines[r])
+    point = (r, utf8_length(text[: _indent(text)]))
+    node = root.descendant_for_point_range(point, point)
+    while node is not None:
+        if (node.type in _BRACKET_NODES or node.type == "ERROR") and start <= node.start_point[0] < r:
+            return True
+        node = node.parent
+    return False
+
+
 def window(lines: list[str], row: int, root=None) -> Window:
     """The lines around `row` the check parses: from the nearest line at indentation 0 within
     MAX_BEFORE lines (else the least indented one there, the nearest of those), to MAX_AFTER lines
@@ -147,7 +169,7 @@ def window(lines: list[str], row: int, root=None) -> Window:
         text = content(lines[r])
         if text.strip() and _starts_token(root, lines, r):  # (a string's lines may start anywhere)
             ind = _indent(text)
-            if ind < base:
+            if ind < base and not _inside_bracket(root, lines, r, start):
                 return Window(lines[start : end + 1], row - start)
             body = ind if body is None else body
             closer = text.lstrip().startswith(tuple(_CLOSE))  # it ends the statement above it
@@ -262,14 +284,65 @@ def _open_brackets(text: str) -> list[str]:
     return stack
 
 
-def _closed(line: str) -> str:
+def _pushed(stack: list[str], text: str) -> list[str]:
+    """`stack` (open brackets, innermost last) after the brackets of `text` (strings and comments
+    skipped roughly: coder_model.line_scan; a closer that matches nothing clears nothing)."""
+    out = list(stack)
+    for line in text.split("\n"):
+        for _, ch in code_chars(without_comment(line), _QUOTES):
+            if ch in _OPEN:
+                out.append(ch)
+            elif ch in _CLOSE and out and out[-1] == _CLOSE[ch]:
+                out.pop()
+    return out
+
+
+def _open_at_line(root, start: int, row: int) -> tuple[list[str], int]:
+    """(the brackets open where line `row` begins, innermost last; the row where the statement
+    that holds them begins), counted on the document tree's tokens from line `start` (a line
+    between two statements). Strings and comments are tokens whole, so a bracket inside a
+    multi-line string counts for nothing, as it does for the compiler. Without a tree: ([], row)."""
+    if root is None or start >= row:
+        return [], row
+    lo, hi = (start, 0), (row, 0)
+    stack: list[str] = []
+    first = row  # the first row of the statement under way: the row of a token met with nothing open
+    last_row = -1
+    todo = [root]
+    while todo:
+        node = todo.pop()
+        if node.end_point <= lo or node.start_point >= hi:
+            continue
+        if node.child_count:
+            todo.extend(reversed(node.children))
+            continue
+        kind = node.type
+        if node.start_point[0] != last_row:
+            last_row = node.start_point[0]
+            if not stack:
+                first = last_row
+        if kind in _OPEN:
+            stack.append(kind)
+        elif kind in _CLOSE and stack and stack[-1] == _CLOSE[kind]:
+            stack.pop()
+    return stack, (first if stack else row)
+
+
+def _leaves_string_open(line: str) -> bool:
+    return line.count('"""') % 2 == 1 or line.count("'''") % 2 == 1
+
+
+def _closed(line: str, stack: list[str] | None = None) -> str:
     """A line with the brackets it leaves open closed at its end (its terminator kept); a
-    trailing comma goes first (`f(a, ` is closed as `f(a)`: C takes no `f(a, )`)."""
+    trailing comma goes first (`f(a, ` is closed as `f(a)`: C takes no `f(a, )`). `stack`:
+    the brackets open at the line's end counted from its statement's start (the lines above
+    included); without it, those the line itself opens."""
     text = content(line)
     eol = line[len(text) :]
     body = text.rstrip()
     body = body.removesuffix(",")
-    closers = "".join(_OPEN[c] for c in reversed(_open_brackets(body)))
+    opened = _open_brackets(body) if stack is None else stack
+    closers = "".join(_OPEN[c] for c in reversed(opened))
     return body + closers + eol
 
 
@@ -403,7 +476,7 @@ def _continues_without_opening(after_line: str, next_line: str | None) -> bool:
     code = without_comment(after_line)
     if not code.strip() or code.endswith((":", "\\")) or _open_brackets(code):
         return False
-    return code.count('"""') % 2 == 0 and code.count("'''") % 2 == 0
+    return not _leaves_string_open(code)
 
 
 _STATEMENTS = (ast.Assign, ast.AugAssign, ast.Return, ast.Import, ast.ImportFrom, ast.FunctionDef,
@@ -564,6 +637,17 @@ def check(
     after = wl[:wr] + new + wl[wr + 1 :]
     last = wr + len(new) - 1
     typed_to = len("".join(new[:-1])) + len(split_lines(body[:col] + text)[-1])
+    open_before = open_after = None  # the brackets open at the line's end, from its statement's start
+    if language in INDENTED_LANGUAGES:
+        above, first = _open_at_line(root, row - wr, row)
+        open_before = _pushed(above, body)
+        open_after = _pushed(above, body[:col] + text + rest)
+        if _leaves_string_open(content(after[last])):
+            open_before = open_after = None  # closers would be the string's text: each line closes its own
+        following = _next_code_line(after, last)
+        if open_after and following is not None and _indent(following) <= _indent(content(lines[first])) \
+                and not following.lstrip().startswith(tuple(_CLOSE)) and _is_statement(following):
+            return "leaves a bracket open where the next statement begins"
     if language in INDENTED_LANGUAGES and _opens_past_the_line(
         body, content(after[last]), _next_code_line(after, last), ends_line=not rest.strip()
     ):
@@ -594,9 +678,9 @@ def check(
     if not before.problems():
         return "introduces a syntax error"
     # A half-typed line: compare both as the user would finish them (open brackets closed).
-    closed_before = _Parsed(parser, wl[:wr] + [_closed(line)] + wl[wr + 1 :], wr, wr, col, col)
+    closed_before = _Parsed(parser, wl[:wr] + [_closed(line, open_before)] + wl[wr + 1 :], wr, wr, col, col)
     closed_after = _Parsed(
-        parser, after[:last] + [_closed(after[last])] + after[last + 1 :], wr, last, typed_to, col
+        parser, after[:last] + [_closed(after[last], open_after)] + after[last + 1 :], wr, last, typed_to, col
     )
     if not closed_before.problems():
         return "leaves the line broken past completing" if closed_after.problems() else None

@@ -351,32 +351,50 @@ def test_the_server_holds_back_a_suggestion_that_breaks_the_syntax(text, line, c
     asyncio.run(scenario())
 
 
-def test_a_line_closed_whole_above_the_closer_of_its_own_bracket_is_held_back():
-    """`):` below at the line's indentation closes a bracket the line must open."""
-    before = "def persist(self):\n    if self.lazy:\n        "
-    after = "\n            self.lazy, self.done, strict=False\n        ):\n            pass\n"
-    assert check_text("python", before, after, "for key, data in zip(self.lazy, self.done):") is not None
-    assert check_text("python", before, after, "for key, data in zip(") is None
+# What the lines around the cursor ask of a Python insertion: the document with the cursor at `|`,
+# insertions held back, insertions shown.
+PYTHON_LINES = {
+    # `):` below at the line's indentation closes a bracket the line must open
+    "a line closed whole above the closer of its own bracket": (
+        "def persist(self):\n    if self.lazy:\n        |\n            self.lazy, self.done, strict=False\n"
+        "        ):\n            pass\n",
+        ["for key, data in zip(self.lazy, self.done):"], ["for key, data in zip("]),
+    "rows that close on a line of their own items are not closers": (
+        "M = Matrix([[1, 2],\n           |\n           [5, 6]])\nx = 1\n", [], ["[3, 4],"]),
+    "a positional argument after keyword arguments": (
+        "view = make(\n    variables=variables,\n    attrs=attrs,\n    |\n    close=None,\n)\n",
+        ["None if enc is None else dict(enc),"], ["encoding=enc,", "**extra,"]),
+    "an item of a list argument after keyword arguments": (
+        "fields = make(\n    name='x',\n    fields=[\n        |\n    ],\n)\n", [], ["('id', 1),"]),
+    "an insertion that ends the line with a bracket still open": (
+        "def f(R):\n    raises(ValueError, lambda: R.from_expr(1|\n    raises(ValueError, lambda: R.from_expr(2))\n",
+        [")"], ["/x))"]),
+    # brackets are counted from the statement's first line: a generator's `for` given a `:` leaves
+    # `extend([` open although the cursor line opens nothing
+    "a bracket opened lines above and left open before the next statement": (
+        "def f(self):\n    pairs = []\n    pairs.extend([(tz, '%Z') for values in self.zones\n"
+        "                  for tz in values|\n\n    for offset, directive in pairs:\n        pass\n",
+        [":"], ["])"]),
+    "a row that leaves the matrix open above the next statement": (
+        "def test_lu():\n    m = Matrix([[ 6, -2],\n                [ 0,  3],\n                |\n    L, U = m.lu()\n",
+        ["[ 1, -2],"], ["[ 1, -2]])"]),
+    "a middle row with more rows below it": (
+        "def test_lu():\n    m = Matrix([[ 6, -2],\n                |\n                [ 1, -2]])\n"
+        "    L, U = m.lu()\n", [], ["[ 0,  3],"]),
+    # inside a bracket indentation is free: the rows at column 0 still belong to the statement
+    "a row that closes the matrix above rows at column zero": (
+        "def test_glsl():\n    mat = Matrix([\n[0, 1],\n[2, 3],\n[|\n[6, 7]])\n    assert glsl_code(mat) == gl\n",
+        ["4, 5]])"], ["4, 5],"]),
+    "brackets inside a multi-line string above count for nothing": (
+        'def f():\n    doc = """\n    a list: [1, 2,\n    (and a note\n    """\n'
+        "    values = compute(doc,\n                     |\n    return values\n",
+        ["strict=True"], ["strict=True)"]),
+}
 
 
-def test_rows_that_close_on_a_line_of_their_own_items_are_not_judged_as_closers():
-    before = "M = Matrix([[1, 2],\n           "
-    after = "\n           [5, 6]])\nx = 1\n"
-    assert check_text("python", before, after, "[3, 4],") is None
-
-
-def test_a_positional_argument_after_keyword_arguments_is_held_back():
-    before = "view = make(\n    variables=variables,\n    attrs=attrs,\n    "
-    after = "\n    close=None,\n)\n"
-    assert check_text("python", before, after, "None if enc is None else dict(enc),") is not None
-    assert check_text("python", before, after, "encoding=enc,") is None
-    assert check_text("python", before, after, "**extra,") is None
-    before = "fields = make(\n    name='x',\n    fields=[\n        "
-    assert check_text("python", before, "\n    ],\n)\n", "('id', 1),") is None  # an item of a list argument
-
-
-def test_an_insertion_that_ends_the_line_with_a_bracket_still_open_is_held_back():
-    before = "def f(R):\n    raises(ValueError, lambda: R.from_expr(1"
-    after = "\n    raises(ValueError, lambda: R.from_expr(2))\n"
-    assert check_text("python", before, after, ")") is not None
-    assert check_text("python", before, after, "/x))") is None
+@pytest.mark.parametrize(("doc", "held", "shown"), PYTHON_LINES.values(), ids=list(PYTHON_LINES))
+def test_python_insertions_the_lines_around_them_hold_back_or_let_through(doc, held, shown):
+    for text in held:
+        assert breaks("python", doc, text) is not None, text
+    for text in shown:
+        assert breaks("python", doc, text) is None, text
