@@ -49,6 +49,9 @@ More Python rules read the lines below the cursor as the compiler would:
   statement (a line of code at the statement's indentation or less that is a statement alone:
   `for k in d:`, `L, U = m.lu()`) is held back (a generator's `for` given a `:`, a matrix's last
   row given a comma);
+- triple quotes opened on a blank line outside any string, and left open, where no docstring or
+  value goes (under `return x`, or under a header whose body below is code) swallow the code
+  below up to the next string's quotes: held back;
 - a closer that starts a line below at the edited line's indentation (`):` under the arguments
   of a `for ... in zip(`) closes a bracket the edited line must open;
 - in a call whose arguments above include a keyword one, a new argument line that begins a
@@ -581,6 +584,57 @@ def _docstring_closed_below(lines: list[str], row: int, col: int) -> bool:
     return False
 
 
+def _inside_open_quotes(lines: list[str], row: int) -> bool:
+    """Do the lines above `row`, up to the block header above it (the nearest less indented line,
+    within MAX_STRING_LINES), hold an odd number of triple quotes? The cursor is then inside a
+    docstring, however the tree reads a string it cannot close."""
+    ind = _indent(content(lines[row]))
+    quotes = 0
+    for r in range(row - 1, max(-1, row - 1 - MAX_STRING_LINES), -1):
+        text = content(lines[r])
+        if text.strip() and _indent(text) < ind:
+            break
+        quotes += text.count('"""') + text.count("'''")
+    return quotes % 2 == 1
+
+
+_STRING_GOES_AFTER = (":", "(", "[", "{", ",", "=", "+", "\\")
+
+
+def _opens_string_among_statements(root, lines: list[str], row: int, col: int, text: str) -> bool:
+    """Does the insertion, typed on a blank line, open a triple-quoted string that it leaves open,
+    outside any string, under a line of code that is no header, no opener and no operator, or
+    above statements at its indentation that come before any closing quotes? There the string
+    swallows the code below up to the next string's quotes (a docstring opened after `return x`,
+    or under a header whose body is code)."""
+    if content(lines[row])[:col].strip() or not text.lstrip().startswith(('"""', "'''")):
+        return False
+    if not _leaves_string_open(text) or _inside_prose(root, lines, row, col):
+        return False
+    r = row - 1
+    while r >= 0 and (not content(lines[r]).strip() or content(lines[r]).lstrip().startswith("#")):
+        r -= 1
+    if r < 0 or not _starts_token(root, lines, r) or _inside_open_quotes(lines, row):
+        return False  # the first line, or a line of a string (the insertion may close it)
+    above = without_comment(content(lines[r]))
+    if _leaves_string_open(above):
+        return False
+    return not above.endswith(_STRING_GOES_AFTER) or _code_before_quotes(lines, row)
+
+
+def _code_before_quotes(lines: list[str], row: int) -> bool:
+    """Is there a statement at `row`'s indentation below it before any line with triple quotes?
+    A docstring opened at `row` would swallow it."""
+    ind = _indent(content(lines[row]))
+    for r in range(row + 1, min(len(lines), row + 1 + MAX_AFTER)):
+        text = content(lines[r])
+        if '"""' in text or "'''" in text:
+            return False
+        if text.strip() and _indent(text) == ind and _is_statement(text):
+            return True
+    return False
+
+
 def _previous_code_line(lines: list[str], row: int) -> str | None:
     for r in range(row - 1, max(-1, row - 1 - MAX_BEFORE), -1):
         text = content(lines[r])
@@ -619,6 +673,8 @@ def check(
         return None  # inside a string or comment begun on a line above (a docstring's prose)
     if _inside_prose(root, lines, row, col) and '"""' not in text and "'''" not in text:
         return None  # the cursor is inside a string or comment (a blank line of a docstring)
+    if language in INDENTED_LANGUAGES and _opens_string_among_statements(root, lines, row, col, text):
+        return "opens a string between two statements, where no docstring or value goes"
     if language in INDENTED_LANGUAGES and '"""' not in text and "'''" not in text \
             and not content(lines[row])[col:].strip() and _docstring_closed_below(lines, row, col):
         return "leaves unopened the docstring whose prose and closing quotes follow"

@@ -389,6 +389,18 @@ PYTHON_LINES = {
         'def f():\n    doc = """\n    a list: [1, 2,\n    (and a note\n    """\n'
         "    values = compute(doc,\n                     |\n    return values\n",
         ["strict=True"], ["strict=True)"]),
+    # a string opened after `return x` is a statement of its own that swallows the code below
+    "triple quotes opened between two statements": (
+        "def f(x):\n    y = g(x)\n    |\n    return y\n\n\ndef h():\n    \"\"\"Doc.\"\"\"\n", ['"""'], ["z = y"]),
+    # under a header whose body is code: a docstring opened there swallows it
+    "triple quotes opened above the code of a body": (
+        "def f(x):\n    |\n\n    y = g(x)\n    return y\n\n\ndef h():\n    \"\"\"Doc.\"\"\"\n", ['"""'], ["y = 0"]),
+    "triple quotes that open a docstring": (
+        'def f(x):\n    |\n    Return x.\n    """\n    return x\n', [], ['"""']),
+    "triple quotes that open a value": (
+        'def f(x):\n    y = (\n        |\n        Text.\n        """\n    )\n    return y\n', [], ['"""']),
+    "triple quotes that close a docstring": (
+        'def f(x):\n    """Return x.\n\n    More.\n    |\n    return x\n\n\ndef h():\n    """Doc."""\n', [], ['"""']),
 }
 
 
