@@ -52,6 +52,8 @@ More Python rules read the lines below the cursor as the compiler would:
 - triple quotes opened on a blank line outside any string, and left open, where no docstring or
   value goes (under `return x`, or under a header whose body below is code) swallow the code
   below up to the next string's quotes: held back;
+- on a docstring's line, closing quotes above more of its prose and its own closing quotes are
+  held back (that prose would be code, and those quotes would open a string);
 - a closer that starts a line below at the edited line's indentation (`):` under the arguments
   of a `for ... in zip(`) closes a bracket the edited line must open;
 - in a call whose arguments above include a keyword one, a new argument line that begins a
@@ -558,6 +560,27 @@ def _reads_as_code(text: str) -> bool:
             or stripped.endswith(("(", "[", "{", ",", ":", ")", "]", "}", "\\")))
 
 
+def _closes_docstring_early(lines: list[str], row: int, col: int, text: str) -> bool:
+    """Does the insertion, on a line of a docstring (the lines above it hold an odd number of
+    triple quotes), close it with more of its prose below and then a line of closing quotes alone
+    at the cursor's indentation? That prose would become code, and those quotes open a string."""
+    typed = content(lines[row])[:col]
+    if typed.strip() or not _leaves_string_open(text) or not _inside_open_quotes(lines, row):
+        return False
+    prose = 0
+    for r in range(row + 1, min(len(lines), row + 1 + MAX_AFTER)):
+        text_r = content(lines[r])
+        stripped = text_r.strip()
+        if not stripped:
+            continue
+        if '"""' in stripped or "'''" in stripped:
+            return prose > 0 and stripped in ('"""', "'''") and _indent(text_r) == _indent(typed)
+        if _reads_as_code(text_r):
+            return False
+        prose += 1
+    return False
+
+
 def _docstring_closed_below(lines: list[str], row: int, col: int) -> bool:
     """Is the cursor on a new line right under a block header (nothing typed on it yet), with lines
     of prose below it closed by triple quotes at its indentation? There the docstring must open:
@@ -729,6 +752,8 @@ def check(
         blank = wl[:wr] + [eol] + wl[wr + 1 :]
         if below > _Parsed(parser, blank, wr, wr, 0, 0).problems_below():
             return "breaks the lines below it"
+    if language in INDENTED_LANGUAGES and _closes_docstring_early(lines, row, col, text):
+        return "closes a docstring above its own prose and closing quotes"  # (beyond the window's errors)
     if not parsed_after.problems():
         return None
     if not before.problems():

@@ -28,3 +28,15 @@ def test_closing_the_docstring_early_is_judged_and_held_back() -> None:
     after = '\n    dask.array.core.unify_chunks\n    """\n    return a\n'
     assert syntax_check.check_text("python", before, after, '"""') == "breaks the lines below it"
     assert syntax_check.check_text("python", before, after, "xarray.unify_chunks") is None
+
+
+def test_closing_quotes_above_more_prose_and_the_docstrings_own_closing_quotes_are_held_back() -> None:
+    """The prose below (`map_over_datasets`) reads as a valid expression and the docstring's own
+    quotes pair with the next docstring's, so the window parses: the lines are read instead."""
+    before = 'def filter(self):\n    """Keep some.\n\n    See Also\n    --------\n    match\n    '
+    after = '\n    map_over_datasets\n    """\n    nodes = {}\n    return nodes\n\n\ndef match(self):\n    """\n    Match.\n    """\n'
+    assert syntax_check.check_text("python", before, after, '"""') is not None
+    assert syntax_check.check_text("python", before, after, "pipe") is None
+    # where the docstring's closing quotes are missing, below its last line of prose, they are shown
+    missing = after.replace('    map_over_datasets\n    """\n', "", 1)
+    assert syntax_check.check_text("python", before + "map_over_datasets\n    ", missing, '"""') is None
