@@ -168,12 +168,14 @@ class FolderIndex:
             raise WorkspaceRefused(problem)
         # The language server's memory query, imported here: only an endpoint with a workspace
         # pays for loading it.
-        from dlm.lsp.memory_proposals import memory_proposals
+        from dlm.lsp.memory_proposals import memory_proposals, shipped_ranker
 
         self.root = root
         self.roots = tuple(dict.fromkeys((root, os.path.realpath(root))))  # as given, as resolved
         self.proposals = memory_proposals
-        self.index = WorkspaceIndex(options or IndexOptions())
+        options = options or IndexOptions()
+        self.ranker = shipped_ranker() if options.rank_drafts else None
+        self.index = WorkspaceIndex(options)
         self.index.set_roots([root])
 
     def status(self) -> dict[str, Any]:
@@ -196,7 +198,7 @@ class FolderIndex:
         other files, as the language server adds them: the prompt's text is the current
         document (the memory reads nothing else of this file)."""
         with self.index.prediction():  # the indexer starts nothing while it runs
-            proposals = self.proposals(memory, zp.text[: zp.cursor], zp.text[zp.cursor :], rel, {})
+            proposals = self.proposals(memory, zp.text[: zp.cursor], zp.text[zp.cursor :], rel, {}, self.ranker)
             typed = context.with_snippets(context.BuiltContext(built.prompt, 0, 0, "typing"), memory, rel)
         return replace(built, prompt=replace(typed.prompt, proposals=proposals))
 

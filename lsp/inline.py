@@ -156,7 +156,7 @@ class InlinePredictor:
             if memory is None:
                 return run(built)
             return memory_proposals.checked_by_model(memory, rel, doc, row, col, built, run, cancel, ctx.pool,
-                                                     ctx.stats, ctx.workspace_index)
+                                                     ctx.stats, ctx.workspace_index, ctx.options)
 
         return start
 

@@ -11,19 +11,26 @@ pipeline (lsp.inline), `dlm-lsp predict` (lsp.predict_cli) and the HTTP endpoint
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import replace
+from functools import cache
 from typing import Any
 
+from dlm.coder_model.languages import language_for_path, language_name
+from dlm.coder_model.memory import line_ranker
+from dlm.coder_model.memory.line_ranker import LineFacts
 from dlm.coder_model.types import CancelToken, MemoryProposal
-from dlm.lsp import context
+from dlm.lsp import context, syntax_check
 from dlm.lsp.documents import Document
 from dlm.lsp.engine_runs import chain
 from dlm.lsp.options import Options
 from dlm.lsp.stats import Stats
 from dlm.lsp.workspace_index import WorkspaceIndex, file_path
+
+log = logging.getLogger(__name__)
 
 # the memory's beam (BENCHMARKS.md "Repository memory alone": its 8 hold the line 46.4%, its first 35.2%)
 MEMORY_BEAM = 8
@@ -55,17 +62,64 @@ def text_around(doc: Document, row: int, col: int) -> tuple[str, str]:
     return before, after
 
 
-def memory_proposals(memory, before: str, after: str, rel_path: str,
-                     open_files: dict[str, str]) -> tuple[MemoryProposal, ...]:
-    """The memory's whole-line insertions at the cursor (coder_model.memory.RepoMemory.complete)."""
-    found = memory.complete(before, after, path=rel_path, beam=MEMORY_BEAM, open_files=open_files,
-                            exclude_path=rel_path)
-    return tuple(MemoryProposal(c.text, c.score) for c in found if c.text)[:VERIFIED]
+@cache
+def shipped_ranker():
+    """The line ranker beside coder_model.memory.line_ranker, or None when it is missing or cannot
+    be read (said once in the log: the memory's own order and score then stand)."""
+    try:
+        return line_ranker.load()
+    except (OSError, ValueError) as exc:
+        log.error("the line ranker %s cannot be read (%s); the repository memory ranks its own drafts. "
+                  "Reinstall dlm-lsp, or fit it again: python -m dlm.drivers.training.fit_line_ranker",
+                  line_ranker.MODEL_PATH, exc)
+        return None
+
+
+def memory_proposals(memory, before: str, after: str, rel_path: str, open_files: dict[str, str],
+                     ranker=None, parses: Callable[[str], bool] | None = None) -> tuple[MemoryProposal, ...]:
+    """The memory's whole-line insertions at the cursor (coder_model.memory.RepoMemory.complete),
+    best first. With a `ranker` (coder_model.memory.line_ranker), its trees order them and their
+    probability is each one's score; `parses(text)`: does the line with that insertion keep its
+    syntax (lsp.syntax_check on the document; by default on `before` + `after`)."""
+    found = [c for c in memory.complete(before, after, path=rel_path, beam=MEMORY_BEAM, open_files=open_files,
+                                        exclude_path=rel_path) if c.text]
+    if ranker is None or not found:
+        return tuple(MemoryProposal(c.text, c.score) for c in found)[:VERIFIED]
+    if parses is None:
+        language = language_for_path(rel_path)
+
+        def parses(text: str) -> bool:
+            return syntax_check.check_text(language, before, after, text) is None
+
+    texts = [c.text for c in found]
+    probs = ranker.probabilities(LineFacts.of(before, after), [c.score for c in found], [c.support for c in found],
+                                 texts, [parses(t) for t in texts])
+    order = sorted(range(len(found)), key=lambda i: -probs[i])  # stable: ties keep the memory's order
+    return tuple(MemoryProposal(texts[i], probs[i]) for i in order)[:VERIFIED]
+
+
+def document_parses(doc: Document, row: int, col: int) -> Callable[[str], bool]:
+    """`parses` for memory_proposals on a pool thread: the syntax check of an insertion at (row,
+    col) on a copy of the document's lines and tree taken now, on the event loop (the document
+    and its tree change there)."""
+    language = language_name(doc.language_id, doc.uri)
+    tree = doc.syntax.tree().copy() if doc.syntax is not None else None
+    lines = list(doc.lines)
+
+    def parses(text: str) -> bool:
+        try:
+            root = tree.root_node if tree is not None else None
+            return syntax_check.check(language, lines, row, col, text, False, root) is None
+        except Exception:  # a grammar edge case: the draft is judged as one that parses
+            log.exception("syntax check of a memory draft failed")
+            return True
+
+    return parses
 
 
 def checked_by_model(memory, rel: str, doc: Document, row: int, col: int, built: context.BuiltContext,
                      run: Callable[[context.BuiltContext], Future], cancel: CancelToken, pool: Executor,
-                     stats: Stats, workspace_index: WorkspaceIndex) -> Future:
+                     stats: Stats, workspace_index: WorkspaceIndex, options: Options) -> Future:
     """A Future of the model's run (`run`) on `built` with the memory's proposals and snippets of
     other files in its prompt; its result is None when the request was cancelled meanwhile. The
     proposals are computed on a pool thread, then the engine's denoiser checks them."""
@@ -73,6 +127,8 @@ def checked_by_model(memory, rel: str, doc: Document, row: int, col: int, built:
     opened = workspace_index.open_files(file_path(doc.uri) or "")
     opened.pop(rel, None)  # this document is the memory's first level, from the text below
     before, after = text_around(doc, row, col)
+    ranker = shipped_ranker() if options.index.rank_drafts else None
+    parses = document_parses(doc, row, col) if ranker is not None else None
 
     def propose() -> None:
         # The indexer waits from here until the model's step ends too: its Python work
@@ -82,7 +138,7 @@ def checked_by_model(memory, rel: str, doc: Document, row: int, col: int, built:
         out.add_done_callback(lambda _: end())
         try:
             t_memory = time.monotonic()
-            proposals = memory_proposals(memory, before, after, rel, opened)
+            proposals = memory_proposals(memory, before, after, rel, opened, ranker, parses)
             stats.stage("memory_ms", (time.monotonic() - t_memory) * 1000)
             if cancel.cancelled:
                 out.set_result(None)

@@ -13,10 +13,14 @@ pause, as an editor does; only that last answer is judged.
 
 `--config` picks what the server runs (the ablation rows of BENCHMARKS.md):
 - `model`: no repository memory (the index off): the model alone;
-- `memory`: the memory's best proposal, no model pass (a diagnostic: the
-  product never shows a suggestion the denoiser did not check);
-- `verify`: the memory proposes, the denoiser scores each proposal with the
-  suffix in view and the mix of both picks one or vetoes all (the default).
+- `memory`: the memory's best proposal in its own order, with its own score,
+  no model pass;
+- `trees`: the memory's proposals ranked by the line ranker's trees
+  (coder_model.memory.line_ranker), their probability the confidence, no model pass;
+- `verify`: the memory proposes in its own order, the denoiser scores each
+  proposal with the suffix in view and the mix of both picks one or vetoes all
+  (the server's defaults);
+- `all`: the trees rank, then the denoiser checks.
 
 Syntax, on Python files (`judge_case`):
 - broken when accepted: the file with the shown suggestion accepted (the document
@@ -53,7 +57,7 @@ from pathlib import Path
 
 from dlm.drivers.evaluation.eval_typing import Answer, EvalReplay, TypingCase, _offset, visible
 
-CONFIGS = ("model", "memory", "verify")
+CONFIGS = ("model", "memory", "trees", "verify", "all")
 TYPE_LAST = 3  # characters of the line typed through the server before the judged pause
 LENGTH_BINS = ((1, 2), (3, 10), (11, 30), (31, None))  # length of the answer, characters
 IN_TIME_MS = 300.0
@@ -152,7 +156,9 @@ def config_options(config: str, sampler: dict | None = None) -> dict:
                   "sampler": dict(sampler or {})}
     if config == "model":
         opts["index"] = {"enabled": False}
-    elif config == "memory":
+    if config in ("trees", "all"):
+        opts["index"] = {"rankDrafts": True}
+    if config in ("memory", "trees"):
         opts["sampler"]["verifyPasses"] = 0
     return opts
 

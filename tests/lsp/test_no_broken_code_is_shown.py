@@ -356,8 +356,8 @@ def test_the_server_holds_back_a_suggestion_that_breaks_the_syntax(text, line, c
 PYTHON_LINES = {
     # `):` below at the line's indentation closes a bracket the line must open
     "a line closed whole above the closer of its own bracket": (
-        "def persist(self):\n    if self.lazy:\n        |\n            self.lazy, self.done, strict=False\n"
-        "        ):\n            pass\n",
+        ("def persist(self):\n    if self.lazy:\n        |\n            self.lazy, self.done, strict=False\n"
+        "        ):\n            pass\n"),
         ["for key, data in zip(self.lazy, self.done):"], ["for key, data in zip("]),
     "rows that close on a line of their own items are not closers": (
         "M = Matrix([[1, 2],\n           |\n           [5, 6]])\nx = 1\n", [], ["[3, 4],"]),
@@ -372,22 +372,22 @@ PYTHON_LINES = {
     # brackets are counted from the statement's first line: a generator's `for` given a `:` leaves
     # `extend([` open although the cursor line opens nothing
     "a bracket opened lines above and left open before the next statement": (
-        "def f(self):\n    pairs = []\n    pairs.extend([(tz, '%Z') for values in self.zones\n"
-        "                  for tz in values|\n\n    for offset, directive in pairs:\n        pass\n",
+        ("def f(self):\n    pairs = []\n    pairs.extend([(tz, '%Z') for values in self.zones\n"
+        "                  for tz in values|\n\n    for offset, directive in pairs:\n        pass\n"),
         [":"], ["])"]),
     "a row that leaves the matrix open above the next statement": (
         "def test_lu():\n    m = Matrix([[ 6, -2],\n                [ 0,  3],\n                |\n    L, U = m.lu()\n",
         ["[ 1, -2],"], ["[ 1, -2]])"]),
     "a middle row with more rows below it": (
-        "def test_lu():\n    m = Matrix([[ 6, -2],\n                |\n                [ 1, -2]])\n"
-        "    L, U = m.lu()\n", [], ["[ 0,  3],"]),
+        ("def test_lu():\n    m = Matrix([[ 6, -2],\n                |\n                [ 1, -2]])\n"
+        "    L, U = m.lu()\n"), [], ["[ 0,  3],"]),
     # inside a bracket indentation is free: the rows at column 0 still belong to the statement
     "a row that closes the matrix above rows at column zero": (
         "def test_glsl():\n    mat = Matrix([\n[0, 1],\n[2, 3],\n[|\n[6, 7]])\n    assert glsl_code(mat) == gl\n",
         ["4, 5]])"], ["4, 5],"]),
     "brackets inside a multi-line string above count for nothing": (
-        'def f():\n    doc = """\n    a list: [1, 2,\n    (and a note\n    """\n'
-        "    values = compute(doc,\n                     |\n    return values\n",
+        ('def f():\n    doc = """\n    a list: [1, 2,\n    (and a note\n    """\n'
+        "    values = compute(doc,\n                     |\n    return values\n"),
         ["strict=True"], ["strict=True)"]),
     # a string opened after `return x` is a statement of its own that swallows the code below
     "triple quotes opened between two statements": (
