@@ -118,17 +118,11 @@ def rerank_loro(by_repo: dict[str, list[dict]], trees: int, depth: int) -> dict[
     """For each repository, each case's draft chosen by trees fitted on the other repositories
     (None: no drafts)."""
     from dlm.coder_model.edit_memory.boosting import fit
+    from dlm.drivers.training.fit_line_ranker import labelled
 
     chosen: dict[str, list[int | None]] = {}
     for held in by_repo:
-        X, y = [], []
-        for name, rows in by_repo.items():
-            if name == held:
-                continue
-            for row in rows:
-                for d in row["drafts"]:
-                    X.append(d["x"])
-                    y.append(1.0 if d["y"] else 0.0)
+        X, y = labelled(by_repo, held)
         model = fit(X, y, trees=trees, depth=depth, min_leaf=20)
         picks: list[int | None] = []
         for row in by_repo[held]:

@@ -30,7 +30,7 @@ CUTS = (0.3, 0.4, 0.5, 0.6, 0.7)
 
 
 def collect(repo: str, n: int, seed: int) -> list[dict]:
-    """Per case: each draft's features, its label, and the memory's score."""
+    """Per case: its file, and each draft's features, its label and the memory's score."""
     from dlm.coder_model.memory.line_ranker import LineFacts, features
     from dlm.drivers.evaluation.repo_cases import HOLDOUT, build_memory, held_out, make_cases
     from dlm.lsp.memory_proposals import MEMORY_BEAM
@@ -49,11 +49,13 @@ def collect(repo: str, n: int, seed: int) -> list[dict]:
             parses = check_text("python", case.before, case.after, texts[r]) is None
             drafts.append({"x": features(facts, scores, supports, texts, r, parses),
                            "y": texts[r] == case.answer, "score": scores[r]})
-        rows.append({"drafts": drafts})
+        rows.append({"path": case.path, "drafts": drafts})
     return rows
 
 
-def _xy(rows_by_repo: dict[str, list[dict]], skip: str | None, without: Sequence[int]):
+def labelled(rows_by_repo: dict[str, list[dict]], skip: str | None, without: Sequence[int] = ()):
+    """(features, labels) of every draft of every repository's rows but `skip`'s, with the
+    features at `without` held at 0."""
     X, y = [], []
     for name, rows in rows_by_repo.items():
         if name == skip:
@@ -130,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("| --- " * (3 + len(CUTS)) + "|")
     every_rows, every_probs = [], []
     for held, rows in by_repo.items():
-        X, y = _xy(by_repo, held, without)
+        X, y = labelled(by_repo, held, without)
         model = fit(X, y, trees=args.trees, depth=args.depth, min_leaf=20)
         probs = [[model(_masked(d["x"], without)) for d in r["drafts"]] for r in rows]
         every_rows += rows
@@ -138,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _row(held, summarize(rows, probs))
     _row("all", summarize(every_rows, every_probs))
     if args.out:
-        X, y = _xy(by_repo, None, without)
+        X, y = labelled(by_repo, None, without)
         ranker = LineRanker(fit(X, y, trees=args.trees, depth=args.depth, min_leaf=20))
         with open(args.out, "w", encoding="utf-8") as fh:
             json.dump(ranker.to_json(), fh)
