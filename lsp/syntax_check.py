@@ -560,6 +560,23 @@ def _reads_as_code(text: str) -> bool:
             or stripped.endswith(("(", "[", "{", ",", ":", ")", "]", "}", "\\")))
 
 
+def _prose_then_quotes(lines: list[str], row: int) -> tuple[int, str] | None:
+    """Below `row`: (how many lines of prose, then the first line with triple quotes), or None when
+    a line of code comes first or no quotes come within MAX_AFTER lines."""
+    prose = 0
+    for r in range(row + 1, min(len(lines), row + 1 + MAX_AFTER)):
+        text = content(lines[r])
+        stripped = text.strip()
+        if not stripped:
+            continue
+        if '"""' in stripped or "'''" in stripped:
+            return prose, text
+        if _reads_as_code(text):
+            return None
+        prose += 1
+    return None
+
+
 def _closes_docstring_early(lines: list[str], row: int, col: int, text: str) -> bool:
     """Does the insertion, on a line of a docstring (the lines above it hold an odd number of
     triple quotes), close it with more of its prose below and then a line of closing quotes alone
@@ -567,18 +584,9 @@ def _closes_docstring_early(lines: list[str], row: int, col: int, text: str) -> 
     typed = content(lines[row])[:col]
     if typed.strip() or not _leaves_string_open(text) or not _inside_open_quotes(lines, row):
         return False
-    prose = 0
-    for r in range(row + 1, min(len(lines), row + 1 + MAX_AFTER)):
-        text_r = content(lines[r])
-        stripped = text_r.strip()
-        if not stripped:
-            continue
-        if '"""' in stripped or "'''" in stripped:
-            return prose > 0 and stripped in ('"""', "'''") and _indent(text_r) == _indent(typed)
-        if _reads_as_code(text_r):
-            return False
-        prose += 1
-    return False
+    below = _prose_then_quotes(lines, row)
+    return below is not None and below[0] > 0 and below[1].strip() in ('"""', "'''") \
+        and _indent(below[1]) == _indent(typed)
 
 
 def _docstring_closed_below(lines: list[str], row: int, col: int) -> bool:
@@ -591,20 +599,14 @@ def _docstring_closed_below(lines: list[str], row: int, col: int) -> bool:
     above = _previous_code_line(lines, row)
     if above is None or not without_comment(above).endswith(":"):
         return False
-    prose = 0
-    for r in range(row + 1, min(len(lines), row + 1 + MAX_AFTER)):
-        text = content(lines[r])
-        stripped = text.strip()
-        if not stripped:
-            continue
-        for quote in ('"""', "\'\'\'"):
-            if quote in stripped:
-                closes = stripped.endswith(quote) and stripped.count(quote) == 1
-                return closes and (prose > 0 or stripped != quote) and _indent(text) == _indent(typed)
-        if _reads_as_code(text):
-            return False
-        prose += 1
-    return False
+    below = _prose_then_quotes(lines, row)
+    if below is None:
+        return False
+    prose, line = below
+    stripped = line.strip()
+    quote = '"""' if '"""' in stripped else "'''"
+    closes = stripped.endswith(quote) and stripped.count(quote) == 1
+    return closes and (prose > 0 or stripped != quote) and _indent(line) == _indent(typed)
 
 
 def _inside_open_quotes(lines: list[str], row: int) -> bool:
