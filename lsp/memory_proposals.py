@@ -89,7 +89,11 @@ def memory_proposals(memory, before: str, after: str, rel_path: str, open_files:
         language = language_for_path(rel_path)
 
         def parses(text: str) -> bool:
-            return syntax_check.check_text(language, before, after, text) is None
+            try:
+                return syntax_check.check_text(language, before, after, text) is None
+            except Exception:  # a grammar edge case: the draft is judged as one that parses
+                log.exception("syntax check of a memory draft failed")
+                return True
 
     texts = [c.text for c in found]
     probs = ranker.probabilities(LineFacts.of(before, after), [c.score for c in found], [c.support for c in found],
@@ -103,7 +107,11 @@ def document_parses(doc: Document, row: int, col: int) -> Callable[[str], bool]:
     col) on a copy of the document's lines and tree taken now, on the event loop (the document
     and its tree change there)."""
     language = language_name(doc.language_id, doc.uri)
-    tree = doc.syntax.tree().copy() if doc.syntax is not None else None
+    try:
+        tree = doc.syntax.tree().copy() if doc.syntax is not None else None
+    except Exception:  # a grammar edge case: the check reads the lines alone
+        log.exception("parsing the document for the line ranker failed")
+        tree = None
     lines = list(doc.lines)
 
     def parses(text: str) -> bool:

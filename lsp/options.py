@@ -77,7 +77,7 @@ class IndexOptions:
         "seconds between rescans of file times when the client does not watch files (0: never)")
     # Off: on the development repositories' frozen cases the trees alone (no model) beat the shipped
     # memory + check on exact and on precision at the same shown share, at a third of its latency,
-    # but more of what they show breaks the code (1.2% against 0.4%, over the 0.5% bar): docstring
+    # but more of what they show breaks the code (1.5% against 0.4%, over the 0.5% bar): docstring
     # lines where a docstring closes (BENCHMARKS.md "The line ranker")
     rank_drafts: bool = option(
         False, Cap("bool"), "boosted trees re-rank the memory's line drafts, and their probability "
