@@ -281,12 +281,17 @@ def _open_brackets(text: str) -> list[str]:
     """The brackets a line leaves open, innermost last (string literals skipped roughly:
     coder_model.line_scan; a closer with no opener clears nothing)."""
     stack: list[str] = []
+    _push(stack, text)
+    return stack
+
+
+def _push(stack: list[str], text: str) -> None:
+    """Push `text`'s openers on `stack` and pop the ones its closers match (strings skipped roughly)."""
     for _, ch in code_chars(text, _QUOTES):
         if ch in _OPEN:
             stack.append(ch)
         elif ch in _CLOSE and stack and stack[-1] == _CLOSE[ch]:
             stack.pop()
-    return stack
 
 
 def _pushed(stack: list[str], text: str) -> list[str]:
@@ -294,11 +299,7 @@ def _pushed(stack: list[str], text: str) -> list[str]:
     skipped roughly: coder_model.line_scan; a closer that matches nothing clears nothing)."""
     out = list(stack)
     for line in text.split("\n"):
-        for _, ch in code_chars(without_comment(line), _QUOTES):
-            if ch in _OPEN:
-                out.append(ch)
-            elif ch in _CLOSE and out and out[-1] == _CLOSE[ch]:
-                out.pop()
+        _push(out, without_comment(line))
     return out
 
 
