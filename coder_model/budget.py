@@ -77,11 +77,6 @@ class Plan:
         return chars_for(self.history)
 
     @property
-    def snippet_chars(self) -> int:
-        """Characters of each snippet's text that the snippets' cut can hold at most."""
-        return chars_for(self.snippets)
-
-    @property
     def region_bytes(self) -> int:
         """A region of at most this many UTF-8 bytes always fits beside a full history and suffix."""
         return max(0, self.budget.max_context - self.header - self.history - self.suffix)

@@ -129,14 +129,18 @@ def weight_files(d: Path) -> dict[str, Path]:
         return {k: single for k in f.keys()}
 
 
+def checkpoint_file(d: str | Path, name: str, what_to_do: str) -> Path:
+    """`d/name`, a file every checkpoint directory holds; CheckpointError says it is missing."""
+    path = Path(d) / name
+    if not path.is_file():
+        raise CheckpointError(f"{d} has no {name}; {what_to_do}")
+    return path
+
+
 def read_config(d: str | Path) -> dict:
     """config.json of a checkpoint directory (any family); CheckpointError says what is wrong."""
-    cfg_path = Path(d) / "config.json"
-    if not cfg_path.is_file():
-        raise CheckpointError(
-            f"{d} has no config.json; pass --model a checkpoint directory (config.json, tokenizer.json, "
-            "*.safetensors)"
-        )
+    cfg_path = checkpoint_file(
+        d, "config.json", "pass --model a checkpoint directory (config.json, tokenizer.json, *.safetensors)")
     try:
         return json.loads(cfg_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

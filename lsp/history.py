@@ -21,8 +21,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from dlm.coder_model.budget import CHARS_PER_TOKEN
-from dlm.coder_model.caps import Cap, option
 from dlm.coder_model.edit_history import render_event
+from dlm.lsp.options import HistoryOptions
 
 
 @dataclass
@@ -31,19 +31,6 @@ class _Event:
     end: int  # last line (inclusive), in current document coordinates
     old_lines: list[str]  # the original text of lines start..end
     last_at: float
-
-
-@dataclass
-class HistoryOptions:
-    max_events: int = option(6, Cap("int", 0, 64), "edit events the model sees at most, the newest")
-    max_tokens: int = option(
-        512, Cap("int", 0, 65_536),
-        "(estimated) tokens of edit events at most, and never more than the model takes")
-    gap_lines: int = option(
-        8, Cap("int", 0, 10_000), "a change within this many lines of the open edit event joins it")
-    idle_s: float = option(
-        1.0, Cap("float", 0.0, 3600.0), "a change more than this many seconds after the previous one "
-        "starts a new edit event")
 
 
 @dataclass

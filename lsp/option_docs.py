@@ -1,7 +1,7 @@
 """docs/configuration.md, rendered from the option declarations.
 
 Every option is one dataclass field declared with coder_model.caps.option (its default, its range
-and its meaning): lsp.options' groups, lsp.history.HistoryOptions, coder_model.regions.RegionBudget
+and its meaning): lsp.options' groups, coder_model.regions.RegionBudget
 and coder_model.types.SamplerParams. The request limits are coder_model.limits' constants. The
 page is this module's output, so it says what the code does:
 

@@ -27,7 +27,6 @@ from typing import Any
 from dlm.coder_model.caps import Cap, check, field_caps, option
 from dlm.coder_model.limits import DEFAULT_DEADLINE_MS, REQUEST_CAPS, check_sampler
 from dlm.coder_model.regions import RegionBudget
-from dlm.lsp.history import HistoryOptions
 
 
 @dataclass
@@ -47,6 +46,21 @@ class ContextOptions(RegionBudget):
     window_fill: float = option(
         0.75, Cap("float", 0.1, 1.0),
         "how full a text window starts when it is re-anchored (the rest is room to grow)")
+
+
+@dataclass
+class HistoryOptions:
+    """Edit events the model sees (lsp.history)."""
+
+    max_events: int = option(6, Cap("int", 0, 64), "edit events the model sees at most, the newest")
+    max_tokens: int = option(
+        512, Cap("int", 0, 65_536),
+        "(estimated) tokens of edit events at most, and never more than the model takes")
+    gap_lines: int = option(
+        8, Cap("int", 0, 10_000), "a change within this many lines of the open edit event joins it")
+    idle_s: float = option(
+        1.0, Cap("float", 0.0, 3600.0), "a change more than this many seconds after the previous one "
+        "starts a new edit event")
 
 
 @dataclass

@@ -52,14 +52,11 @@ def parse_arch(config: dict) -> FamilyArch:
 
 
 def load_tokenizer(path: str | Path):
+    from dlm.coder_model.checkpoint import checkpoint_file
     from tokenizers import Tokenizer
 
-    tok_path = Path(path) / "tokenizer.json"
-    if not tok_path.is_file():
-        raise ValueError(
-            f"{path}: no tokenizer.json. Only the Hugging Face `tokenizers` format is read; "
-            "download tokenizer.json with the checkpoint"
-        )
+    tok_path = checkpoint_file(path, "tokenizer.json", "only the Hugging Face `tokenizers` format is read: "
+                               "download tokenizer.json with the checkpoint")
     try:
         return Tokenizer.from_file(str(tok_path))
     except Exception as e:

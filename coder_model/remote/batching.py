@@ -211,12 +211,29 @@ def _failure(req: Request, what: str, exc: BaseException) -> ProtocolError:
                          "see the server log", request_id=req.request_id, fatal=False)
 
 
-class BatchScheduler:
+class _SchedulerThread:
+    """A scheduler's one thread, and the condition that callers wake it with."""
+
+    def __init__(self, thread_name: str) -> None:
+        self.stats = SchedulerStats()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class BatchScheduler(_SchedulerThread):
     """Continuous batching of denoising steps over all clients' requests, fair between owners."""
 
     def __init__(self, backend: BatchBackend, *, max_batch: int = 32, max_batch_tokens: int = 4096,
                  max_owner_requests: int | None = None, max_owner_slots: int = 2048,
                  clock: Callable[[], float] = time.perf_counter):
+        super().__init__("dlm-remote-scheduler")
         if max_batch < 1:
             raise ValueError(f"max_batch={max_batch}: use at least 1")
         if max_batch_tokens < 0 or max_owner_slots < 1:
@@ -229,14 +246,10 @@ class BatchScheduler:
         self.max_owner_slots = max_owner_slots
         self.clock = clock
         self.pass_timer = PassTimer()
-        self.stats = SchedulerStats()
         self._pending: dict[str, collections.deque[Request]] = {}  # per owner, in arrival order
         self._forget: list[str] = []
         self._active: list[tuple[Request, Any]] = []
         self._served: dict[str, float] = {}  # owner -> tokens served (fair queuing), while it has work
-        self._cond = threading.Condition()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="dlm-remote-scheduler", daemon=True)
 
     @property
     def budget(self) -> LayoutBudget:
@@ -271,9 +284,6 @@ class BatchScheduler:
                     f"of block_len {params.block_len}), over the {bound / 1000:g} s bound ({MAX_REQUEST_DEADLINES}x "
                     "the default deadline); ask for fewer steps, blocks or slots, or send a deadline_ms")
         return None
-
-    def start(self) -> None:
-        self._thread.start()
 
     def submit(self, req: Request) -> None:
         with self._cond:
@@ -534,7 +544,7 @@ class BatchScheduler:
             self._answer_cancelled(req)
 
 
-class EngineScheduler:
+class EngineScheduler(_SchedulerThread):
     """For model families without a step-level API (dream, llada): one request at a
     time through `Engine.predict`, with the same submit/stats interface.
 
@@ -547,12 +557,9 @@ class EngineScheduler:
     """
 
     def __init__(self, engine: Engine):
+        super().__init__("dlm-remote-engine")
         self.engine = engine
-        self.stats = SchedulerStats()
         self._queue: dict[str, collections.deque[Request]] = {}  # per owner; dict order is the turn order
-        self._cond = threading.Condition()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="dlm-remote-engine", daemon=True)
 
     @property
     def budget(self) -> LayoutBudget:
@@ -570,9 +577,6 @@ class EngineScheduler:
 
     def forget(self, owner: str) -> None:
         return None
-
-    def start(self) -> None:
-        self._thread.start()
 
     def submit(self, req: Request) -> None:
         with self._cond:

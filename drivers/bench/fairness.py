@@ -31,6 +31,7 @@ import time
 from dlm.coder_model.limits import DEFAULT_DEADLINE_MS
 from dlm.coder_model.types import CancelToken, SamplerParams
 from dlm.drivers.bench.remote_serving import _ensure_model, _pct, start_listening, typing_prompts
+from dlm.drivers.command import run_command
 
 OVER_CAPS = SamplerParams(block_len=1024, max_blocks=3, steps=4096, threshold=1.0)
 
@@ -219,9 +220,7 @@ def vars_of(p: SamplerParams) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dlm.drivers.bench.fairness", description=__doc__.split("\n")[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return run_command("dlm.drivers.bench.fairness", __doc__.split("\n")[0], add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from dlm.coder_model.quantiles import percentile
 from dlm.coder_model.remote.client import parse_host_port
 from dlm.coder_model.remote.listening import read_listening_address
 from dlm.coder_model.types import CancelToken, Prompt, SamplerParams
+from dlm.drivers.command import run_command
 
 SAMPLE = '''import os
 import sys
@@ -279,10 +280,7 @@ def run_remote_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dlm.drivers.bench.remote_serving", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_remote_arguments(parser)
-    return run_remote_bench(parser.parse_args(argv))
+    return run_command("dlm.drivers.bench.remote_serving", __doc__, add_remote_arguments, run_remote_bench, argv)
 
 
 if __name__ == "__main__":

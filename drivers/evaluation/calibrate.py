@@ -34,6 +34,7 @@ from pathlib import Path
 from dlm.coder_model.confidence_calibration import DEFAULT_KIND, FILE_NAME, KINDS, auroc, isotonic_fit
 from dlm.coder_model.devices import DEVICE_HELP, device_choice
 from dlm.coder_model.types import Prompt, SamplerParams
+from dlm.drivers.command import run_command
 
 
 def acceptable(prompt: Prompt, pred: str, target: str) -> bool:
@@ -187,9 +188,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dlm.drivers.evaluation.calibrate", description=__doc__.split("\n\n")[0])
-    add_arguments(ap)
-    return run(ap.parse_args(argv))
+    return run_command("dlm.drivers.evaluation.calibrate", __doc__.split("\n\n")[0], add_arguments, run, argv)
 
 
 if __name__ == "__main__":

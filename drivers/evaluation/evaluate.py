@@ -41,6 +41,7 @@ from pathlib import Path
 from dlm.coder_model.devices import add_device_argument
 from dlm.coder_model.languages import language_name
 from dlm.coder_model.types import CancelToken, Prompt, SamplerParams
+from dlm.drivers.command import run_command
 from dlm.drivers.evaluation.metrics import edit_similarity, location_correct
 from dlm.drivers.evaluation.safim import iter_safim, score_safim
 from dlm.drivers.figures import print_figures
@@ -357,10 +358,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dlm.drivers.evaluation.evaluate", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(ap)
-    return run(ap.parse_args(argv))
+    return run_command("dlm.drivers.evaluation.evaluate", __doc__, add_arguments, run, argv)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,8 @@ from dlm.coder_model.edit_history import render_event
 from dlm.coder_model.types import CancelToken, LayoutBudget, Prompt, SamplerParams
 from dlm.lsp import context, syntax, zed_prompts
 from dlm.lsp.documents import Document
-from dlm.lsp.history import History, HistoryOptions
-from dlm.lsp.options import ContextOptions
+from dlm.lsp.history import History
+from dlm.lsp.options import ContextOptions, HistoryOptions
 
 # ---- (a) local and remote: the same budget, the same token layout ---------------------------------
 

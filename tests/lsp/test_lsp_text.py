@@ -7,7 +7,8 @@ import random
 import pytest
 from dlm.lsp import positions
 from dlm.lsp.documents import Document, split_lines
-from dlm.lsp.history import History, HistoryOptions
+from dlm.lsp.history import History
+from dlm.lsp.options import HistoryOptions
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ import pytest
 from lsp_helpers import SERVER, open_document, request, server_env
 from lsprotocol import types
 from pytest_lsp import ClientServerConfig, client_capabilities
-from workspace_fakes import write
+from workspace_fakes import make_project, write
 
 
 def as_dict(obj: Any) -> Any:
@@ -29,16 +29,10 @@ def as_dict(obj: Any) -> Any:
 
 
 def project(root: Path) -> Path:
-    write(root, "pkg/__init__.py", "")
-    write(root, "pkg/core.py", "def add(a, b):\n    return a + b\n")
-    write(root, "pkg/cli.py", "from pkg.core import add\n\nprint(add(1, 2))\n")
-    write(root, "web/app.ts", "export function hello(): string {\n  return 'hi';\n}\n")
-    write(root, ".gitignore", "out/\n")
-    write(root, "out/gen.py", "GENERATED = True\n")
-    write(root, ".env", "TOKEN=hunter2\n")
-    write(root, "config/secrets.py", "PASSWORD = 'hunter2'\n")
-    write(root, "node_modules/dep/index.js", "module.exports = {};\n")
-    os.mkfifo(root / "pkg" / "pipe.py")
+    """make_project's files, a package marker, and a named pipe the index must not read."""
+    make_project(root)
+    write(root, "app/__init__.py", "")
+    os.mkfifo(root / "app" / "pipe.py")
     return root
 
 
@@ -98,7 +92,7 @@ async def test_index_progress_status_and_watching(tmp_path: Path):
         )
         assert (
             ready["index"]["files"] == 4
-        )  # __init__, core, cli, app.ts: no secret, ignored or vendored file
+        )  # __init__, main, util, index.ts: no secret, ignored or vendored file
         assert ready["index"]["tokens"] > 0
         assert {s["index"]["state"] for s in statuses} <= {"loading", "indexing", "ready"}
         # work-done progress: create, begin "indexing", end
@@ -109,14 +103,14 @@ async def test_index_progress_status_and_watching(tmp_path: Path):
         assert "4 files" in reports[-1].message
         # file watching was registered dynamically (the client allows it) and is followed
         assert [r.method for r in registrations] == [types.WORKSPACE_DID_CHANGE_WATCHED_FILES]
-        write(root, "pkg/extra.py", "def sub(a, b):\n    return a - b\n")
+        write(root, "app/extra.py", "def sub(a, b):\n    return a - b\n")
         client.workspace_did_change_watched_files(types.DidChangeWatchedFilesParams(
-            changes=[types.FileEvent(uri=(root / "pkg" / "extra.py").as_uri(), type=types.FileChangeType.Created)]
+            changes=[types.FileEvent(uri=(root / "app" / "extra.py").as_uri(), type=types.FileChangeType.Created)]
         ))  # fmt: skip
 
         await wait_for(lambda: statuses[-1]["index"]["files"] == 5, "dlm/status with 5 files")
         # an open secret buffer is never indexed; an open source buffer is (even unsaved to disk)
-        for rel, text in ((".env.py", "TOKEN = 'hunter2'\n"), ("pkg/draft.py", "DRAFT = 1\n")):
+        for rel, text in ((".env.py", "TOKEN = 'hunter2'\n"), ("app/draft.py", "DRAFT = 1\n")):
             uri = (root / rel).as_uri()
             open_document(client, uri, text)
             client.text_document_did_save(types.DidSaveTextDocumentParams(types.TextDocumentIdentifier(uri)))
@@ -140,7 +134,7 @@ async def test_index_progress_status_and_watching(tmp_path: Path):
         await client.shutdown_session()
         await client.stop()
     after = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
-    assert after == sorted([*before, "pkg/extra.py"])  # the test's file; nothing written by the server
+    assert after == sorted([*before, "app/extra.py"])  # the test's file; nothing written by the server
     cache_dir = tmp_path / "cache" / "dlm-lsp" / hashlib.sha256(str(root).encode()).hexdigest()
     assert stat.S_IMODE(cache_dir.stat().st_mode) == 0o700
     assert stat.S_IMODE((cache_dir / "index.bin").stat().st_mode) == 0o600

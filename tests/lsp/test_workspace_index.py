@@ -19,19 +19,7 @@ import pytest
 from dlm.lsp import discovery, index_store
 from dlm.lsp.options import IndexOptions
 from dlm.lsp.workspace_index import WorkspaceIndex
-from workspace_fakes import FakeMemory, cache_home, ready, wait_until, write  # noqa: F401  (cache_home: autouse)
-
-
-def make_project(root: Path) -> Path:
-    write(root, "app/main.py", "def main():\n    return helper()\n")
-    write(root, "app/util.py", "def helper():\n    return 42\n")
-    write(root, "web/index.ts", "export const answer = 42;\n")
-    write(root, ".gitignore", "generated/\n*.log\n")
-    write(root, "generated/big.py", "skip = True\n")
-    write(root, ".env", "TOKEN=hunter2\n")
-    write(root, "deploy/credentials.py", "PASSWORD = 'hunter2'\n")
-    write(root, "node_modules/lib/index.js", "module.exports = 1;\n")
-    return root
+from workspace_fakes import FakeMemory, cache_home, make_project, ready, wait_until, write  # noqa: F401  (cache_home: autouse)
 
 
 def start(root: Path, **opts) -> WorkspaceIndex:

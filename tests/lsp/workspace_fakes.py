@@ -70,6 +70,20 @@ def write(root: Path, rel: str, text: str = "x = 1\n") -> Path:
     return p
 
 
+def make_project(root: Path) -> Path:
+    """Three source files, and one each of what is never indexed: an ignored folder, a secret
+    by name, a secret by folder and a vendored package."""
+    write(root, "app/main.py", "def main():\n    return helper()\n")
+    write(root, "app/util.py", "def helper():\n    return 42\n")
+    write(root, "web/index.ts", "export const answer = 42;\n")
+    write(root, ".gitignore", "generated/\n*.log\n")
+    write(root, "generated/big.py", "skip = True\n")
+    write(root, ".env", "TOKEN=hunter2\n")
+    write(root, "deploy/credentials.py", "PASSWORD = 'hunter2'\n")
+    write(root, "node_modules/lib/index.js", "module.exports = 1;\n")
+    return root
+
+
 def stack(text: str, base: str = "") -> IgnoreStack:
     """The ignore rules of `text` as one ignore file at `base`."""
     s = IgnoreStack()
