@@ -398,6 +398,50 @@ def _next_code_line(lines: list[str], after: int) -> str | None:
     return None
 
 
+def _open_until_next_statement(lines: list[str], last: int, stack: list[str], base: int) -> bool:
+    """Do the brackets `stack` (open at the end of line `last`) stay open up to the next statement
+    at indentation `base` or less? The deeper lines between continue the bracket, so their own
+    brackets count; one that closes all of them ends the statement. Triple quotes among them end
+    the count unjudged (a string's lines hold no brackets)."""
+    for line in lines[last + 1 : last + 1 + MAX_AFTER]:
+        code = content(line)
+        stripped = code.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if '"""' in code or "'''" in code:
+            return False
+        if _indent(code) <= base:
+            return not stripped.startswith(tuple(_CLOSE)) and _is_statement(code)
+        stack = _pushed(stack, code)
+        if not stack:
+            return False
+    return False
+
+
+def _ends_inside_quote(line: str) -> bool:
+    """Does the line end inside a one-line string literal: a quote opened and never closed, with no
+    backslash to carry it on? (A one-line string cannot go on past its line.) Lines with triple
+    quotes are not judged: theirs can."""
+    code = line.rstrip()
+    if '"""' in code or "'''" in code or code.endswith("\\"):
+        return False
+    quote = ""
+    escaped = False
+    for ch in code:
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = ""
+        elif ch == "#":
+            return False
+        elif ch in "\"'":
+            quote = ch
+    return bool(quote)
+
+
 def _opens_past_the_line(before_line: str, after_line: str, next_line: str | None, ends_line: bool = False) -> bool:
     """Does the edited line leave more brackets open than the line had (or, for an insertion that
     ends the line, any bracket open: `f(g(1` + `)` leaves `f(` open), with the next line of code
@@ -726,10 +770,11 @@ def check(
         open_after = _pushed(above, body[:col] + text + rest)
         if _leaves_string_open(content(after[last])):
             open_before = open_after = None  # closers would be the string's text: each line closes its own
-        following = _next_code_line(after, last)
-        if open_after and following is not None and _indent(following) <= _indent(content(lines[first])) \
-                and not following.lstrip().startswith(tuple(_CLOSE)) and _is_statement(following):
+        if open_after and _open_until_next_statement(after, last, open_after, _indent(content(lines[first]))):
             return "leaves a bracket open where the next statement begins"
+        if not rest.strip() and '"""' not in text and "'''" not in text \
+                and any(_ends_inside_quote(content(line)) for line in new):
+            return "leaves a string open at the end of the line"
     if language in INDENTED_LANGUAGES and _opens_past_the_line(
         body, content(after[last]), _next_code_line(after, last), ends_line=not rest.strip()
     ):

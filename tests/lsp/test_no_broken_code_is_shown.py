@@ -401,6 +401,17 @@ PYTHON_LINES = {
         'def f(x):\n    y = (\n        |\n        Text.\n        """\n    )\n    return y\n', [], ['"""']),
     "triple quotes that close a docstring": (
         'def f(x):\n    """Return x.\n\n    More.\n    |\n    return x\n\n\ndef h():\n    """Doc."""\n', [], ['"""']),
+    # a one-line string cannot go on past its line
+    "a string left open at the end of the line": (
+        "__all__ = [\n    'Curve',\n    'Tendon|\n\n    'Base',\n]\n", [",", "Force,"], ["Force',", "'"]),
+    "a string closed on a line that goes on with a backslash": (
+        "x = 'a' \\\n    |\ny = 1\n", [], ["'b'"]),
+    # the deeper lines below continue the open bracket; it is still open where `def` begins
+    "a bracket left open over the lines that continue it": (
+        ("def test_one():\n    assert integrate(x * sin(x) * Rational(-1, 2|\n\n        2*cos(pi*n)/(pi*n)\n\n\n"
+        "def test_two():\n    pass\n"), [")"], ["), [x, -2, 0]) == \\"]),
+    "a bracket closed by the lines that continue it": (
+        "def f(a):\n    x = g(a,|\n          h(a))\n    return x\n", [], [" b,"]),
 }
 
 
