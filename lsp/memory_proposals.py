@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
@@ -75,18 +75,18 @@ def shipped_ranker():
         return None
 
 
-def memory_proposals(memory, before: str, after: str, rel_path: str, open_files: dict[str, str],
-                     ranker=None, parses: Callable[[str], bool] | None = None) -> tuple[MemoryProposal, ...]:
-    """The memory's whole-line insertions at the cursor (coder_model.memory.RepoMemory.complete),
-    best first. With a `ranker` (coder_model.memory.line_ranker), its trees order them and their
-    probability is each one's score; `parses(text)`: does the line with that insertion keep its
-    syntax (lsp.syntax_check on the document; by default on `before` + `after`)."""
-    found = [c for c in memory.complete(before, after, path=rel_path, beam=MEMORY_BEAM, open_files=open_files,
-                                        exclude_path=rel_path) if c.text]
-    if ranker is None or not found:
-        return tuple(MemoryProposal(c.text, c.score) for c in found)[:VERIFIED]
-    if parses is None:
-        language = language_for_path(rel_path)
+@dataclass(frozen=True)
+class DraftSyntax:
+    """What the syntax check (lsp.syntax_check) says of one request's drafts, for the line ranker:
+    `parses(text)`, does the line with that insertion keep its syntax; `string_swallows_code`, is
+    the cursor inside a triple-quoted string whose closing quotes the code below needs."""
+
+    parses: Callable[[str], bool]
+    string_swallows_code: bool = False
+
+    @classmethod
+    def of_text(cls, language: str, before: str, after: str) -> DraftSyntax:
+        """The checks on a document given as its text around the cursor."""
 
         def parses(text: str) -> bool:
             try:
@@ -95,17 +95,38 @@ def memory_proposals(memory, before: str, after: str, rel_path: str, open_files:
                 log.exception("syntax check of a memory draft failed")
                 return True
 
+        try:
+            swallows = syntax_check.string_swallows_code_text(language, before, after)
+        except Exception:  # a grammar edge case: no string is known to be open
+            log.exception("reading the strings around the cursor failed")
+            swallows = False
+        return cls(parses, swallows)
+
+
+def memory_proposals(memory, before: str, after: str, rel_path: str, open_files: dict[str, str],
+                     ranker=None, syntax: DraftSyntax | None = None) -> tuple[MemoryProposal, ...]:
+    """The memory's whole-line insertions at the cursor (coder_model.memory.RepoMemory.complete),
+    best first. With a `ranker` (coder_model.memory.line_ranker), its trees order them and their
+    probability is each one's score; `syntax`: the syntax check's facts of the drafts (by
+    default read on `before` + `after`)."""
+    found = [c for c in memory.complete(before, after, path=rel_path, beam=MEMORY_BEAM, open_files=open_files,
+                                        exclude_path=rel_path) if c.text]
+    if ranker is None or not found:
+        return tuple(MemoryProposal(c.text, c.score) for c in found)[:VERIFIED]
+    if syntax is None:
+        syntax = DraftSyntax.of_text(language_for_path(rel_path), before, after)
     texts = [c.text for c in found]
-    probs = ranker.probabilities(LineFacts.of(before, after), [c.score for c in found], [c.support for c in found],
-                                 texts, [parses(t) for t in texts])
+    facts = LineFacts.of(before, after, syntax.string_swallows_code)
+    probs = ranker.probabilities(facts, [c.score for c in found], [c.support for c in found],
+                                 texts, [syntax.parses(t) for t in texts])
     order = sorted(range(len(found)), key=lambda i: -probs[i])  # stable: ties keep the memory's order
     return tuple(MemoryProposal(texts[i], probs[i]) for i in order)[:VERIFIED]
 
 
-def document_parses(doc: Document, row: int, col: int) -> Callable[[str], bool]:
-    """`parses` for memory_proposals on a pool thread: the syntax check of an insertion at (row,
-    col) on a copy of the document's lines and tree taken now, on the event loop (the document
-    and its tree change there)."""
+def document_syntax(doc: Document, row: int, col: int) -> DraftSyntax:
+    """The DraftSyntax of an insertion at (row, col), for memory_proposals on a pool thread: the
+    checks run on a copy of the document's lines and tree taken now, on the event loop (the
+    document and its tree change there)."""
     language = language_name(doc.language_id, doc.uri)
     try:
         tree = doc.syntax.tree().copy() if doc.syntax is not None else None
@@ -113,16 +134,21 @@ def document_parses(doc: Document, row: int, col: int) -> Callable[[str], bool]:
         log.exception("parsing the document for the line ranker failed")
         tree = None
     lines = list(doc.lines)
+    root = tree.root_node if tree is not None else None
 
     def parses(text: str) -> bool:
         try:
-            root = tree.root_node if tree is not None else None
             return syntax_check.check(language, lines, row, col, text, False, root) is None
         except Exception:  # a grammar edge case: the draft is judged as one that parses
             log.exception("syntax check of a memory draft failed")
             return True
 
-    return parses
+    try:
+        swallows = syntax_check.string_swallows_code(language, lines, row, col, root)
+    except Exception:  # a grammar edge case: no string is known to be open
+        log.exception("reading the strings around the cursor failed")
+        swallows = False
+    return DraftSyntax(parses, swallows)
 
 
 def checked_by_model(memory, rel: str, doc: Document, row: int, col: int, built: context.BuiltContext,
@@ -136,7 +162,7 @@ def checked_by_model(memory, rel: str, doc: Document, row: int, col: int, built:
     opened.pop(rel, None)  # this document is the memory's first level, from the text below
     before, after = text_around(doc, row, col)
     ranker = shipped_ranker() if options.index.rank_drafts else None
-    parses = document_parses(doc, row, col) if ranker is not None else None
+    syntax = document_syntax(doc, row, col) if ranker is not None else None
 
     def propose() -> None:
         # The indexer waits from here until the model's step ends too: its Python work
@@ -146,7 +172,7 @@ def checked_by_model(memory, rel: str, doc: Document, row: int, col: int, built:
         out.add_done_callback(lambda _: end())
         try:
             t_memory = time.monotonic()
-            proposals = memory_proposals(memory, before, after, rel, opened, ranker, parses)
+            proposals = memory_proposals(memory, before, after, rel, opened, ranker, syntax)
             stats.stage("memory_ms", (time.monotonic() - t_memory) * 1000)
             if cancel.cancelled:
                 out.set_result(None)

@@ -260,7 +260,7 @@ def with_memory(index: ProjectIndex, doc: Document, built: context.BuiltContext,
     """`built` with the memory's proposals and snippets, computed as the inline pipeline (lsp.inline) computes
     them for a typing request (the document's own indexed copy excluded), and the file's path
     in the index; (`built`, '') when the index holds no memory for the file."""
-    from dlm.lsp.memory_proposals import document_parses, memory_proposals, shipped_ranker, text_around
+    from dlm.lsp.memory_proposals import document_syntax, memory_proposals, shipped_ranker, text_around
 
     ws = index.workspace
     memory, rel = ws.memory_for(str(path.resolve()))
@@ -271,7 +271,7 @@ def with_memory(index: ProjectIndex, doc: Document, built: context.BuiltContext,
     before, after = text_around(doc, line, col)
     with ws.prediction():
         ranker = shipped_ranker() if ws.options.rank_drafts else None
-        proposals = memory_proposals(memory, before, after, rel, opened, ranker, document_parses(doc, line, col))
+        proposals = memory_proposals(memory, before, after, rel, opened, ranker, document_syntax(doc, line, col))
         out = context.with_snippets(built, memory, rel)
     return replace(out, prompt=replace(out.prompt, proposals=proposals)), rel
 

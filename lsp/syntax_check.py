@@ -845,6 +845,26 @@ def rewrite_problem(language: str, lines: list[str], first: int, last: int, new_
     return "adds a syntax error" if counts[1] > counts[0] else None
 
 
+def string_swallows_code(language: str, lines: list[str], row: int, col: int, root) -> bool:
+    """Is (row, col) inside a triple-quoted string begun above whose lines below hold code at its
+    first line's indentation (Python)? Its closing quotes are missing: only an insertion that
+    closes it keeps that code code. `root`: the document tree's root (None: not known)."""
+    if language not in INDENTED_LANGUAGES or not 0 <= row < len(lines):
+        return False
+    return _docstring_swallowing_code(root, lines, row, col) is not None
+
+
+def string_swallows_code_text(language: str, before: str, after: str) -> bool:
+    """`string_swallows_code` on a document given as its text before and after the cursor."""
+    parser = _parser(language) if language in INDENTED_LANGUAGES else None
+    if parser is None:
+        return False
+    lines = split_lines(before + after)
+    head = split_lines(before)
+    root = parser.parse((before + after).encode("utf-8", "surrogatepass")).root_node
+    return string_swallows_code(language, lines, len(head) - 1, len(head[-1]), root)
+
+
 def check_text(language: str, before: str, after: str, text: str, replace_rest: bool = False) -> str | None:
     """`check` on a document given as its text before and after the cursor."""
     lines = split_lines(before + after)

@@ -6,7 +6,7 @@ well and says little about whether the first one is right (a draft of one common
 high, a long line seen once in this very file scores low). The trees read the facts of each draft
 (FEATURES: its rank and score, the margin to the next, its support, its length, whether it is a
 line already in the file, whether the cursor line with it still parses, what is typed on the
-line) and give the probability that it is exactly the rest of the line. The server shows the
+line, whether it holds triple quotes where a string must close) and give the probability that it is exactly the rest of the line. The server shows the
 draft they rank first, with that probability as its confidence (the gate reads it).
 
 `features` is the one place the facts are computed: the fitting driver
@@ -28,7 +28,7 @@ from dlm.coder_model.edit_memory.boosting import Trees
 
 MODEL_PATH = Path(__file__).with_name("line_ranker.json")
 FEATURES = ("rank", "score", "log_support", "score_ratio", "margin", "length", "drafts", "parses",
-            "in_file", "typed_chars", "indent", "opens")
+            "in_file", "typed_chars", "indent", "opens", "closes_string", "string_swallows_code")
 _OPENERS, _CLOSERS = "([{", ")]}"
 
 
@@ -38,13 +38,16 @@ class LineFacts:
 
     typed_line: str  # the cursor line up to the cursor
     file_lines: frozenset[str]  # the file's other lines, stripped
+    # the cursor is inside a triple-quoted string whose lines below hold code: its closing quotes
+    # are missing, and only a draft that closes it leaves the code below code (lsp.syntax_check)
+    string_swallows_code: bool = False
 
     @classmethod
-    def of(cls, before: str, after: str) -> LineFacts:
+    def of(cls, before: str, after: str, string_swallows_code: bool = False) -> LineFacts:
         start = before.rfind("\n") + 1
         rest = after.split("\n", 1)[1] if "\n" in after else ""
         others = (line.strip() for line in (before[:start] + rest).split("\n"))
-        return cls(before[start:], frozenset(line for line in others if line))
+        return cls(before[start:], frozenset(line for line in others if line), string_swallows_code)
 
 
 def features(facts: LineFacts, scores: Sequence[float], supports: Sequence[int], texts: Sequence[str],
@@ -56,9 +59,11 @@ def features(facts: LineFacts, scores: Sequence[float], supports: Sequence[int],
     line = facts.typed_line + texts[rank]
     opens = sum(line.count(c) for c in _OPENERS) - sum(line.count(c) for c in _CLOSERS)
     typed = facts.typed_line
+    closes_string = '"""' in texts[rank] or "'''" in texts[rank]
     return [float(rank), score, math.log1p(supports[rank]), score / top, score - following,
             float(len(texts[rank])), float(len(scores)), float(parses), float(line.strip() in facts.file_lines),
-            float(len(typed.strip())), float(len(typed) - len(typed.lstrip())), float(opens)]
+            float(len(typed.strip())), float(len(typed) - len(typed.lstrip())), float(opens),
+            float(closes_string), float(facts.string_swallows_code)]
 
 
 class LineRanker:

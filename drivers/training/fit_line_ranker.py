@@ -33,8 +33,7 @@ def collect(repo: str, n: int, seed: int) -> list[dict]:
     """Per case: its file, and each draft's features, its label and the memory's score."""
     from dlm.coder_model.memory.line_ranker import LineFacts, features
     from dlm.drivers.evaluation.repo_cases import HOLDOUT, build_memory, held_out, make_cases
-    from dlm.lsp.memory_proposals import MEMORY_BEAM
-    from dlm.lsp.syntax_check import check_text
+    from dlm.lsp.memory_proposals import MEMORY_BEAM, DraftSyntax
 
     workspace, drawn = make_cases(repo, 3 * n, seed, holdout=2 * HOLDOUT)
     cases = [c for c in drawn if not held_out(c.path, HOLDOUT)][:n]
@@ -42,12 +41,12 @@ def collect(repo: str, n: int, seed: int) -> list[dict]:
     rows = []
     for case in cases:
         found = [c for c in memory.complete(case.before, case.after, path=case.path, beam=MEMORY_BEAM) if c.text]
-        facts = LineFacts.of(case.before, case.after)
+        syntax = DraftSyntax.of_text("python", case.before, case.after)  # the checks serving runs
+        facts = LineFacts.of(case.before, case.after, syntax.string_swallows_code)
         scores, supports, texts = [c.score for c in found], [c.support for c in found], [c.text for c in found]
         drafts = []
         for r in range(len(found)):
-            parses = check_text("python", case.before, case.after, texts[r]) is None
-            drafts.append({"x": features(facts, scores, supports, texts, r, parses),
+            drafts.append({"x": features(facts, scores, supports, texts, r, syntax.parses(texts[r])),
                            "y": texts[r] == case.answer, "score": scores[r]})
         rows.append({"path": case.path, "drafts": drafts})
     return rows
