@@ -75,6 +75,8 @@ from __future__ import annotations
 import ast
 import logging
 import re
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from dlm.coder_model import regions
@@ -383,6 +385,30 @@ class _Parsed:
             for n in self.problems()
             if n.type == "ERROR" and self.cursor <= n.start_byte <= max(self.typed_to - 1, self.cursor)
         ]
+
+
+# The parses of the document as it is (the window, the window with the cursor line blank, the
+# half-typed line closed) are the same for every draft a request checks: the line ranker checks
+# the memory's 8, then the server its answer. They are kept, newest last, a few requests' worth.
+_KEPT_PARSES = 16
+_kept: OrderedDict[tuple, _Parsed] = OrderedDict()
+_kept_lock = threading.Lock()
+
+
+def _parsed_document(parser, lines: list[str], first: int, last: int, typed_to_char: int, col: int) -> _Parsed:
+    """`_Parsed` of a window with no insertion in it, parsed once for all the drafts of a request."""
+    key = (id(parser), tuple(lines), first, last, typed_to_char, col)
+    with _kept_lock:
+        got = _kept.get(key)
+        if got is not None:
+            _kept.move_to_end(key)
+            return got
+    got = _Parsed(parser, lines, first, last, typed_to_char, col)
+    with _kept_lock:
+        _kept[key] = got
+        while len(_kept) > _KEPT_PARSES:
+            _kept.popitem(last=False)
+    return got
 
 
 # languages where a line's indentation is syntax: the open-bracket rule applies (module docstring)
@@ -791,14 +817,14 @@ def check(
             and _closed_below(wl, wr):
         return "leaves no bracket open for the closer below it"
     parsed_after = _Parsed(parser, after, wr, last, typed_to, col)
-    before = _Parsed(parser, wl, wr, wr, col, col)
+    before = _parsed_document(parser, wl, wr, wr, col, col)
     # Errors below the edited lines that neither the document as it is nor the document without
     # the half-typed line has: the insertion made them (a half-typed line's own ERROR can swallow
     # the lines below it, and a line that closes a bracket opened above leaves errors once blanked).
     below = parsed_after.problems_below()
     if below > before.problems_below():
         blank = wl[:wr] + [eol] + wl[wr + 1 :]
-        if below > _Parsed(parser, blank, wr, wr, 0, 0).problems_below():
+        if below > _parsed_document(parser, blank, wr, wr, 0, 0).problems_below():
             return "breaks the lines below it"
     if language in INDENTED_LANGUAGES and _closes_docstring_early(lines, row, col, text):
         return "closes a docstring above its own prose and closing quotes"  # (beyond the window's errors)
@@ -807,7 +833,7 @@ def check(
     if not before.problems():
         return "introduces a syntax error"
     # A half-typed line: compare both as the user would finish them (open brackets closed).
-    closed_before = _Parsed(parser, wl[:wr] + [_closed(line, open_before)] + wl[wr + 1 :], wr, wr, col, col)
+    closed_before = _parsed_document(parser, wl[:wr] + [_closed(line, open_before)] + wl[wr + 1 :], wr, wr, col, col)
     closed_after = _Parsed(
         parser, after[:last] + [_closed(after[last], open_after)] + after[last + 1 :], wr, last, typed_to, col
     )
@@ -851,7 +877,16 @@ def string_swallows_code(language: str, lines: list[str], row: int, col: int, ro
     closes it keeps that code code. `root`: the document tree's root (None: not known)."""
     if language not in INDENTED_LANGUAGES or not 0 <= row < len(lines):
         return False
-    return _docstring_swallowing_code(root, lines, row, col) is not None
+    if _docstring_swallowing_code(root, lines, row, col) is not None:
+        return True
+    # The tree cannot always tell: quotes missing far below a long docstring are read as code
+    # from where the string's text starts. The lines then say it: an odd number of triple quotes
+    # above in this block, and a statement at the cursor's indentation or less as the next code.
+    if not _inside_open_quotes(lines, row):
+        return False
+    following = _next_code_line(lines, row)
+    return following is not None and _indent(following) <= _indent(content(lines[row])[:col]) \
+        and '"""' not in following and "'''" not in following and _is_statement(following)
 
 
 def string_swallows_code_text(language: str, before: str, after: str) -> bool:
