@@ -765,6 +765,9 @@ def check(
         line_after = content(lines[row])[:col] + split_lines(text)[0]
         if base is not None and _indent(line_after) <= base and _is_statement(line_after):
             return "writes code inside a docstring whose closing quotes the code below needs"
+    if language in INDENTED_LANGUAGES and '"""' not in text and "'''" not in text \
+            and string_swallows_code(language, lines, row, col):
+        return "leaves open the triple-quoted string whose closing quotes the code below needs"
     if not _starts_token(root, lines, row) and content(lines[row])[:col].strip():
         return None  # inside a string or comment begun on a line above (a docstring's prose)
     if _inside_prose(root, lines, row, col) and '"""' not in text and "'''" not in text:
@@ -871,33 +874,57 @@ def rewrite_problem(language: str, lines: list[str], first: int, last: int, new_
     return "adds a syntax error" if counts[1] > counts[0] else None
 
 
-def string_swallows_code(language: str, lines: list[str], row: int, col: int, root) -> bool:
-    """Is (row, col) inside a triple-quoted string begun above whose lines below hold code at its
-    first line's indentation (Python)? Its closing quotes are missing: only an insertion that
-    closes it keeps that code code. `root`: the document tree's root (None: not known)."""
+_kept_closes: OrderedDict[tuple, bool] = OrderedDict()
+
+
+def _closing_mends(parser, lines: list[str], row: int, col: int) -> bool:
+    """Is the cursor inside a docstring (an odd number of triple quotes above it in its block)
+    whose closing quotes, typed on the cursor's line, mend the document: with the line holding
+    them there are fewer syntax errors than with the line blank? Then the string runs on over
+    code below, which the quotes give back. The answer is kept for the request's other drafts."""
+    typed = content(lines[row])[:col]
+    if typed.strip() and not _is_prose(typed) or not _inside_open_quotes(lines, row):
+        return False
+    above = lines[max(0, row - MAX_STRING_LINES) : row]
+    quotes = [q for q in ('"""', "'''") if any(q in line for line in above)]
+    key = (id(parser), tuple(lines), row)
+    with _kept_lock:
+        if key in _kept_closes:
+            return _kept_closes[key]
+    indent = typed[: _indent(typed)]
+    eol = lines[row][len(content(lines[row])) :] or "\n"
+
+    def errors(line: str) -> int:
+        text = "".join(lines[:row]) + line + "".join(lines[row + 1 :])
+        return len(_problems(parser.parse(text.encode("utf-8", "surrogatepass")).root_node, 0, 1 << 62, 1 << 62))
+
+    blank = errors(indent + eol) if quotes else 0
+    mends = any(errors(indent + quote + eol) < blank for quote in quotes)
+    with _kept_lock:
+        _kept_closes[key] = mends
+        while len(_kept_closes) > _KEPT_PARSES:
+            _kept_closes.popitem(last=False)
+    return mends
+
+
+def _is_prose(typed: str) -> bool:
+    """Is the typed start of a line words, not code (no bracket, operator or quote)?"""
+    return not any(ch in typed for ch in "()[]{}=+*/<>'\"#@:;,%")
+
+
+def string_swallows_code(language: str, lines: list[str], row: int, col: int) -> bool:
+    """Is (row, col) inside a docstring whose closing quotes the code below needs (Python)? Only an
+    insertion that closes it keeps that code code (`_closing_mends`)."""
     if language not in INDENTED_LANGUAGES or not 0 <= row < len(lines):
         return False
-    if _docstring_swallowing_code(root, lines, row, col) is not None:
-        return True
-    # The tree cannot always tell: quotes missing far below a long docstring are read as code
-    # from where the string's text starts. The lines then say it: an odd number of triple quotes
-    # above in this block, and a statement at the cursor's indentation or less as the next code.
-    if not _inside_open_quotes(lines, row):
-        return False
-    following = _next_code_line(lines, row)
-    return following is not None and _indent(following) <= _indent(content(lines[row])[:col]) \
-        and '"""' not in following and "'''" not in following and _is_statement(following)
+    parser = _parser(language)
+    return parser is not None and _closing_mends(parser, lines, row, col)
 
 
 def string_swallows_code_text(language: str, before: str, after: str) -> bool:
     """`string_swallows_code` on a document given as its text before and after the cursor."""
-    parser = _parser(language) if language in INDENTED_LANGUAGES else None
-    if parser is None:
-        return False
-    lines = split_lines(before + after)
     head = split_lines(before)
-    root = parser.parse((before + after).encode("utf-8", "surrogatepass")).root_node
-    return string_swallows_code(language, lines, len(head) - 1, len(head[-1]), root)
+    return string_swallows_code(language, split_lines(before + after), len(head) - 1, len(head[-1]))
 
 
 def check_text(language: str, before: str, after: str, text: str, replace_rest: bool = False) -> str | None:

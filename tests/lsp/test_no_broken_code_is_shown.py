@@ -209,11 +209,16 @@ def test_code_where_a_docstring_must_close_is_held_back():
     assert check_text("python", before, after, "return open(path).read()") is not None
 
 
-def test_prose_and_the_closing_quotes_where_a_docstring_must_close_are_shown():
+def test_where_a_docstring_must_close_only_its_closing_quotes_are_shown():
+    """With its closing quotes missing, the docstring runs on over the code below: prose there
+    leaves that code inside it, and the file broken, whoever types it."""
     before, after = DOCSTRING_THEN_CODE
     assert check_text("python", before, after, '"""') is None
-    assert check_text("python", before, after, "Returns the text.") is None
-    assert check_text("python", before, after, "Parameters") is None
+    assert check_text("python", before, after, "Returns the text.") is not None
+    assert check_text("python", before, after, "Parameters") is not None
+    # a string value whose lines read like code is closed below: its lines are shown
+    header = 'HEADER = """\nSIMPLE  = T\n'
+    assert check_text("python", header, '\nNAXIS   = 2\n"""\nx = 1\n', "BITPIX  = 8") is None
 
 
 # The true rest of a line is never held back: windows cut inside a statement, a docstring or a
