@@ -155,8 +155,13 @@ class SamplerParams:
     veto: float = option(
         0.0, Cap("float", 0.0, 1.0),
         "repository memory: a proposal the model gives less than this probability is never shown")
+    # 0: the model is off the typing path. On the development repositories' frozen cases the line
+    # ranker's trees alone (lsp.options IndexOptions.rank_drafts) beat the memory checked by the
+    # model in 2 passes on exact and on precision at an equal shown share, at a third of its
+    # latency (BENCHMARKS.md "The gate and the line ranker"); 2 is the check those figures measured.
     verify_passes: int = option(
-        2, Cap("int", 0, 8), "repository memory: model passes per proposal (0: the memory alone)")
+        0, Cap("int", 0, 8), "repository memory: model passes per proposal (0: the memory alone, "
+        "ranked by the line ranker when index.rankDrafts is on; 2: the denoiser's check)")
     # The fast path: where the memory's own side of the mix (the model's weight left out) already
     # reaches `memory_first`, the check would rarely change the answer, so none runs (no prefill,
     # no pass) and the memory's confidence is the answer's. At 0.7, 40% of the development

@@ -89,12 +89,12 @@ class IndexOptions:
     rescan_s: float = option(
         60.0, Cap("float", 0.0, 86_400.0),
         "seconds between rescans of file times when the client does not watch files (0: never)")
-    # Off: on the development repositories' frozen cases the trees alone (no model) beat the shipped
-    # memory + check on exact and on precision at the same shown share, at a third of its latency,
-    # but more of what they show breaks the code (1.5% against 0.4%, over the 0.5% bar): docstring
-    # lines where a docstring closes (BENCHMARKS.md "The line ranker")
+    # On: on the development repositories' frozen cases the trees alone (no model pass) beat the
+    # memory checked by the model on exact and on precision at an equal shown share, at a third
+    # of its latency, with no more of what they show broken (BENCHMARKS.md "The gate and the line
+    # ranker"); the model's check (sampler.verifyPasses) is off by default for that reason
     rank_drafts: bool = option(
-        False, Cap("bool"), "boosted trees re-rank the memory's line drafts, and their probability "
+        True, Cap("bool"), "boosted trees re-rank the memory's line drafts, and their probability "
         "that a draft is the line is its confidence (coder_model.memory.line_ranker)")
     # (RUF009 takes option() for a call in a default: it returns the field, with a default_factory)
     exclude: list[str] = option(  # noqa: RUF009

@@ -276,19 +276,26 @@ def with_memory(index: ProjectIndex, doc: Document, built: context.BuiltContext,
     return replace(out, prompt=replace(out.prompt, proposals=proposals)), rel
 
 
-def answer_source(prompt: Prompt, new_region: str, memory_note: str, checked: bool = True) -> str:
-    """Which source made the answer: the memory (its proposal, checked by the model, or answered
-    alone where it is sure: `checked` False, the fast path), the memory vetoed by the model, or the
-    model decoding alone (and why the memory did not propose)."""
+def answer_source(prompt: Prompt, new_region: str, memory_note: str, checked: bool = True, passes: int = 0,
+                  ranked: bool = False) -> str:
+    """Which source made the answer: the memory (its proposal, `ranked` by the line ranker or in
+    its own order; checked by the model, answered with no check asked for: `passes` 0, or alone
+    where it is sure: the fast path), the memory vetoed by the model, or the model decoding alone
+    (and why the memory did not propose)."""
     proposals = prompt.proposals
     if proposals:
         n = len(proposals)
         region, c = prompt.region, prompt.cursor
         for i, p in enumerate(proposals):
             if region[:c] + p.text + region[c:] == new_region:  # coder_model.verify.region_after
-                how = "checked by the model" if checked else "sure enough that no check ran: sampler.memoryFirst"
-                return (f"memory (the repository memory's proposal {i + 1} of {n}, memory probability "
-                        f"{p.score:.3f}, {how})")
+                if checked:
+                    how = "checked by the model"
+                elif not passes:
+                    how = "no model check: sampler.verifyPasses is 0"
+                else:
+                    how = "sure enough that no check ran: sampler.memoryFirst"
+                score = "the line ranker's probability" if ranked else "memory probability"
+                return f"memory (the repository memory's proposal {i + 1} of {n}, {score} {p.score:.3f}, {how})"
         return f"memory: the model vetoed all {n} of the repository memory's proposals, so nothing is proposed"
     if memory_note:
         return f"model (no repository memory: {memory_note}; the model decoded alone)"
@@ -560,7 +567,8 @@ def _predict(args: argparse.Namespace, params: SamplerParams, file_doc: Document
     if prompt.insert:
         sugg = postprocess.suggest(prompt.region, prompt.cursor, pred.text, prompt.suffix, prompt.prefix)
         print(f"== suggestion at the cursor: {suggestion_line(sugg, rest)}")
-    print(f"== source: {answer_source(prompt, pred.text, memory_note, checked=pred.steps > 0)}")
+    ranked = index is not None and index.workspace.options.rank_drafts
+    print(f"== source: {answer_source(prompt, pred.text, memory_note, pred.steps > 0, params.verify_passes, ranked)}")
     print("== edit (unified diff with file line numbers; `--diff | patch -p1` applies it)")
     if edit:
         print(edit, end="")

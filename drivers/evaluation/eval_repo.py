@@ -58,6 +58,7 @@ from pathlib import Path
 from dlm.drivers.evaluation.eval_typing import Answer, EvalReplay, TypingCase, _offset, visible
 
 CONFIGS = ("model", "memory", "trees", "verify", "all")
+CHECK_PASSES = 2  # the denoiser's passes per proposal in the rows that check (verify, all)
 TYPE_LAST = 3  # characters of the line typed through the server before the judged pause
 LENGTH_BINS = ((1, 2), (3, 10), (11, 30), (31, None))  # length of the answer, characters
 IN_TIME_MS = 300.0
@@ -156,10 +157,10 @@ def config_options(config: str, sampler: dict | None = None) -> dict:
                   "sampler": dict(sampler or {})}
     if config == "model":
         opts["index"] = {"enabled": False}
-    if config in ("trees", "all"):
-        opts["index"] = {"rankDrafts": True}
-    if config in ("memory", "trees"):
-        opts["sampler"]["verifyPasses"] = 0
+        return opts
+    # every row says both of its settings, so a row measures the same whatever the defaults are
+    opts["index"] = {"rankDrafts": config in ("trees", "all")}
+    opts["sampler"].setdefault("verifyPasses", CHECK_PASSES if config in ("verify", "all") else 0)
     return opts
 
 

@@ -96,9 +96,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     nxt.add_argument("--from-records", metavar="FILE", help="report from a --records file without a replay (other "
                      "--thresholds or --rewrite-recent on the same proposals)")
     nxt.add_argument("--progress", action="store_true", help="print the running count of opportunities to stderr")
-    parser.add_argument("--config", default="verify", help="--repo: model (no memory), memory (its own order, no "
-                        "model pass), trees (the line ranker orders, no model pass), verify (the memory proposes "
-                        "in its order, the denoiser checks; default) or all (the trees order, the denoiser checks)")
+    parser.add_argument("--config", default="trees", help="--repo: model (no memory), memory (its own order, no "
+                        "model pass), trees (the line ranker orders, no model pass: the shipped configuration, "
+                        "default), verify (the memory proposes in its order, the denoiser checks) or all (the "
+                        "trees order, the denoiser checks)")
     parser.add_argument("--limit", type=int, default=10, help="cases per source (default 10)")
     parser.add_argument("--max-keys", type=int, default=40, help="characters typed per case at most (default 40)")
     parser.add_argument("--cps", type=float, default=8.0, help="typing speed, characters per second")

@@ -28,7 +28,12 @@ def test_typing_cases_type_the_last_characters_or_enter_and_judge_the_whole_line
 def test_configs_are_the_ablation_rows():
     assert config_options("model")["index"] == {"enabled": False}
     assert config_options("memory")["sampler"]["verifyPasses"] == 0
-    assert "index" not in config_options("verify") and config_options("verify")["minConfidence"] == 0
+    assert config_options("memory")["index"] == {"rankDrafts": False}
+    assert config_options("trees")["index"] == {"rankDrafts": True}
+    assert config_options("trees")["sampler"]["verifyPasses"] == 0
+    assert config_options("verify")["index"] == {"rankDrafts": False}
+    assert config_options("verify")["sampler"]["verifyPasses"] == config_options("all")["sampler"]["verifyPasses"] > 0
+    assert config_options("verify")["minConfidence"] == 0
 
 
 def test_summary_counts_exact_of_all_cases_per_threshold_and_by_length():

@@ -1,5 +1,6 @@
 """Repository memory through the real server with the embedded model: a line the workspace
-already holds is proposed by the memory, checked by the denoiser and shown at the cursor.
+already holds is proposed by the memory, ranked by the line ranker and shown at the cursor, or
+checked by the denoiser when the check is asked for (sampler.verifyPasses).
 
 The workspace repeats a distinctive call, so the memory's only proposal is known; the
 test claims that the product answers with it when the gate lets everything through, not how
@@ -46,9 +47,18 @@ async def _frobnicate(tmp_path: Path, init: dict) -> tuple[list[str], dict]:
 
 
 @pytest.mark.asyncio
+async def test_by_default_the_ranked_memory_answers_with_no_model_pass(tmp_path: Path):
+    items, stats = await _frobnicate(tmp_path, {"minConfidence": 0, "deadlineMs": 5000})
+    assert items == ["widget(registry, widget_id=42, strict=True)"]
+    assert stats["offered"] == 1 and stats["memory_answers"] >= 1 and stats["steps"] == 0
+
+
+@pytest.mark.asyncio
 async def test_the_memory_proposes_a_workspace_line_and_the_denoiser_checks_it(tmp_path: Path):
     # every proposal checked (no fast path: sampler.memoryFirst above 1)
-    items, stats = await _frobnicate(tmp_path, {"minConfidence": 0, "deadlineMs": 5000, "sampler": {"memoryFirst": 2.0}})
+    check = {"verifyPasses": 2, "memoryFirst": 2.0}
+    items, stats = await _frobnicate(tmp_path, {"minConfidence": 0, "deadlineMs": 5000, "sampler": check,
+                                                "index": {"rankDrafts": False}})
     assert items == ["widget(registry, widget_id=42, strict=True)"]
     assert stats["offered"] == 1 and stats["steps"] >= 1  # the denoiser ran on the proposal
 
@@ -56,8 +66,9 @@ async def test_the_memory_proposes_a_workspace_line_and_the_denoiser_checks_it(t
 @pytest.mark.asyncio
 async def test_a_proposal_the_memory_is_sure_of_takes_the_fast_path(tmp_path: Path):
     """The one line of the workspace that continues `frobnicate_`: the memory is sure of it, so at
-    the default `sampler.memoryFirst` it is answered with no model pass."""
-    items, stats = await _frobnicate(tmp_path, {"minConfidence": 0, "deadlineMs": 5000})
+    the default `sampler.memoryFirst` the check asked for is skipped: no model pass."""
+    items, stats = await _frobnicate(tmp_path, {"minConfidence": 0, "deadlineMs": 5000, "sampler": {"verifyPasses": 2},
+                                                "index": {"rankDrafts": False}})
     assert items == ["widget(registry, widget_id=42, strict=True)"]
     assert stats["offered"] == 1 and stats["memory_answers"] >= 1 and stats["steps"] == 0
     assert stats["no_steps"] == 0  # counted as the memory's answer, not as "no time for a step"

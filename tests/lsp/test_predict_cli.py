@@ -234,5 +234,7 @@ def test_the_source_says_whether_the_model_checked_the_memorys_proposal():
 
     p = Prompt(prefix="", region="x = ", cursor=4, suffix="", proposals=(MemoryProposal("1", 0.97),))
     assert "checked by the model" in answer_source(p, "x = 1", "")
-    alone = answer_source(p, "x = 1", "", checked=False)
+    alone = answer_source(p, "x = 1", "", checked=False, passes=2)
     assert "no check ran" in alone and "checked by the model" not in alone
+    unasked = answer_source(p, "x = 1", "", checked=False, passes=0, ranked=True)
+    assert "verifyPasses is 0" in unasked and "the line ranker's probability 0.970" in unasked
