@@ -144,7 +144,7 @@ def document_syntax(doc: Document, row: int, col: int) -> DraftSyntax:
             return True
 
     try:
-        swallows = syntax_check.string_swallows_code(language, lines, row, col)
+        swallows = syntax_check.string_swallows_code(language, lines, row, col, root)
     except Exception:  # a grammar edge case: no string is known to be open
         log.exception("reading the strings around the cursor failed")
         swallows = False

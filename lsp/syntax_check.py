@@ -766,7 +766,7 @@ def check(
         if base is not None and _indent(line_after) <= base and _is_statement(line_after):
             return "writes code inside a docstring whose closing quotes the code below needs"
     if language in INDENTED_LANGUAGES and '"""' not in text and "'''" not in text \
-            and string_swallows_code(language, lines, row, col):
+            and string_swallows_code(language, lines, row, col, root):
         return "leaves open the triple-quoted string whose closing quotes the code below needs"
     if not _starts_token(root, lines, row) and content(lines[row])[:col].strip():
         return None  # inside a string or comment begun on a line above (a docstring's prose)
@@ -881,7 +881,9 @@ def _closing_mends(parser, lines: list[str], row: int, col: int) -> bool:
     """Is the cursor inside a docstring (an odd number of triple quotes above it in its block)
     whose closing quotes, typed on the cursor's line, mend the document: with the line holding
     them there are fewer syntax errors than with the line blank? Then the string runs on over
-    code below, which the quotes give back. The answer is kept for the request's other drafts."""
+    code below, which the quotes give back. The whole document is parsed (a window cut through
+    the string reads its own cut as errors), so callers ask only of a document that has errors;
+    the answer is kept for the request's other drafts."""
     typed = content(lines[row])[:col]
     if typed.strip() and not _is_prose(typed) or not _inside_open_quotes(lines, row):
         return False
@@ -912,10 +914,13 @@ def _is_prose(typed: str) -> bool:
     return not any(ch in typed for ch in "()[]{}=+*/<>'\"#@:;,%")
 
 
-def string_swallows_code(language: str, lines: list[str], row: int, col: int) -> bool:
+def string_swallows_code(language: str, lines: list[str], row: int, col: int, root=None) -> bool:
     """Is (row, col) inside a docstring whose closing quotes the code below needs (Python)? Only an
-    insertion that closes it keeps that code code (`_closing_mends`)."""
+    insertion that closes it keeps that code code (`_closing_mends`). `root`: the document tree's
+    root, if one is kept: a document with no syntax error has no string running over its code."""
     if language not in INDENTED_LANGUAGES or not 0 <= row < len(lines):
+        return False
+    if root is not None and not root.has_error:
         return False
     parser = _parser(language)
     return parser is not None and _closing_mends(parser, lines, row, col)
@@ -923,8 +928,12 @@ def string_swallows_code(language: str, lines: list[str], row: int, col: int) ->
 
 def string_swallows_code_text(language: str, before: str, after: str) -> bool:
     """`string_swallows_code` on a document given as its text before and after the cursor."""
+    parser = _parser(language) if language in INDENTED_LANGUAGES else None
+    if parser is None:
+        return False
     head = split_lines(before)
-    return string_swallows_code(language, split_lines(before + after), len(head) - 1, len(head[-1]))
+    root = parser.parse((before + after).encode("utf-8", "surrogatepass")).root_node
+    return string_swallows_code(language, split_lines(before + after), len(head) - 1, len(head[-1]), root)
 
 
 def check_text(language: str, before: str, after: str, text: str, replace_rest: bool = False) -> str | None:
