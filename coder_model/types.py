@@ -157,8 +157,8 @@ class SamplerParams:
         "repository memory: a proposal the model gives less than this probability is never shown")
     # 0: the model is off the typing path. On the development repositories' frozen cases the line
     # ranker's trees alone (lsp.options IndexOptions.rank_drafts) beat the memory checked by the
-    # model in 2 passes on exact and on precision at an equal shown share, at a third of its
-    # latency (BENCHMARKS.md "The gate and the line ranker"); 2 is the check those figures measured.
+    # model in 2 passes on exact (+2.3 points) and on precision at an equal shown share, at half
+    # its latency (BENCHMARKS.md "The shipped configuration"); 2 is the check those figures measured.
     verify_passes: int = option(
         0, Cap("int", 0, 8), "repository memory: model passes per proposal (0: the memory alone, "
         "ranked by the line ranker when index.rankDrafts is on; 2: the denoiser's check)")

@@ -90,12 +90,12 @@ class IndexOptions:
         60.0, Cap("float", 0.0, 86_400.0),
         "seconds between rescans of file times when the client does not watch files (0: never)")
     # On: on the development repositories' frozen cases the trees alone (no model pass) beat the
-    # memory checked by the model on exact and on precision at an equal shown share, at a third
-    # of its latency, with no more of what they show broken (BENCHMARKS.md "The gate and the line
-    # ranker"); the model's check (sampler.verifyPasses) is off by default for that reason
+    # memory checked by the model on exact and on precision at an equal shown share, at half its
+    # latency, with no more of what they show broken (BENCHMARKS.md "The shipped configuration");
+    # the model's check (sampler.verifyPasses) is off by default for that reason
     rank_drafts: bool = option(
         True, Cap("bool"), "boosted trees re-rank the memory's line drafts, and their probability "
-        "that a draft is the line is its confidence (coder_model.memory.line_ranker)")
+        "that a draft is the line takes the memory's place in its confidence (coder_model.memory.line_ranker)")
     # (RUF009 takes option() for a call in a default: it returns the field, with a default_factory)
     exclude: list[str] = option(  # noqa: RUF009
         [], Cap("strings", high=10_000), "more .gitignore-style patterns of files to leave out of the index")
@@ -167,14 +167,14 @@ class Options:
     deadline_ms: int = option(
         DEFAULT_DEADLINE_MS, Cap("int", 1, int(REQUEST_CAPS["deadline_ms"].high)),
         "answer this long after the keystroke, or not at all")
-    # 0.5: through the server, on 400 held-out lines each of xarray, astropy, django and sympy, the
-    # repository memory's proposals checked by the denoiser show 39.3% of the lines at 69.5%
-    # precision from 0.5, and each repository >= 25% at >= 60% (sympy, the weakest: 31.5% at
-    # 61.1%); 0.5 is the lowest threshold where every one of the four meets that (BENCHMARKS.md
-    # "Repository memory through the server"). Without an index the model alone showed nothing at
-    # 0.3 already (xarray, 150 lines).
+    # 0.45: through the server, on 300 frozen held-out lines each of django, xarray, sympy and
+    # astropy, the memory's drafts ranked by the line ranker (the shipped configuration) show
+    # 41.9% of the lines at 75.9% precision from 0.45, and each repository >= 25% at >= 60%
+    # (sympy, the weakest: 34.3% at 64.1%); 0.45 is the lowest threshold where every one of the
+    # four meets that (BENCHMARKS.md "The shipped configuration"). Without an index the model
+    # alone showed nothing at 0.3 already (xarray, 150 lines).
     min_confidence: float = option(
-        0.5, Cap("float", 0.0, 1.0), "show a suggestion only at this confidence or above")
+        0.45, Cap("float", 0.0, 1.0), "show a suggestion only at this confidence or above")
     min_confidence_rewrite_recent: float = option(
         0.98, Cap("float", 0.0, 1.0),
         "the confidence a suggestion that deletes or rewrites recent typing needs")
