@@ -10,6 +10,7 @@ from dlm.coder_model.types import CancelToken, MemoryProposal, Prompt, SamplerPa
 from dlm.coder_model.verify import Mix, choose
 
 CHECKED = 2.0  # SamplerParams.memory_first above 1: every proposal is checked (no fast path)
+PASSES = 2  # the denoiser's check (SamplerParams.verify_passes: off by default, asked for here)
 PROMPT = dict(prefix="import os\n\n\ndef read(path):\n", region="    with open(path) as f:", cursor=9,
               suffix="\n        return f.read()\n", language="python", path="m.py")
 
@@ -17,7 +18,7 @@ PROMPT = dict(prefix="import os\n\n\ndef read(path):\n", region="    with open(p
 def test_the_model_scores_every_proposal_and_answers_one_of_them(engine):
     proposals = (MemoryProposal("open(path) as f:", 0.4), MemoryProposal("os.fdopen(path) as f:", 0.3))
     p = Prompt(**{**PROMPT, "region": "    with ", "cursor": 9}, proposals=proposals)
-    pred = engine.predict(p, SamplerParams(model_weight=1.0), CancelToken())
+    pred = engine.predict(p, SamplerParams(model_weight=1.0, verify_passes=PASSES), CancelToken())
     assert pred.text in {"    with " + x.text for x in proposals}
     assert pred.steps == 2 and 0.0 < pred.confidence < 1.0  # two interleaved passes
 
@@ -25,16 +26,16 @@ def test_the_model_scores_every_proposal_and_answers_one_of_them(engine):
 def test_a_veto_above_every_score_answers_no_change(engine):
     proposals = (MemoryProposal("open(path) as f:", 0.9),)
     p = Prompt(**{**PROMPT, "region": "    with ", "cursor": 9}, proposals=proposals)
-    pred = engine.predict(p, SamplerParams(veto=1.0), CancelToken())
+    pred = engine.predict(p, SamplerParams(veto=1.0, verify_passes=PASSES), CancelToken())
     assert pred.text == "    with " and pred.confidence is None
 
 
 def test_without_the_model_the_memory_order_decides():
     proposals = (MemoryProposal("a", 0.2), MemoryProposal("b", 0.7))
     assert choose(proposals, [None, None], Mix(passes=0))[0] == 1
-    i, conf = choose(proposals, [0.9, 0.01], Mix(model_weight=1.0))
+    i, conf = choose(proposals, [0.9, 0.01], Mix(model_weight=1.0, passes=PASSES))
     assert i == 0 and conf == pytest.approx(Mix(model_weight=1.0).combine(0.2, 0.9))
-    assert choose(proposals, [0.9, 0.01], Mix(model_weight=0.0))[0] == 1  # the memory alone prefers b
+    assert choose(proposals, [0.9, 0.01], Mix(model_weight=0.0, passes=PASSES))[0] == 1  # the memory alone prefers b
     plain = Mix(memory_weight=1.0, model_weight=0.0, bias=0.0)
     assert plain.combine(0.3, None) == pytest.approx(0.3)  # weights (1, 0, 0): the memory's own probability
     assert math.isclose(Mix(bias=0.0, model_weight=1.0).combine(0.5, 1.0), 0.5)
@@ -43,7 +44,7 @@ def test_without_the_model_the_memory_order_decides():
 
 def test_a_proposal_longer_than_the_block_is_not_scored(engine):
     p = Prompt(**{**PROMPT, "region": "    with ", "cursor": 9}, proposals=(MemoryProposal("x" * 400, 0.9),))
-    pred = engine.predict(p, SamplerParams(block_len=8, memory_first=CHECKED), CancelToken())
+    pred = engine.predict(p, SamplerParams(block_len=8, memory_first=CHECKED, verify_passes=PASSES), CancelToken())
     assert pred.text == "    with "
 
 
@@ -75,10 +76,10 @@ def test_a_proposal_longer_than_one_block_but_within_max_blocks_is_scored(engine
     block = (slots + 1) // 2  # the region and its <eom> need two blocks of this size
     assert block < slots
     p = Prompt(**{**PROMPT, "region": region, "cursor": len(region)}, proposals=(MemoryProposal(text, 0.9),))
-    two = engine.predict(p, SamplerParams(block_len=block, max_blocks=2, veto=0.0, memory_first=CHECKED),
+    two = engine.predict(p, SamplerParams(block_len=block, max_blocks=2, veto=0.0, memory_first=CHECKED, verify_passes=PASSES),
                          CancelToken())
     assert two.text == region + text and two.confidence is not None
-    one = engine.predict(p, SamplerParams(block_len=block, max_blocks=1, memory_first=CHECKED), CancelToken())
+    one = engine.predict(p, SamplerParams(block_len=block, max_blocks=1, memory_first=CHECKED, verify_passes=PASSES), CancelToken())
     assert one.text == region  # one block too small: not scored, so vetoed
 
 
@@ -109,18 +110,18 @@ def test_a_proposal_the_memory_is_sure_of_is_answered_without_a_pass(engine):
     proposals = (MemoryProposal("open(path) as f:", 0.9), MemoryProposal("os.fdopen(path) as f:", 0.05))
     p = Prompt(**{**PROMPT, "region": "    with ", "cursor": 9}, proposals=proposals)
     sure = Mix().combine(0.9, None)
-    fast = engine.predict(p, SamplerParams(memory_first=sure), CancelToken())
+    fast = engine.predict(p, SamplerParams(memory_first=sure, verify_passes=PASSES), CancelToken())
     assert fast.text == "    with open(path) as f:" and fast.steps == 0 and fast.prefill_ms < 1.0
     assert fast.confidence == pytest.approx(sure)
     assert [t for t, _ in fast.proposal_confidences] == ["open(path) as f:", "os.fdopen(path) as f:"]
-    checked = engine.predict(p, SamplerParams(memory_first=sure + 1e-3), CancelToken())
+    checked = engine.predict(p, SamplerParams(memory_first=sure + 1e-3, verify_passes=PASSES), CancelToken())
     assert checked.steps == 2
 
 
 def test_the_fast_path_needs_passes_and_proposals():
     proposals = (MemoryProposal("a", 0.99),)
-    assert Mix(first=0.5).checked(proposals).passes == 0
-    assert Mix(first=1.5).checked(proposals).passes == Mix().passes
-    assert Mix(first=0.0).checked(()).passes == Mix().passes
+    assert Mix(first=0.5, passes=PASSES).checked(proposals).passes == 0
+    assert Mix(first=1.5, passes=PASSES).checked(proposals).passes == PASSES
+    assert Mix(first=0.0, passes=PASSES).checked(()).passes == PASSES
     assert Mix(first=0.0, passes=0).checked(proposals).passes == 0
-    assert Mix(first=0.5, veto=0.1).checked(proposals).passes == Mix().passes  # a veto checks them all
+    assert Mix(first=0.5, veto=0.1, passes=PASSES).checked(proposals).passes == PASSES  # a veto checks them all
