@@ -80,7 +80,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from dlm.coder_model import regions
-from dlm.coder_model.line_scan import code_chars, without_comment
+from dlm.coder_model.line_scan import code_chars, open_string, without_comment
 from dlm.coder_model.regions import content, split_lines, utf8_length
 
 log = logging.getLogger(__name__)
@@ -451,21 +451,7 @@ def _ends_inside_quote(line: str) -> bool:
     code = line.rstrip()
     if '"""' in code or "'''" in code or code.endswith("\\"):
         return False
-    quote = ""
-    escaped = False
-    for ch in code:
-        if quote:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == quote:
-                quote = ""
-        elif ch == "#":
-            return False
-        elif ch in "\"'":
-            quote = ch
-    return bool(quote)
+    return bool(open_string(without_comment(code)))
 
 
 def _opens_past_the_line(before_line: str, after_line: str, next_line: str | None, ends_line: bool = False) -> bool:
