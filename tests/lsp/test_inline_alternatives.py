@@ -100,7 +100,8 @@ async def test_alternatives_follow_the_checks_order_and_pass_the_gate_and_the_sy
     root = tmp_path / "proj"
     _project(root, CONTINUATIONS)
     log = tmp_path / "proposals.jsonl"
-    client = await _start(tmp_path, root, {"minConfidence": min_confidence},
+    # the memory's own order goes to the check (no line ranker): the check's order is under test
+    client = await _start(tmp_path, root, {"minConfidence": min_confidence, "index": {"rankDrafts": False}},
                           DLM_ENGINE_FACTORY="scored_proposals_engine:scored",
                           FAKE_PROPOSAL_SCORES=json.dumps(SCORES), FAKE_PROPOSALS_LOG=str(log))
     try:

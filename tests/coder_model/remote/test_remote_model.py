@@ -329,8 +329,9 @@ def test_memory_proposals_travel_and_the_server_checks_them_as_local_does(local,
     eng = RemoteEngine("127.0.0.1", remote_server.port)
     try:
         assert eng.wait_connected(20)
-        # a block the proposals fit in, and every proposal checked (no fast path: memory_first above 1)
-        params = replace(PARAMS, block_len=32, max_blocks=1, memory_first=2.0)
+        # a block the proposals fit in, and every proposal checked (the check asked for, and no fast
+        # path: memory_first above 1)
+        params = replace(PARAMS, block_len=32, max_blocks=1, memory_first=2.0, verify_passes=2)
         want = local.predict(p, params, CancelToken())
         got = eng.predict(p, params, CancelToken())
         assert not got.cancelled and got.text == want.text and got.steps == want.steps == 2
