@@ -77,7 +77,9 @@ import logging
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from dlm.coder_model import regions
 from dlm.coder_model.line_scan import code_chars, open_string, without_comment
@@ -388,27 +390,32 @@ class _Parsed:
 
 
 # The parses of the document as it is (the window, the window with the cursor line blank, the
-# half-typed line closed) are the same for every draft a request checks: the line ranker checks
-# the memory's 8, then the server its answer. They are kept, newest last, a few requests' worth.
+# half-typed line closed), and whether a string must close at the cursor, are the same for every
+# draft a request checks: the line ranker checks the memory's 8, then the server its answer. They
+# are kept, newest last, a few requests' worth.
 _KEPT_PARSES = 16
-_kept: OrderedDict[tuple, _Parsed] = OrderedDict()
+_kept: OrderedDict[tuple, Any] = OrderedDict()
 _kept_lock = threading.Lock()
 
 
-def _parsed_document(parser, lines: list[str], first: int, last: int, typed_to_char: int, col: int) -> _Parsed:
-    """`_Parsed` of a window with no insertion in it, parsed once for all the drafts of a request."""
-    key = (id(parser), tuple(lines), first, last, typed_to_char, col)
+def _kept_or_made(key: tuple, make: Callable[[], Any]) -> Any:
+    """The value kept under `key`, else `make()` kept there (the newest _KEPT_PARSES values)."""
     with _kept_lock:
-        got = _kept.get(key)
-        if got is not None:
+        if key in _kept:
             _kept.move_to_end(key)
-            return got
-    got = _Parsed(parser, lines, first, last, typed_to_char, col)
+            return _kept[key]
+    got = make()
     with _kept_lock:
         _kept[key] = got
         while len(_kept) > _KEPT_PARSES:
             _kept.popitem(last=False)
     return got
+
+
+def _parsed_document(parser, lines: list[str], first: int, last: int, typed_to_char: int, col: int) -> _Parsed:
+    """`_Parsed` of a window with no insertion in it, parsed once for all the drafts of a request."""
+    return _kept_or_made(("parsed", id(parser), tuple(lines), first, last, typed_to_char, col),
+                         lambda: _Parsed(parser, lines, first, last, typed_to_char, col))
 
 
 # languages where a line's indentation is syntax: the open-bracket rule applies (module docstring)
@@ -860,9 +867,6 @@ def rewrite_problem(language: str, lines: list[str], first: int, last: int, new_
     return "adds a syntax error" if counts[1] > counts[0] else None
 
 
-_kept_closes: OrderedDict[tuple, bool] = OrderedDict()
-
-
 def _closing_mends(parser, lines: list[str], row: int, col: int) -> bool:
     """Is the cursor inside a docstring (an odd number of triple quotes above it in its block)
     whose closing quotes, typed on the cursor's line, mend the document: with the line holding
@@ -875,10 +879,6 @@ def _closing_mends(parser, lines: list[str], row: int, col: int) -> bool:
         return False
     above = lines[max(0, row - MAX_STRING_LINES) : row]
     quotes = [q for q in ('"""', "'''") if any(q in line for line in above)]
-    key = (id(parser), tuple(lines), row)
-    with _kept_lock:
-        if key in _kept_closes:
-            return _kept_closes[key]
     indent = typed[: _indent(typed)]
     eol = lines[row][len(content(lines[row])) :] or "\n"
 
@@ -886,13 +886,11 @@ def _closing_mends(parser, lines: list[str], row: int, col: int) -> bool:
         text = "".join(lines[:row]) + line + "".join(lines[row + 1 :])
         return len(_problems(parser.parse(text.encode("utf-8", "surrogatepass")).root_node, 0, 1 << 62, 1 << 62))
 
-    blank = errors(indent + eol) if quotes else 0
-    mends = any(errors(indent + quote + eol) < blank for quote in quotes)
-    with _kept_lock:
-        _kept_closes[key] = mends
-        while len(_kept_closes) > _KEPT_PARSES:
-            _kept_closes.popitem(last=False)
-    return mends
+    def mends() -> bool:
+        blank = errors(indent + eol) if quotes else 0
+        return any(errors(indent + quote + eol) < blank for quote in quotes)
+
+    return _kept_or_made(("mends", id(parser), tuple(lines), row), mends)
 
 
 def _is_prose(typed: str) -> bool:
