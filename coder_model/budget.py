@@ -9,6 +9,9 @@ here, so the model is served the layout it was trained on:
   of the context, MAX_SNIPPETS of them, each SNIPPET_LINES lines at most), history up to
   `max_history`, the suffix up to `max_suffix`, a fixed allowance for the region, and the
   prefix in what is left;
+- a model trained with the repository memory's drafts (layout 3) keeps up to MAX_DRAFTS of them,
+  DRAFT_TOKENS each at most, in `drafts` tokens (`LayoutBudget.max_drafts`, an eighth of the
+  context for a model trained now: DRAFTS_SHARE);
 - `Plan.prefix_chars` / `suffix_chars` / `history_chars` are the text windows that fill those
   cuts (`chars_for`): enough characters that a line-snapped window re-anchored only partly full
   (lsp.context's hysteresis) still holds more text than the cut keeps. The layout then cuts the
@@ -42,6 +45,12 @@ LAYOUT_SPECIALS = 8
 MAX_SNIPPETS = 2
 SNIPPET_LINES = 6
 SNIPPETS_SHARE = 5
+# The memory's drafts (coder_model.layout.render_drafts): how many, how many tokens each (a line's
+# rest is 6-12 tokens; a multi-line draft keeps its first lines), and the share of the context a
+# model trained with them gives them (48 tokens of a 384-token window).
+MAX_DRAFTS = 4
+DRAFT_TOKENS = 32
+DRAFTS_SHARE = 8
 # LAYOUT_SPECIALS and the `language:path\n` line of an ordinary path; the layout counts the real
 # header and cuts the prefix for a longer one.
 HEADER_TOKENS = 16
@@ -58,6 +67,7 @@ class Plan:
     region: int  # allowance reserved for the region, whatever its size (a larger one takes from the prefix)
     prefix: int  # the prefix's room with no history, no snippets and a full suffix
     snippets: int = 0  # at most this many tokens of retrieved snippets, their <file> lines included
+    drafts: int = 0  # at most this many tokens of the memory's drafts, their markers included
 
     @property
     def prefix_room_max(self) -> int:
@@ -86,9 +96,21 @@ def plan(budget: LayoutBudget) -> Plan:
     """The cuts of `budget` (the layout's, in coder_model.layout.encode_prompt)."""
     region = budget.max_context // 4
     header = min(HEADER_TOKENS, budget.max_context)
-    prefix = max(0, budget.max_context - header - budget.max_history - budget.max_suffix - region)
+    prefix = max(0, budget.max_context - header - budget.max_history - budget.max_suffix - region
+                 - budget.max_drafts)
     return Plan(budget, header, budget.max_history, budget.max_suffix, region, prefix,
-                budget.max_context // SNIPPETS_SHARE)
+                budget.max_context // SNIPPETS_SHARE, budget.max_drafts)
+
+
+def model_budget(config) -> LayoutBudget:
+    """The budget a model was trained with (its coder_model.config.ModelConfig): its context
+    window in the training proportions, and its drafts section."""
+    return LayoutBudget.for_window(config.context_window, config.drafts_window)
+
+
+def drafts_window(context_tokens: int) -> int:
+    """The drafts section a model trained now with `context_tokens` of context gets."""
+    return context_tokens // DRAFTS_SHARE
 
 
 def chars_for(tokens: int) -> int:

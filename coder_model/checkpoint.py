@@ -8,7 +8,7 @@ read with safetensors' memory map straight to the target device.
 
 config.json records the token layout the weights were trained with
 (`layout_version`; a checkpoint without it has version 1, the embedded one's).
-The loader refuses a layout this code does not speak (`layout.LAYOUT_VERSION`):
+The loader refuses a layout this code does not speak (`layout.SUPPORTED_LAYOUTS`):
 a model fed prompts in a layout it never saw writes nonsense without an error.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 from dlm.coder_model.config import ModelConfig
-from dlm.coder_model.layout import LAYOUT_VERSION
+from dlm.coder_model.layout import DRAFTS_LAYOUT, LAYOUT_VERSION, SUPPORTED_LAYOUTS
 from dlm.coder_model.model import DLM
 from dlm.coder_model.tokenizer import Tokenizer
 
@@ -159,17 +159,22 @@ def layout_version(raw: dict, where: str | Path = "config.json") -> int:
 def check_layout(raw: dict, d: str | Path) -> None:
     """Refuse a checkpoint trained in a token layout this code does not speak, saying what to do."""
     v = layout_version(raw, Path(d) / "config.json")
-    if v == LAYOUT_VERSION:
+    if v in SUPPORTED_LAYOUTS:
+        if v < DRAFTS_LAYOUT and raw.get("drafts_window", 0):
+            raise CheckpointError(f"{Path(d) / 'config.json'}: drafts_window is {raw['drafts_window']} but "
+                                  f"layout {v} has no drafts section (layout {DRAFTS_LAYOUT} has); set "
+                                  "drafts_window to 0 or layout_version to the layout the weights were trained in")
         return
     if v > LAYOUT_VERSION:
         todo = "upgrade dlm-lsp to a version that speaks it, or use a checkpoint of this version's layout"
     else:
-        todo = (f"use a checkpoint trained in layout {LAYOUT_VERSION} (the embedded one), install the older "
+        todo = (f"use a checkpoint trained in layout {' or '.join(map(str, SUPPORTED_LAYOUTS))} (the embedded "
+                "one is), install the older "
                 "dlm-lsp this checkpoint was made with, or fine-tune it into the current layout with "
                 f"python -m dlm.drivers.training.train --init {d}")
     raise CheckpointError(
-        f"{d} was trained with token layout version {v}, but this dlm-lsp builds prompts in layout "
-        f"{LAYOUT_VERSION}; the model would read prompts in a layout it never saw. To fix: {todo}."
+        f"{d} was trained with token layout version {v}, but this dlm-lsp builds prompts in layouts "
+        f"{' and '.join(map(str, SUPPORTED_LAYOUTS))}; the model would read prompts in a layout it never saw. To fix: {todo}."
     )
 
 

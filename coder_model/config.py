@@ -31,6 +31,9 @@ class ModelConfig:
     # context tokens the model was trained with; inference windows default to it
     # (rotary positions far beyond training extrapolate badly)
     context_window: int = 2048
+    # tokens of the repository memory's drafts section the model was trained with (layout 3,
+    # coder_model.layout.render_drafts); 0: it reads no drafts (served them, it only checks them)
+    drafts_window: int = 0
     # a pointer-generator copy head (model.CopyHead): block slots may copy a context token (or the
     # token after it) instead of generating one; off for a checkpoint whose config.json has none
     copy_head: bool = False
@@ -45,6 +48,9 @@ class ModelConfig:
             raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
         if self.copy_dim < 1:
             raise ValueError(f"copy_dim={self.copy_dim} must be >= 1")
+        if not 0 <= self.drafts_window < self.context_window:
+            raise ValueError(f"drafts_window={self.drafts_window} must be >= 0 and below "
+                             f"context_window={self.context_window}")
 
     @property
     def head_dim(self) -> int:

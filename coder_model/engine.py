@@ -14,6 +14,7 @@ from collections import OrderedDict
 from dataclasses import replace
 from pathlib import Path
 
+from dlm.coder_model.budget import model_budget
 from dlm.coder_model.inference_thread import InferenceThread
 from dlm.coder_model.types import (
     CancelToken,
@@ -45,7 +46,7 @@ class NativeModel:
         self.device = device
         self.name = name
         # The context the checkpoint was trained on (docs/architecture.md §3): the LSP fits its windows to it.
-        self.budget = budget or LayoutBudget.for_window(model.config.context_window)
+        self.budget = budget or model_budget(model.config)
         self.max_caches = max_caches  # prefix KV caches kept, least recently used evicted
 
 
@@ -84,13 +85,23 @@ class LocalEngine(InferenceThread, NativeModel):
         self.runs += 1
         ids = encode_prompt(self.tok, prompt, self.budget)
         cache = self._cache_for(prompt.path or "<untitled>")
-        if prompt.proposals:
+        if checks_proposals(prompt, params, self.budget):
             pred = verify_prediction(self.model, self.tok, prompt, params, ids, cache, queue_ms)
             pred.late = deadline is not None and time.monotonic() > deadline
             return pred
         dec = generate(self.model, self.tok, ids, params, cache=cache, cancel=cancel, deadline=deadline,
                        step_timer=self.step_timer, calibration=self.calibration, prompt=prompt)
         return dec.prediction(queue_ms)
+
+
+def checks_proposals(prompt: Prompt, params: SamplerParams, budget: LayoutBudget) -> bool:
+    """Does the engine answer from the memory's proposals (verify_prediction: checked in
+    `params.verify_passes` passes, or none: the memory's order) rather than decode? A model
+    trained with a drafts section (`budget.max_drafts`) decodes with them in its context when no
+    check is asked: it writes from the drafts."""
+    if not prompt.proposals:
+        return False
+    return not (budget.max_drafts and params.verify_passes == 0)
 
 
 def verify_prediction(model, tok, prompt: Prompt, params: SamplerParams, ids: list[int], cache,

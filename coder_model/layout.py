@@ -1,7 +1,7 @@
 """The native token layout (docs/architecture.md §4): Prompt -> context tokens, target -> block tokens.
 
     <bos>[<file>{snippet path}\\n{snippet text}]...<file>{language}:{path}\\n<history>{event}<edit>{event}...
-    <prefix>{prefix}<suffix>{suffix}<region>{region[:cursor]}<cursor>{region[cursor:]}<rewrite>
+    <prefix>{prefix}<suffix>{suffix}[<edit>{draft}]...<region>{region[:cursor]}<cursor>{region[cursor:]}<rewrite>
     [MASK] x L                                  (edit mode: the block is the new region)
 
     ...<region>{region[:cursor]}<cursor>{region[cursor:]}<cursor>
@@ -13,6 +13,13 @@ cursor (up to the end of the statement), so the model never re-types what the us
 Retrieved snippets of other files (Prompt.snippets) come first, each as a `<file>` section of its
 own, with no new special token (the tokenizer's ids stay as they are): the file's own `<file>`
 line is the last, followed by <history>.
+
+The repository memory's drafts (Prompt.proposals, best first) stand between the suffix and the
+region, each after an `<edit>` marker (the history's marker; after <suffix> it can only open a
+draft), for a model trained with them (layout 3: `LayoutBudget.max_drafts` > 0, from its
+ModelConfig.drafts_window); a model without a drafts section gets none and reads the layout it
+was trained on (2) token for token. They come after the suffix because they change with the
+word being typed, as the region does.
 
 The order is chosen for the prefix KV cache: typing inside a line changes only
 the region, so everything up to <region> keeps its tokens (the snippets too: their query is
@@ -29,13 +36,13 @@ from __future__ import annotations
 
 import re
 
-from dlm.coder_model.budget import MAX_SNIPPETS, clip_prompt, plan
+from dlm.coder_model.budget import DRAFT_TOKENS, MAX_DRAFTS, MAX_SNIPPETS, clip_prompt, plan
 from dlm.coder_model.tokenizer import Tokenizer
 from dlm.coder_model.types import LayoutBudget, Prompt
 
 __all__ = [
-    "LAYOUT_VERSION", "PREFIX_CUT_QUANTUM", "LayoutBudget", "answer_text", "decode_context", "display_path",
-    "encode_prompt", "encode_target", "new_region", "target_block",
+    "DRAFTS_LAYOUT", "LAYOUT_VERSION", "PREFIX_CUT_QUANTUM", "SUPPORTED_LAYOUTS", "LayoutBudget", "answer_text", "decode_context",
+    "display_path", "encode_prompt", "encode_target", "new_region", "render_drafts", "target_block",
 ]
 
 PREFIX_CUT_QUANTUM = 32
@@ -46,7 +53,11 @@ PREFIX_CUT_QUANTUM = 32
 # trained on writes nonsense without an error. Bump it with every change to what encode_prompt,
 # encode_target or target_block produce. 2: typing prompts (Prompt.insert) end in a second
 # <cursor> and the block is the insertion; retrieved snippets as <file> sections before the file's.
-LAYOUT_VERSION = 2
+# 3: the memory's drafts after the suffix (render_drafts), for a model with a drafts window. A
+# model of layout 2 has none, and layout 3 without drafts is layout 2 token for token: both load.
+LAYOUT_VERSION = 3
+DRAFTS_LAYOUT = 3  # the first layout with a drafts section
+SUPPORTED_LAYOUTS = (2, 3)
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -103,19 +114,43 @@ def encode_prompt(tok: Tokenizer, prompt: Prompt, budget: LayoutBudget | None = 
         + [sp["<cursor>"] if prompt.insert else sp["<rewrite>"]]
     )
     suffix = tok.encode(prompt.suffix)[: cuts.suffix]
+    drafts = render_drafts(tok, prompt.proposals, cuts.drafts)
     # The prefix's room must not depend on what changes while typing (the region),
     # or its first token moves every keystroke and the prefix KV cache never hits:
     # reserve a fixed allowance for the region, and cut the prefix's far end in
     # steps of PREFIX_CUT_QUANTUM tokens so that a line moving into the prefix
     # (Enter) shifts the start only once per quantum.
     region_allowance = max(len(region), cuts.region)
-    room = b.max_context - len(header) - 3 - len(history) - len(suffix) - region_allowance
+    room = b.max_context - len(header) - 3 - len(history) - len(suffix) - len(drafts) - region_allowance
     prefix = tok.encode(prompt.prefix)
     if len(prefix) > room:
         drop = len(prefix) - max(room, 0)
         drop = min(len(prefix), -(-drop // PREFIX_CUT_QUANTUM) * PREFIX_CUT_QUANTUM)
         prefix = prefix[drop:]
-    return header + [sp["<history>"]] + history + [sp["<prefix>"]] + prefix + [sp["<suffix>"]] + suffix + region
+    return (header + [sp["<history>"]] + history + [sp["<prefix>"]] + prefix + [sp["<suffix>"]] + suffix + drafts
+            + region)
+
+
+def render_drafts(tok: Tokenizer, proposals, room: int) -> list[int]:
+    """The drafts section: up to MAX_DRAFTS of the memory's proposals (best first; any object
+    with a `text`), each `<edit>` then its first DRAFT_TOKENS tokens, in `room` tokens at most
+    (a draft that does not fit whole is left out, so no draft is a cut one unless it was longer
+    than DRAFT_TOKENS). Empty when `room` is 0: a model trained with no drafts section."""
+    out: list[int] = []
+    if room <= 0:
+        return out
+    seen: set[str] = set()
+    for p in proposals:
+        if len(seen) == MAX_DRAFTS:
+            break
+        if not p.text or p.text in seen:
+            continue
+        seen.add(p.text)
+        ids = [tok.special["<edit>"]] + tok.encode(p.text)[:DRAFT_TOKENS]
+        if len(out) + len(ids) > room:
+            break
+        out += ids
+    return out
 
 
 def answer_text(prompt: Prompt, region: str) -> str:
@@ -156,10 +191,16 @@ def decode_context(tok: Tokenizer, ids: list[int]) -> dict[str, str]:
     names = {v: k for k, v in tok.special.items()}
     segments: dict[str, list[int]] = {}
     files: list[list[int]] = []  # every <file> section: snippets first, the file's own last
+    drafts: list[list[int]] = []  # every <edit> after the suffix
     current = "<head>"
     for i in ids:
         name = names.get(i)
-        if name == "<file>":
+        if name == "<edit>" and current in ("<suffix>", "<drafts>"):
+            drafts.append([])
+            current = "<drafts>"
+        elif current == "<drafts>" and name is None:
+            drafts[-1].append(i)
+        elif name == "<file>":
             files.append([])
             current = name
         elif current == "<file>" and name is None:
@@ -180,6 +221,8 @@ def decode_context(tok: Tokenizer, ids: list[int]) -> dict[str, str]:
     if files:
         out["file"] = tok.decode(files[-1])
         out["snippets"] = "\x00".join(tok.decode(f) for f in files[:-1])
+    if drafts:
+        out["drafts"] = "\x00".join(tok.decode(d) for d in drafts)
     out["mode"] = "insert" if "<insert>" in segments else "rewrite"
     segments.pop("<insert>", None)
     for k, seg in segments.items():

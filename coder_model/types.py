@@ -90,9 +90,12 @@ class LayoutBudget:
     max_context: int = 2048
     max_history: int = 2048 // 3
     max_suffix: int = 2048 // 4
+    # The repository memory's drafts (Prompt.proposals) in their own section, for a model trained
+    # with one (ModelConfig.drafts_window); 0: no section, the proposals are only checked.
+    max_drafts: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("max_context", "max_history", "max_suffix"):
+        for name in ("max_context", "max_history", "max_suffix", "max_drafts"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"LayoutBudget.{name}={value!r}: use a non-negative whole number of tokens")
@@ -100,9 +103,11 @@ class LayoutBudget:
             raise ValueError(f"LayoutBudget.max_context={self.max_context}: the context needs at least 1 token")
 
     @classmethod
-    def for_window(cls, context_tokens: int) -> LayoutBudget:
-        """The proportions training uses: a third for history, a quarter for the suffix."""
-        return cls(max_context=context_tokens, max_history=context_tokens // 3, max_suffix=context_tokens // 4)
+    def for_window(cls, context_tokens: int, drafts_tokens: int = 0) -> LayoutBudget:
+        """The proportions training uses: a third for history, a quarter for the suffix; and
+        `drafts_tokens` for the memory's drafts (a model trained with them)."""
+        return cls(max_context=context_tokens, max_history=context_tokens // 3, max_suffix=context_tokens // 4,
+                   max_drafts=drafts_tokens)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from dlm.coder_model import budget as budget_rules
 from dlm.coder_model.cache import PrefixCache
-from dlm.coder_model.engine import NativeModel, verify_prediction
+from dlm.coder_model.engine import NativeModel, checks_proposals, verify_prediction
 from dlm.coder_model.layout import LayoutBudget, encode_prompt
 from dlm.coder_model.remote.batching import Request
 from dlm.coder_model.sampler import BlockDecoder
@@ -91,7 +91,7 @@ class ModelBackend(NativeModel):
         else:
             cache, shared = self._caches.pop(key, None) or PrefixCache(), True
             self._busy.add(key)
-        if request.prompt.proposals:
+        if checks_proposals(request.prompt, request.params, self.budget):
             # The memory's proposals: the denoiser checks them in a few passes right here (as
             # LocalEngine does), so the job is done at once; the scheduler answers it.
             try:

@@ -49,6 +49,7 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from dlm.coder_model.budget import model_budget
 from dlm.coder_model.cache import PrefixCache
 from dlm.coder_model.checkpoint import embedded_checkpoint_dir, load_model
 from dlm.coder_model.degenerate import degenerate_region
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     d = Path(args.model) if args.model else embedded_checkpoint_dir()
     model, tok = load_model(d, device="cpu", any_layout=args.any_layout)
-    budget = LayoutBudget.for_window(model.config.context_window)
+    budget = model_budget(model.config)
     params = _override(SamplerParams(), args.params)
     res: dict = {"model": str(d), "params": dataclasses.asdict(params)}
     if args.typing:

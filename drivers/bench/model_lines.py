@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from dlm.coder_model.budget import model_budget
 from dlm.coder_model.cache import PrefixCache
 from dlm.coder_model.checkpoint import embedded_checkpoint_dir, load_model
 from dlm.coder_model.layout import LayoutBudget, encode_prompt
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                  "threads": torch.get_num_threads()}
     params = SamplerParams()
     budget = LayoutBudget(max_context=2048)  # latency at the 1-2k context of docs/architecture.md §9
-    quality_budget = LayoutBudget.for_window(model.config.context_window)  # what the model was trained on
+    quality_budget = model_budget(model.config)  # what the model was trained on
     res["step"] = [step_latency(model, tok, n, 32) for n in (512, 1536)]
     cases = held_out_lines(args.corpus, args.lines)
     long_cases = [c for c in cases if len(encode_prompt(tok, c[0], budget)) >= 1000][: args.latency_cases]

@@ -92,10 +92,11 @@ def edit_examples(data_dir: str | None, limit: int, seed: int) -> Iterator[tuple
 
 def collect(model, tok, examples, params: SamplerParams, log=print) -> list[dict]:
     """Decode every example; one record per showable answer: its raw scores and whether it is right."""
-    from dlm.coder_model.layout import LayoutBudget, encode_prompt
+    from dlm.coder_model.budget import model_budget
+    from dlm.coder_model.layout import encode_prompt
     from dlm.coder_model.sampler import generate
 
-    budget = LayoutBudget.for_window(model.config.context_window)
+    budget = model_budget(model.config)
     out = []
     t0 = time.monotonic()
     for i, (kind, prompt, target) in enumerate(examples, 1):

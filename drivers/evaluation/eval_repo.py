@@ -20,7 +20,9 @@ pause, as an editor does; only that last answer is judged.
 - `verify`: the memory proposes in its own order, the denoiser scores each
   proposal with the suffix in view and the mix of both picks one or vetoes all
   (the server's defaults);
-- `all`: the trees rank, then the denoiser checks.
+- `all`: the trees rank, then the denoiser checks;
+- `drafts`: the trees rank, and a model trained with a drafts section (`--model`, layout 3)
+  writes the answer with the drafts in its context; a model without one answers as `trees`.
 
 Syntax, on Python files (`judge_case`):
 - broken when accepted: the file with the shown suggestion accepted (the document
@@ -57,7 +59,7 @@ from pathlib import Path
 
 from dlm.drivers.evaluation.eval_typing import Answer, EvalReplay, TypingCase, _offset, visible
 
-CONFIGS = ("model", "memory", "trees", "verify", "all")
+CONFIGS = ("model", "memory", "trees", "verify", "all", "drafts")
 CHECK_PASSES = 2  # the denoiser's passes per proposal in the rows that check (verify, all)
 TYPE_LAST = 3  # characters of the line typed through the server before the judged pause
 LENGTH_BINS = ((1, 2), (3, 10), (11, 30), (31, None))  # length of the answer, characters
@@ -159,7 +161,7 @@ def config_options(config: str, sampler: dict | None = None) -> dict:
         opts["index"] = {"enabled": False}
         return opts
     # every row says both of its settings, so a row measures the same whatever the defaults are
-    opts["index"] = {"rankDrafts": config in ("trees", "all")}
+    opts["index"] = {"rankDrafts": config in ("trees", "all", "drafts")}
     opts["sampler"].setdefault("verifyPasses", CHECK_PASSES if config in ("verify", "all") else 0)
     return opts
 

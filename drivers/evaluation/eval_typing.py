@@ -98,8 +98,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     nxt.add_argument("--progress", action="store_true", help="print the running count of opportunities to stderr")
     parser.add_argument("--config", default="trees", help="--repo: model (no memory), memory (its own order, no "
                         "model pass), trees (the line ranker orders, no model pass: the shipped configuration, "
-                        "default), verify (the memory proposes in its order, the denoiser checks) or all (the "
-                        "trees order, the denoiser checks)")
+                        "default), verify (the memory proposes in its order, the denoiser checks), all (the "
+                        "trees order, the denoiser checks) or drafts (the trees order, a --model trained with "
+                        "drafts writes from them)")
     parser.add_argument("--limit", type=int, default=10, help="cases per source (default 10)")
     parser.add_argument("--max-keys", type=int, default=40, help="characters typed per case at most (default 40)")
     parser.add_argument("--cps", type=float, default=8.0, help="typing speed, characters per second")

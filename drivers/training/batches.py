@@ -22,11 +22,12 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from dlm.coder_model.budget import plan
+from dlm.coder_model.budget import drafts_window, plan
 from dlm.coder_model.layout import LayoutBudget, answer_text, encode_prompt, encode_target, target_block
 from dlm.coder_model.tokenizer import Tokenizer
 from dlm.drivers.training import examples as ex_mod
 from dlm.drivers.training.corpus import read_split
+from dlm.drivers.training.project_drafts import ProjectDrafts
 from dlm.drivers.training.project_snippets import ProjectSnippets
 
 
@@ -42,6 +43,11 @@ class ExampleStream:
         self.snippet_share = float(getattr(cfg, "snippet_share", 0.0))
         self.project_snippets = ProjectSnippets((p, t, s) for p, _, t, s in self.files) \
             if self.snippet_share > 0 else None
+        # ... and the repository memory's drafts at their cursor (a share of them: the server has
+        # none before its index is ready), for a model with a drafts section (training.project_drafts)
+        self.draft_share = float(getattr(cfg, "draft_share", 0.0))
+        self.project_drafts = ProjectDrafts((p, t, s) for p, _, t, s in self.files) \
+            if self.draft_share > 0 else None
         if not self.files:
             raise SystemExit(f"corpus split {split!r} in {cfg.corpus} is empty; build it with "
                              "python -m dlm.drivers.training.corpus")
@@ -51,7 +57,7 @@ class ExampleStream:
 
         # The text windows of the model's budget (coder_model.budget), as the server sizes them,
         # so that the layout fills the context in training as it does in serving.
-        cuts = plan(LayoutBudget.for_window(cfg.context))
+        cuts = plan(train_budget(cfg))
         win = {"prefix_chars": cuts.prefix_chars, "suffix_chars": cuts.suffix_chars}
         self.edit_options = EditOptions(**win, max_history_chars=cuts.history_chars)
         self.builders = {"typing": partial(ex_mod.typing_example, **win),
@@ -103,14 +109,24 @@ class ExampleStream:
                         and self.rng.random() < self.snippet_share:
                     found = self.project_snippets.snippets(source, path, ex.prompt.prefix)
                     ex = replace(ex, prompt=replace(ex.prompt, snippets=found))
+                if ex is not None and ex.prompt.insert and self.project_drafts is not None \
+                        and self.rng.random() < self.draft_share:
+                    drafts = self.project_drafts.drafts(source, path, text, ex.prompt, ex.target)
+                    ex = replace(ex, prompt=replace(ex.prompt, proposals=drafts))
             if ex is not None:
                 return ex
 
 
+def train_budget(cfg) -> LayoutBudget:
+    """The layout budget of a run: its context, and a drafts section when its examples get drafts
+    (the model then records the section as its ModelConfig.drafts_window)."""
+    drafts = drafts_window(cfg.context) if getattr(cfg, "draft_share", 0.0) > 0 else 0
+    return LayoutBudget.for_window(cfg.context, drafts)
+
+
 def make_sequence(tok: Tokenizer, ex: ex_mod.Example, cfg, rng: random.Random):
     """(context ids, block target ids) or None when the target needs more blocks than allowed."""
-    budget = LayoutBudget.for_window(cfg.context)
-    ctx = encode_prompt(tok, ex.prompt, budget)
+    ctx = encode_prompt(tok, ex.prompt, train_budget(cfg))
     tgt = encode_target(tok, answer_text(ex.prompt, ex.target))
     n_blocks = math.ceil(len(tgt) / cfg.block)
     if n_blocks > cfg.max_blocks:

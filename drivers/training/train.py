@@ -59,7 +59,7 @@ from dlm.coder_model.config import ModelConfig
 from dlm.coder_model.layout import LAYOUT_VERSION
 from dlm.coder_model.model import DLM, CopyHead, count_parameters
 from dlm.coder_model.tokenizer import Tokenizer, train_tokenizer
-from dlm.drivers.training.batches import ExampleStream, batches, collate, make_sequence
+from dlm.drivers.training.batches import ExampleStream, batches, collate, make_sequence, train_budget
 from dlm.drivers.training.corpus import read_split
 from dlm.drivers.training.objective import Objective, diffusion_loss
 from dlm.drivers.training.precision import choose_dtype
@@ -116,6 +116,10 @@ class TrainConfig:
     # share of typing examples given retrieved snippets of their project's other files
     # (training.project_snippets); the rest have none, as the server has before its index is ready
     snippet_share: float = 0.7
+    # share of typing examples given the repository memory's drafts at their cursor
+    # (training.project_drafts); above 0 the model gets a drafts section (layout 3, its
+    # drafts_window) and, served with no check pass asked, writes from the drafts
+    draft_share: float = 0.0
     # a pointer-generator copy head (model.CopyHead); with --init from a model without one, the
     # head is added (its parameters new, the rest loaded) and trains at copy_lr_mult x the lr
     copy_head: bool = False
@@ -305,6 +309,7 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
             total = cfg.steps
         print(f"[train] resumed at step {step}/{total}", file=sys.stderr)
     model.config.context_window = cfg.context  # saved in config.json: the inference window
+    model.config.drafts_window = train_budget(cfg).max_drafts  # and the drafts section it reads
     n_params = count_parameters(model)
     print(f"[train] {cfg.preset}: {n_params / 1e6:.2f}M parameters on {dev}", file=sys.stderr)
     mc = model.config

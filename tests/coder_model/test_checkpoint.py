@@ -99,14 +99,28 @@ def test_a_saved_checkpoint_records_the_layout_it_was_trained_in(tiny_model, tmp
     load_model(tmp_path, impl="reference")  # and it loads
 
 
-def test_the_embedded_checkpoint_speaks_this_code_s_layout_and_loads():
+def test_the_embedded_checkpoint_speaks_a_layout_this_code_speaks_and_loads():
+    from dlm.coder_model.budget import model_budget
     from dlm.coder_model.checkpoint import embedded_checkpoint_dir, layout_version, read_config
-    from dlm.coder_model.layout import LAYOUT_VERSION
+    from dlm.coder_model.layout import SUPPORTED_LAYOUTS
 
     raw = read_config(embedded_checkpoint_dir())
-    assert layout_version(raw) == LAYOUT_VERSION == 2  # replaced together with every layout change
+    assert layout_version(raw) in SUPPORTED_LAYOUTS
     model, tok = load_model(None, impl="reference")
     assert model.config.vocab_size >= tok.vocab_size
+    # it was trained with no drafts section: it is served none
+    assert model.config.drafts_window == 0 and model_budget(model.config).max_drafts == 0
+
+
+def test_a_layout_2_checkpoint_with_a_drafts_window_is_refused(tiny_model, tmp_path):
+    d = _with_layout(tiny_model, tmp_path, 2)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "drafts_window": 16}))
+    with pytest.raises(CheckpointError, match="drafts_window is 16 but layout 2 has no drafts section"):
+        load_model(d, impl="reference")
+    (d / "config.json").write_text(json.dumps({**cfg, "drafts_window": 16, "layout_version": 3}))
+    model, _ = load_model(d, impl="reference")
+    assert model.config.drafts_window == 16
 
 
 def _with_layout(tiny_model, tmp_path, version):
@@ -128,15 +142,15 @@ def test_a_newer_layout_is_refused_with_what_to_do(tiny_model, tmp_path):
     with pytest.raises(CheckpointError) as err:
         load_model(d, impl="reference")
     msg = str(err.value)
-    assert f"token layout version {LAYOUT_VERSION + 1}" in msg and f"layout {LAYOUT_VERSION}" in msg
+    assert f"token layout version {LAYOUT_VERSION + 1}" in msg and "layouts 2 and 3" in msg
     assert "upgrade dlm-lsp" in msg
 
 
 def test_an_older_layout_is_refused_but_a_warm_start_may_read_it(tiny_model, tmp_path):
-    # a layout-1 checkpoint (the embedded one before insertion while typing) under layout-2 code:
-    # the file records none (= 1)
+    # a layout-1 checkpoint (before insertion while typing) under code of layouts 2 and 3: the
+    # file records none (= 1)
     d = _with_layout(tiny_model, tmp_path, None)
-    with pytest.raises(CheckpointError, match=r"token layout version 1, but .* layout 2.*--init"):
+    with pytest.raises(CheckpointError, match=r"token layout version 1, but .* layouts 2 and 3.*--init"):
         load_model(d, impl="reference")
     model, _ = load_model(d, impl="reference", any_layout=True)  # training it puts it in layout 2
     assert model.config.vocab_size == tiny_model[0].config.vocab_size

@@ -13,6 +13,7 @@ import random
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from dlm.coder_model import languages
@@ -258,6 +259,62 @@ def test_server_and_training_retrieve_the_same_snippets(tmp_path):
         assert context.with_snippets(again, memory, "lsp/server.py").prompt.snippets == served
         compared += bool(served)
     assert compared >= 5  # most lines of server.py find something in the files it uses
+
+
+def test_server_and_training_give_the_same_drafts_in_the_same_section(tmp_path):
+    """The repository memory's drafts at a typing cursor: the server's (lsp.memory_proposals on
+    the document, its syntax facts read on the document's tree) and training's
+    (training.project_drafts on the file's text) are the same, and a model trained with a drafts
+    section is served the context its training encoded."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from dlm.coder_model.budget import model_budget
+    from dlm.coder_model.checkpoint import embedded_checkpoint_dir
+    from dlm.coder_model.config import ModelConfig
+    from dlm.coder_model.layout import encode_prompt
+    from dlm.coder_model.memory.index import RepoMemory
+    from dlm.coder_model.tokenizer import Tokenizer
+    from dlm.drivers.training.batches import train_budget
+    from dlm.drivers.training.project_drafts import ProjectDrafts
+    from dlm.lsp.memory_proposals import document_syntax, memory_proposals, shipped_ranker, text_around
+
+    root = Path(__file__).resolve().parents[2]
+    files = {rel: (root / rel).read_text() for rel in (
+        "lsp/server.py", "lsp/context.py", "lsp/inline.py", "coder_model/engine.py", "coder_model/verify.py")}
+    memory = RepoMemory()
+    for rel, text in files.items():
+        memory.update_file(rel, text)
+    memory.compact()  # as the workspace index does when its build ends
+    project = ProjectDrafts((f"proj==1/{rel}", text, "proj==1") for rel, text in files.items())
+    tok = Tokenizer.from_file(embedded_checkpoint_dir() / "tokenizer.json")
+    served_budget = model_budget(ModelConfig(context_window=384, drafts_window=48))
+    assert served_budget == train_budget(SimpleNamespace(context=384, draft_share=0.5))
+    text = files["lsp/inline.py"]
+    lines = text.splitlines(keepends=True)
+    rng = random.Random(5)
+    compared = 0
+    for row in rng.sample([r for r in range(30, len(lines) - 30) if len(lines[r].strip()) > 8], 12):
+        # the line typed up to its first word's end, as a user types it; the file holds it whole
+        line = lines[row].rstrip("\n")
+        col = len(line) - len(line.lstrip())
+        while col < len(line) and (line[col].isalnum() or line[col] == "_"):
+            col += 1
+        typed = "".join(lines[:row]) + line[:col] + "\n" + "".join(lines[row + 1 :])
+        doc = Document("file:///proj/lsp/inline.py", typed, 1, "python")
+        built = context.build(doc, row, col, "typing", ContextOptions(), WINDOWS, "lsp/inline.py")
+        before, after = text_around(doc, row, col)
+        served = memory_proposals(memory, before, after, "lsp/inline.py", {}, shipped_ranker(),
+                                  document_syntax(doc, row, col))
+        p = built.prompt
+        target = p.region[: p.cursor] + line[col:] + p.region[p.cursor :]
+        trained = project.drafts("proj==1", "proj==1/lsp/inline.py", text, p, target)
+        assert served == trained
+        prompt = replace(built.prompt, proposals=served)
+        assert encode_prompt(tok, prompt, served_budget) == encode_prompt(
+            tok, replace(built.prompt, proposals=trained), train_budget(SimpleNamespace(context=384, draft_share=1)))
+        compared += bool(served)
+    assert compared >= 6
 
 
 # ---- (c) one language name per file --------------------------------------------------------------

@@ -84,3 +84,29 @@ def test_warm_up_runs_a_decode_and_a_proposal_check_and_leaves_no_trace(tiny_che
         assert pred.steps >= 1 and eng.runs == 1
     finally:
         eng.close()
+
+
+def test_a_model_trained_with_drafts_writes_from_them_unless_a_check_is_asked(make_checkpoint, tmp_path):
+    """A checkpoint with a drafts window decodes with the memory's drafts in its context (no check
+    pass asked); asked for a check, it checks them as any model does. A model without a drafts
+    window answers from the memory's proposals (checked or in their order) and never decodes."""
+    from dlm.coder_model.layout import decode_context, encode_prompt
+    from dlm.coder_model.types import MemoryProposal
+
+    prompt = Prompt(prefix="x = 1\n", region="y = ", cursor=4, suffix="\n", path="a.py", insert=True,
+                    proposals=(MemoryProposal("x + 1", 0.6), MemoryProposal("x * 2", 0.3)))
+    with_drafts = load_engine(make_checkpoint(tmp_path / "d", context_window=128, drafts_window=16), "cpu")
+    without = load_engine(make_checkpoint(tmp_path / "n", context_window=128), "cpu")
+    try:
+        assert with_drafts.budget.max_drafts == 16 and without.budget.max_drafts == 0
+        seg = decode_context(with_drafts.tok, encode_prompt(with_drafts.tok, prompt, with_drafts.budget))
+        assert seg["drafts"] == "x + 1\x00x * 2"
+        written = with_drafts.predict(prompt, SamplerParams(block_len=8, steps=4, verify_passes=0), CancelToken())
+        assert written.steps >= 1 and written.tokens >= 1 and not written.proposal_confidences
+        checked = with_drafts.predict(prompt, SamplerParams(block_len=8, steps=4, verify_passes=1), CancelToken())
+        assert checked.tokens == 0 and checked.proposal_confidences
+        ordered = without.predict(prompt, SamplerParams(block_len=8, steps=4, verify_passes=0), CancelToken())
+        assert ordered.steps == 0 and ordered.text == "y = x + 1"
+    finally:
+        with_drafts.close()
+        without.close()

@@ -113,3 +113,55 @@ def test_short_snippets_share_the_room_best_first(tiny_model):
     ids = encode_prompt(tok, Prompt(prefix="a\n", region="b", cursor=1, suffix="", insert=True, snippets=short),
                         LayoutBudget.for_window(384))
     assert decode_context(tok, ids)["snippets"] == "p0.py\nv = g(0)\n\x00p1.py\nv = g(1)\n"  # MAX_SNIPPETS = 2
+
+
+# -- layout 3: the repository memory's drafts ------------------------------------------------------
+
+
+def _typing_prompt(proposals=()):
+    from dlm.coder_model.types import MemoryProposal
+
+    return Prompt(prefix=PREFIX, region="    value = comp", cursor=16, suffix="\nprint(value)\n", language="python",
+                  path="m.py", insert=True, proposals=tuple(MemoryProposal(t, 0.5) for t in proposals))
+
+
+def test_drafts_stand_between_the_suffix_and_the_region_for_a_model_with_a_drafts_window(tiny_model):
+    _, tok = tiny_model
+    b = LayoutBudget.for_window(384, 48)
+    p = _typing_prompt(["ute(x)", "ute(y, z)", "ute(x)", "are(a, b)"])
+    ids = encode_prompt(tok, p, b)
+    assert len(ids) <= 384
+    seg = decode_context(tok, ids)
+    # best first, each once; the region and the suffix read as before
+    assert seg["drafts"] == "ute(x)\x00ute(y, z)\x00are(a, b)"
+    assert seg["suffix"] == "\nprint(value)\n" and seg["region_before_cursor"] == "    value = comp"
+    s, r = ids.index(tok.special["<suffix>"]), ids.index(tok.special["<region>"])
+    assert ids[s + 1 : r].count(tok.special["<edit>"]) == 3
+    # the drafts take their room from the prefix: the context never grows past the window
+    without = encode_prompt(tok, _typing_prompt(), b)
+    assert len(without) <= 384 and "drafts" not in decode_context(tok, without)
+
+
+def test_a_model_without_a_drafts_window_reads_layout_2_token_for_token(tiny_model):
+    _, tok = tiny_model
+    b = LayoutBudget.for_window(384)
+    assert b.max_drafts == 0
+    assert encode_prompt(tok, _typing_prompt(["ute(x)", "ute(y)"]), b) == encode_prompt(tok, _typing_prompt(), b)
+
+
+def test_drafts_keep_to_their_count_their_length_and_their_room(tiny_model):
+    from dlm.coder_model.budget import DRAFT_TOKENS, MAX_DRAFTS
+    from dlm.coder_model.layout import render_drafts
+    from dlm.coder_model.types import MemoryProposal
+
+    _, tok = tiny_model
+    many = tuple(MemoryProposal(f"ute(x{i})", 0.5) for i in range(MAX_DRAFTS + 3))
+    ids = render_drafts(tok, many, 1000)
+    assert ids.count(tok.special["<edit>"]) == MAX_DRAFTS
+    long = (MemoryProposal("x" * 5 + " + y" * 200, 0.5),)
+    assert len(render_drafts(tok, long, 1000)) == 1 + DRAFT_TOKENS
+    # a draft that does not fit whole in the room left is left out, with every one after it
+    room = len(render_drafts(tok, many[:2], 1000))
+    assert render_drafts(tok, many, room) == render_drafts(tok, many[:2], 1000)
+    assert render_drafts(tok, many, room - 1) == render_drafts(tok, many[:1], 1000)
+    assert render_drafts(tok, many, 0) == [] and render_drafts(tok, (MemoryProposal("", 0.9),), 100) == []

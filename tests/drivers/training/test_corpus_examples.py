@@ -236,3 +236,81 @@ def test_typing_examples_get_snippets_of_their_own_project_only(tmp_path):
             assert seg["snippets"].startswith(ex.prompt.snippets[0].path + "\n")
             assert make_sequence(tok, ex, cfg, random.Random(1)) is not None
     assert with_snippets >= 10
+
+
+def _project_corpus(tmp_path, projects=("alpha==1", "beta==2")):
+    import gzip
+    import json
+
+    files = []
+    for project in projects:
+        name = project[:4]
+        for k in range(3):
+            body = "".join(
+                f"def {name}_task_{j}_{k}(ctx):\n"
+                + "".join(f"    {name}_value_{j}_{i} = {name}_helper_{j}(ctx, {i})\n" for i in range(5))
+                + f"    return {name}_finish_{j}(ctx)\n\n\n" for j in range(6))
+            files.append({"path": f"{project}/{name}/{name}_mod{k}.py", "language": "python", "text": body,
+                          "source": project})
+    with gzip.open(tmp_path / "train.jsonl.gz", "wt") as fh:
+        for rec in files:
+            fh.write(json.dumps(rec) + "\n")
+    return files
+
+
+def test_typing_examples_get_the_drafts_the_memory_of_their_project_proposes(tmp_path):
+    """With --draft-share, a typing example carries the memory's proposals at its cursor (from its
+    own project's other files and its file's other lines); they reach the drafts section, and the
+    answer is often the first of them."""
+    from types import SimpleNamespace
+
+    from dlm.coder_model.layout import answer_text, decode_context, encode_prompt
+    from dlm.coder_model.tokenizer import Tokenizer
+    from dlm.drivers.training.batches import ExampleStream, make_sequence, train_budget
+
+    files = _project_corpus(tmp_path)
+    cfg = SimpleNamespace(corpus=str(tmp_path), mix="typing=1", context=384, block=32, max_blocks=2,
+                          snippet_share=0.0, draft_share=1.0, edit_histories="")
+    assert train_budget(cfg).max_drafts == 48
+    stream = ExampleStream(cfg, "train", random.Random(0))
+    tok = Tokenizer.from_file(REPO / "coder_model" / "checkpoints" / "default" / "tokenizer.json")
+    given = first = 0
+    for _ in range(30):
+        ex = next(stream)
+        assert ex.prompt.insert
+        project = next(r["source"] for r in files if r["path"].endswith("/" + ex.prompt.path))
+        if ex.prompt.proposals:
+            given += 1
+            answer = answer_text(ex.prompt, ex.target)
+            first += ex.prompt.proposals[0].text == answer.split("\n")[0]
+            seg = decode_context(tok, encode_prompt(tok, ex.prompt, train_budget(cfg)))
+            assert seg["drafts"].split("\x00")[0] == ex.prompt.proposals[0].text
+            assert make_sequence(tok, ex, cfg, random.Random(1)) is not None
+            # never another project's names
+            other = "beta" if project.startswith("alpha") else "alph"
+            assert not any(other in p.text for p in ex.prompt.proposals)
+    assert given >= 20 and first >= 5
+
+
+def test_drafts_are_none_where_the_server_would_have_none(tmp_path, monkeypatch):
+    from dlm.coder_model.types import Prompt
+    from dlm.drivers.training import project_drafts
+    from dlm.drivers.training.project_drafts import ProjectDrafts, document_around
+
+    files = _project_corpus(tmp_path, ("alpha==1",))
+    drafts = ProjectDrafts((r["path"], r["text"], r["source"]) for r in files)
+    text = files[0]["text"]
+    line = "    alph_value_0_1 = alph_helper_0(ctx, 1)"
+    at = text.index(line)
+    typed = Prompt(prefix=text[:at], region="    alph_value_0_1 = ", cursor=21, suffix=text[at + len(line):],
+                   insert=True, path="alph/alph_mod0.py")
+    assert document_around(text, typed, line) == (text[:at] + "    alph_value_0_1 = ", text[at + len(line):])
+    got = drafts.drafts("alpha==1", files[0]["path"], text, typed, line)
+    assert got and got[0].text == "alph_helper_0(ctx, 1)"
+    # edit mode, a region the file does not hold, an unknown project, a project too big to index
+    assert drafts.drafts("alpha==1", files[0]["path"], text, Prompt(prefix=typed.prefix, region=typed.region,
+                         cursor=21, suffix=typed.suffix), line) == ()
+    assert drafts.drafts("alpha==1", files[0]["path"], text, typed, "    not in the file") == ()
+    assert drafts.drafts("gamma==3", "gamma==3/x.py", text, typed, line) == ()
+    monkeypatch.setattr(project_drafts, "MAX_PROJECT_CHARS", 100)
+    assert drafts.drafts("alpha==1", files[0]["path"], text, typed, line) == ()

@@ -1,0 +1,143 @@
+"""The repository memory's drafts for training's typing examples, made by the code that serves.
+
+A corpus project (as in training.project_snippets) is indexed into a RepoMemory, as the server
+indexes a workspace. A typing example of one of its files gets the proposals the server's
+`lsp.memory_proposals.memory_proposals` makes at its cursor: the document is the example's file
+with the region as the user has it (its other lines are the memory's current-file level), the
+file itself is excluded from the workspace level, and the shipped line ranker orders them. So
+the model learns to read the drafts section (coder_model.layout.render_drafts) on what the
+server will give it, including the cases where no draft is right.
+
+A project's memory is built on its first example and kept (the last MEMORIES of them); projects
+over MAX_PROJECT_CHARS get no drafts (building a memory of pandas' 18 MB takes minutes), as a
+server whose index is not ready has none: such examples train the model without drafts.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from dlm.coder_model.types import MemoryProposal, Prompt
+from dlm.drivers.training.project_snippets import project_path
+
+MAX_PROJECT_CHARS = 4_000_000
+MEMORIES = 4
+
+
+def document_around(text: str, prompt: Prompt, target: str) -> tuple[str, str] | None:
+    """(before, after) the cursor in the document the example stands for: `text` with its region
+    (`target`, the original) as the prompt has it. None when the region is not found in `text`."""
+    at = text.find(prompt.prefix + target)
+    if at < 0:
+        return None
+    a = at + len(prompt.prefix)
+    before = text[:a] + prompt.region[: prompt.cursor]
+    after = prompt.region[prompt.cursor :] + text[a + len(target) :]
+    return before, after
+
+
+class ProjectDrafts:
+    """Repository memories of the corpus projects of one split, and the drafts they propose."""
+
+    def __init__(self, files: Iterable[tuple[str, str, str]]) -> None:
+        """`files`: (path, text, source) of every file of the split."""
+        self._files: dict[str, list[tuple[str, str]]] = {}
+        for path, text, source in files:
+            self._files.setdefault(source, []).append((project_path(path, source), text))
+        self._memories: OrderedDict[str, object] = OrderedDict()
+
+    def has_memory(self, source: str) -> bool:
+        """Is the project small enough to be given drafts?"""
+        return 0 < sum(len(t) for _, t in self._files.get(source, ())) <= MAX_PROJECT_CHARS
+
+    def _memory(self, source: str):
+        from dlm.coder_model.memory.index import RepoMemory
+
+        memory = self._memories.get(source)
+        if memory is None:
+            memory = RepoMemory()
+            for rel, text in self._files[source]:
+                memory.update_file(rel, text)
+            memory.compact()
+            self._memories[source] = memory
+            while len(self._memories) > MEMORIES:
+                self._memories.popitem(last=False)
+        self._memories.move_to_end(source)
+        return memory
+
+    def drafts(self, source: str, path: str, text: str, prompt: Prompt, target: str) -> tuple[MemoryProposal, ...]:
+        """The server's proposals for a typing example of `path` (corpus path) of `source` whose
+        file's text is `text`; () for a project given none or a region not found in the file."""
+        from dlm.lsp.memory_proposals import memory_proposals, shipped_ranker
+
+        if not prompt.insert or not self.has_memory(source):
+            return ()
+        around = document_around(text, prompt, target)
+        if around is None:
+            return ()
+        before, after = around
+        rel = project_path(path, source)
+        # the syntax facts of the drafts are read on the text, as the server's are on its document
+        return memory_proposals(self._memory(source), before, after, rel, {}, shipped_ranker())
+
+
+def draft_shares(stream, n: int) -> dict:
+    """Of `n` typing examples of an ExampleStream with drafts (`draft_share` 1): the share given
+    drafts, whose answer is the first draft, and is any draft; and the milliseconds a draft lookup
+    took (p50)."""
+    import time
+
+    from dlm.coder_model.layout import answer_text
+    from dlm.drivers.training import examples as ex_mod
+
+    given = first = anywhere = seen = 0
+    ms: list[float] = []
+    while seen < n:
+        path, lang, text, source = stream.files[stream.rng.randrange(len(stream.files))]
+        ex = ex_mod.typing_example(text, stream.rng, path=path, language=lang)
+        if ex is None:
+            continue
+        seen += 1
+        t0 = time.perf_counter()
+        drafts = stream.project_drafts.drafts(source, path, text, ex.prompt, ex.target)
+        ms.append((time.perf_counter() - t0) * 1000)
+        answer = answer_text(ex.prompt, ex.target).split("\n")[0]
+        texts = [d.text.split("\n")[0] for d in drafts]
+        given += bool(drafts)
+        first += bool(texts) and texts[0] == answer
+        anywhere += answer in texts
+    ms.sort()
+    return {"examples": n, "given": given / n, "first": first / n, "any": anywhere / n,
+            "lookup_ms_p50": ms[len(ms) // 2]}
+
+
+def add_arguments(ap) -> None:
+    ap.add_argument("--corpus", default="data/corpus")
+    ap.add_argument("--split", default="valid", choices=("train", "valid", "test"))
+    ap.add_argument("--examples", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+
+
+def run(args) -> int:
+    import json
+    import random
+    from types import SimpleNamespace
+
+    from dlm.drivers.training.batches import ExampleStream
+
+    cfg = SimpleNamespace(corpus=args.corpus, mix="typing=1", snippet_share=0.0, draft_share=1.0, context=384)
+    stream = ExampleStream(cfg, args.split, random.Random(args.seed))
+    print(json.dumps(draft_shares(stream, args.examples), indent=1))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from dlm.drivers.command import run_command
+
+    return run_command("dlm.drivers.training.project_drafts", "How often a typing example's answer is among the "
+                       "repository memory's drafts, on the corpus as training builds them", add_arguments, run, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
