@@ -151,3 +151,14 @@ def watch_files(protocol: Any, on_result: Callable[[bool], None]) -> None:
     except Exception:
         log.debug("index: could not register file watching", exc_info=True)
         on_result(False)
+
+
+def connect(index: Any, protocol: Any, loop: Any, capabilities: types.ClientCapabilities | None,
+            watch: bool) -> None:
+    """The workspace index reports its progress to the client (`$/progress` where the client
+    supports it), and, when `watch` and the client can, the client reports file changes to it:
+    the index then does not rescan, so no rescan races the registration."""
+    index.on_progress = IndexProgress(protocol, loop, client_supports_progress(capabilities))
+    if watch and client_supports_watching(capabilities):
+        index.watching = True
+        watch_files(protocol, index.set_watching)

@@ -32,15 +32,11 @@ from dlm.lsp.edit_prediction import edit_prediction
 from dlm.lsp.engine_choice import choose_engine
 from dlm.lsp.engine_holder import EngineHolder
 from dlm.lsp.history import History
-from dlm.lsp.index_progress import (
-    IndexProgress,
-    client_supports_progress,
-    client_supports_watching,
-    watch_files,
-)
+from dlm.lsp.index_progress import connect as connect_index
 from dlm.lsp.inline import InlineContext, InlinePredictor
 from dlm.lsp.inline_items import InlineList
 from dlm.lsp.latest_wins import LatestWins
+from dlm.lsp.memory_ahead import MemoryAhead
 from dlm.lsp.options import Options, parse_options
 from dlm.lsp.pygls_protocol import DlmProtocol
 from dlm.lsp.server_context import ServerContext
@@ -78,6 +74,7 @@ class DlmServer(LanguageServer):
         self.roots = WorkspaceRoots()  # the workspace folders documents are named by (path_of)
         self.ids = SuggestionIds(self.stats)  # inline items' and edit predictions' ids (acceptance counters)
         self.workspace_index = WorkspaceIndex(on_status=self._status_changed)  # the repository memory
+        self.memory_ahead = MemoryAhead(self.pool, self.workspace_index)  # its count of each open document
         self.next_edits = next_edits.NextEdits()  # the edit memory (dlm/editPrediction)
         self.last_trigger: dict | None = None  # the last explicit trigger: {shown, reason} (dlm/status)
         self._last_status_at = 0.0
@@ -181,10 +178,7 @@ def initialized(ls: DlmServer, params: types.InitializedParams) -> None:
     # The index starts now, not at initialize: its progress is a request to the client.
     caps, index = ls.client_capabilities, ls.workspace_index
     index.configure(ls.options.index)
-    index.on_progress = IndexProgress(ls.protocol, ls.loop, client_supports_progress(caps))
-    if ls.options.index.enabled and client_supports_watching(caps):
-        index.watching = True  # until the client says otherwise: no rescans to race the registration
-        watch_files(ls.protocol, index.set_watching)
+    connect_index(index, ls.protocol, ls.loop, caps, ls.options.index.enabled)
     index.set_roots(index_roots(ls))
     next_edits.start(ls.edit_context, index_roots(ls))
     ls.send_status()
@@ -231,7 +225,7 @@ def text_document_did_open(ls: DlmServer, params: types.DidOpenTextDocumentParam
     forget_results(ls, td.uri)  # a re-open may reuse a version number: nothing from before counts
     doc = ls.documents.open(td.uri, td.text, td.version, limits.bound_language(td.language_id))
     doc.history = History(ls.roots.path_of(td.uri), ls.options.history)
-    index_buffer(ls, doc)
+    index_buffer(ls, doc, opened=True)
 
 
 def text_document_did_change(ls: DlmServer, params: types.DidChangeTextDocumentParams) -> None:
@@ -278,15 +272,18 @@ def text_document_did_save(ls: DlmServer, params: types.DidSaveTextDocumentParam
         ls.workspace_index.buffer_saved(path, lambda: doc.text)
 
 
-def index_buffer(ls: DlmServer, doc: Document) -> None:
-    """An open buffer's text goes into the workspace index (debounced there)."""
+def index_buffer(ls: DlmServer, doc: Document, opened: bool = False) -> None:
+    """An open buffer's text goes into the workspace index (debounced there), and the memory
+    counts it ahead of its first query (lsp.memory_ahead: at once when it opens, else at a pause)."""
     if (path := file_path(doc.uri)) is not None:
         ls.workspace_index.buffer_changed(path, doc.size, lambda: doc.text)
+        ls.memory_ahead.changed(doc, opened)
 
 
 def forget_results(ls: DlmServer, uri: str) -> None:
     """Drop the running prediction and the kept results of a document (closed, or re-opened)."""
     ls.scheduler.forget(uri)
+    ls.memory_ahead.forget(uri)  # its pending count
     ls.inline.forget(uri)  # its last answer and recent lines
     ls.inline_list.forget(uri)  # the insertion shown in it
     ls.next_edits.forget(uri)  # its open edit (lsp.next_edits); the patterns stay, for other buffers

@@ -71,6 +71,10 @@ QUERY_PIECE_TOKENS = 20_000  # a pending file longer than this is counted QUERY_
 # xarray and astropy (200 cases each): 4k to 200k characters give the same exact match within a
 # point; the cost of the first query on a line grows with it.
 CURRENT_FILE_CHARS = 32_000
+# A document up to this long is counted whole ahead of its first query (prepare_document): the
+# current-file level of a cursor line is then that count less the line's (BASE_DOCUMENTS kept).
+BASE_MAX_CHARS = CURRENT_FILE_CHARS + CURRENT_FILE_CHARS // 2
+BASE_DOCUMENTS = 4
 OPEN_BUFFER_CHARS = 64_000  # of each open buffer (its table is built on the query path, once per version)
 OPEN_BUFFERS = 16  # open-buffer tables cached
 TAIL_CHARS = 4096  # of `before` lexed for the context, at most
@@ -117,6 +121,20 @@ class _CurrentFile:
     below_table: SortedTable | None = None
 
 
+@dataclass
+class _Base:
+    """A document counted whole ahead of its queries (RepoMemory.prepare_document). For a cursor
+    whose document differs from `text` on the cursor's line at most (that line typed on, or new),
+    the current-file level is `table` less the counts that line's tokens are part of (`cut`)."""
+
+    text: str
+    ids: array
+    line_chars: list[int]  # character offset of each line's start, then len(text)
+    line_tokens: list[int]  # token index of each line's start, then len(ids)
+    table: SortedTable
+    cut: tuple[int, int, DictTable, DictTable] | None = None  # (first, end) line's tokens, less, more
+
+
 class RepoMemory:
     def __init__(
         self,
@@ -155,6 +173,7 @@ class RepoMemory:
         self._lock = threading.RLock()  # readers, and writers' short mutations
         self._write_lock = threading.Lock()  # one writer at a time (merges run under it only)
         self._current: OrderedDict[str, _CurrentFile] = OrderedDict()
+        self._bases: OrderedDict[str, _Base] = OrderedDict()
         self._open: OrderedDict[str, tuple[str, SortedTable]] = OrderedDict()
         self._excluded: tuple[str, array, SortedTable] | None = None
         self._retrieved: tuple[tuple, DictTable | None] | None = None
@@ -579,7 +598,72 @@ class RepoMemory:
         levels.append(Level(1.0, ws))
         return levels
 
+    def prepare_document(self, path: str, text: str) -> bool:
+        """Count the document `text` of `path` whole, ahead of its first query (the server calls it
+        when a document opens and when typing pauses, on a pool thread): the first query on any
+        of its lines then takes the current-file level from it instead of counting the text
+        around the cursor. False (nothing kept) for a document over BASE_MAX_CHARS."""
+        if len(text) > BASE_MAX_CHARS:
+            with self._lock:
+                self._bases.pop(path, None)
+            return False
+        masked = mask_secrets(text)[0]  # a masked line is emptied, not removed: lines stay lines
+        tokens = lex(masked)
+        with self._lock:
+            ids = self._intern(tokens)
+            breaks = self._breaks
+            line_tokens = [0] + [i + 1 for i, t in enumerate(ids) if breaks[t]]
+        line_chars = [0] + [m.end() for m in _LINE_BREAK.finditer(text)]
+        if len(line_chars) != len(line_tokens):  # masked lines keep their breaks: never expected
+            return False
+        if line_tokens[-1] != len(ids):  # the last line has no break: it ends with the text
+            line_tokens.append(len(ids))
+            line_chars.append(len(text))
+        base = _Base(text, ids, line_chars, line_tokens, _counted(self.local_order, ids))
+        with self._lock:
+            self._bases[path] = base
+            self._bases.move_to_end(path)
+            while len(self._bases) > BASE_DOCUMENTS:
+                self._bases.popitem(last=False)
+        return True
+
+    def _base_tables(self, path: str, before: str, after: str) -> list | None:
+        """The current-file level from the document counted ahead, when the document now differs
+        from it on the cursor's line at most; else None."""
+        base = self._bases.get(path)
+        if base is None:
+            return None
+        text = base.text
+        above = before[: line_start(before)]
+        brk = _LINE_BREAK.search(after)
+        below = after[brk.end() :] if brk else ""
+        rest = len(text) - len(below)
+        if rest < len(above) or not (text.startswith(above) and text.endswith(below)):
+            return None
+        first = _index_of(base.line_chars, len(above))
+        end = _index_of(base.line_chars, rest) if below else len(base.line_chars) - 1
+        if first is None or end is None or end - first > 1:
+            return None  # more than the cursor's line changed since it was counted
+        a, b = base.line_tokens[first], base.line_tokens[end]
+        if base.cut is None or base.cut[:2] != (a, b):
+            order, ids = self.local_order, base.ids
+            less, more = DictTable(order), DictTable(order)
+            # the line's tokens with what stands above them, and the first tokens below with
+            # contexts that reach into the line or across it: counted as the text around the
+            # line would be, the tokens below start afresh (_current_tables' below table)
+            less.add(ids[a:b], history=ids[max(0, a - order + 1) : a])
+            head = ids[b : b + order - 1]
+            if head:
+                less.add(head, history=ids[max(0, b - order + 1) : b])
+                more.add(head)
+            base.cut = (a, b, less, more)
+        _, _, less, more = base.cut
+        return [(+1, base.table), (-1, less), (+1, more)]
+
     def _current_tables(self, path: str, before: str, after: str) -> list:
+        tables = self._base_tables(path, before, after)
+        if tables is not None:
+            return tables
         state = self._current.get(path)
         if state is None:
             state = _CurrentFile()
@@ -746,6 +830,14 @@ def _cancel(parts: list[tuple[str, array, int]]) -> list[tuple[str, array, int]]
         else:
             slot[2] += sign
     return [(p, t, s) for p, t, s in net.values() if s]
+
+
+def _index_of(sorted_values: Sequence[int], value: int) -> int | None:
+    """The index of `value` in the ascending `sorted_values`, or None."""
+    import bisect
+
+    i = bisect.bisect_left(sorted_values, value)
+    return i if i < len(sorted_values) and sorted_values[i] == value else None
 
 
 def _window_from_line(text: str, chars: int) -> str:

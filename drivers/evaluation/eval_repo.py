@@ -328,6 +328,7 @@ def summarize_repo(finals: list[tuple[RepoCase, Answer]], thresholds: list[float
 def render_repo(name: str, config: str, s: dict, meta: dict) -> str:
     lat = s["latency"]
     pause = f" --pause-ms {meta['pause_ms']}" if meta.get("pause_ms") else ""
+    pause += f" --open-ms {meta['open_ms']}" if meta.get("open_ms") else ""
     head = (f"`dlm-lsp eval --repo {name} --config {config}{pause}` — {meta.get('model')} on {meta.get('device')}, "
             f"{meta.get('date')}; {s['rows'][0]['cases'] if s['rows'] else 0} cases "
             f"({100 * s['typed_share']:.0f}% typed up to a word boundary); latency at the pause p50 / p99 "
@@ -423,7 +424,8 @@ def run_repo(args: argparse.Namespace, thresholds: list[float]) -> int:
     meta = {"model": res.status.get("model", ""), "device": res.status.get("device", ""),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "repo": str(repo), "config": args.config,
             "cases": len(rcases), "wall_s": round(time.monotonic() - t0, 1), "seed": args.seed,
-            "index": getattr(replay, "index_status", None), "server": res.server, "pause_ms": getattr(args, "pause_ms", 0)}
+            "index": getattr(replay, "index_status", None), "server": res.server, "pause_ms": getattr(args, "pause_ms", 0),
+            "open_ms": getattr(args, "open_ms", 0)}
     md = render_repo(repo.resolve().name, args.config, summary, meta)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -107,6 +107,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pause-ms", type=int, default=0, metavar="MS",
                         help="ask for the judged answer MS ms after the last keystroke (default 0: at once); "
                         "500 measures what a user sees after a pause")
+    parser.add_argument("--open-ms", type=int, default=0, metavar="MS",
+                        help="open each file MS ms before its first keystroke (default 0: type at once), as an "
+                        "editor holds a file open before the user types in it; the server counts it meanwhile "
+                        "(lsp.memory_ahead)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--thresholds", default=",".join(str(t) for t in DEFAULT_THRESHOLDS),
                         help="comma-separated confidence thresholds to report")
@@ -473,6 +477,9 @@ class EvalReplay(Bench):
         text, version = case.text, 1
         client.text_document_did_open(types.DidOpenTextDocumentParams(
             types.TextDocumentItem(uri=uri, language_id=case.language_id, version=version, text=text)))
+        open_ms = getattr(self.args, "open_ms", 0) or 0
+        if open_ms > 0:  # --open-ms: the file was open a while before the user typed in it
+            await asyncio.sleep(open_ms / 1000)
 
         def change(a: tuple[int, int], b: tuple[int, int], new: str) -> None:
             nonlocal text, version
