@@ -33,6 +33,7 @@ def test_a_document_is_counted_when_it_opens_and_again_when_typing_pauses(monkey
     async def scenario() -> None:
         doc = Document("file:///w/pkg/m.py", TEXT, 1, "python")
         ahead.changed(doc, opened=True)
+        assert doc.syntax is None or doc.syntax.reparses == 1  # parsed when it opened
         await asyncio.sleep(0.2)
         assert memory._bases["pkg/m.py"].text == TEXT
         doc.apply((5, 16), (5, 16), " * 2", 2)
