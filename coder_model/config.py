@@ -34,6 +34,9 @@ class ModelConfig:
     # tokens of the repository memory's drafts section the model was trained with (layout 3,
     # coder_model.layout.render_drafts); 0: it reads no drafts (served them, it only checks them)
     drafts_window: int = 0
+    # trained to start its block from the memory's best draft and rewrite what is wrong
+    # (coder_model.refine; the trainer's --draft-start): served so when it writes from drafts
+    draft_start: bool = False
     # a pointer-generator copy head (model.CopyHead): block slots may copy a context token (or the
     # token after it) instead of generating one; off for a checkpoint whose config.json has none
     copy_head: bool = False
@@ -48,6 +51,9 @@ class ModelConfig:
             raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
         if self.copy_dim < 1:
             raise ValueError(f"copy_dim={self.copy_dim} must be >= 1")
+        if self.draft_start and not self.drafts_window:
+            raise ValueError("draft_start needs a drafts window (drafts_window > 0): the model starts from a "
+                             "draft its context holds")
         if not 0 <= self.drafts_window < self.context_window:
             raise ValueError(f"drafts_window={self.drafts_window} must be >= 0 and below "
                              f"context_window={self.context_window}")

@@ -89,6 +89,9 @@ class LocalEngine(InferenceThread, NativeModel):
             pred = verify_prediction(self.model, self.tok, prompt, params, ids, cache, queue_ms)
             pred.late = deadline is not None and time.monotonic() > deadline
             return pred
+        if starts_from_draft(self.model, prompt):
+            return refine_prediction(self.model, self.tok, prompt, params, ids, cache, cancel=cancel,
+                                     deadline=deadline, calibration=self.calibration, queue_ms=queue_ms)
         dec = generate(self.model, self.tok, ids, params, cache=cache, cancel=cancel, deadline=deadline,
                        step_timer=self.step_timer, calibration=self.calibration, prompt=prompt)
         return dec.prediction(queue_ms)
@@ -102,6 +105,22 @@ def checks_proposals(prompt: Prompt, params: SamplerParams, budget: LayoutBudget
     if not prompt.proposals:
         return False
     return not (budget.max_drafts and params.verify_passes == 0)
+
+
+def starts_from_draft(model, prompt: Prompt) -> bool:
+    """Does a run that writes from the drafts (not checks_proposals) start its block from the
+    best one (a model trained to: ModelConfig.draft_start) rather than from masks?"""
+    return bool(prompt.proposals) and bool(getattr(model.config, "draft_start", False))
+
+
+def refine_prediction(model, tok, prompt: Prompt, params: SamplerParams, ids: list[int], cache, *,
+                      cancel: CancelToken | None = None, deadline: float | None = None, calibration=None,
+                      queue_ms: float = 0.0) -> Prediction:
+    """The memory's best draft refined by the model (coder_model.refine) into the new region."""
+    from dlm.coder_model.refine import refine
+
+    return refine(model, tok, ids, prompt.proposals[0].text, params, cache=cache, cancel=cancel, deadline=deadline,
+                  calibration=calibration, prompt=prompt, queue_ms=queue_ms)
 
 
 def verify_prediction(model, tok, prompt: Prompt, params: SamplerParams, ids: list[int], cache,

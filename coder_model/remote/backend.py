@@ -22,7 +22,13 @@ from dataclasses import dataclass
 import torch
 from dlm.coder_model import budget as budget_rules
 from dlm.coder_model.cache import PrefixCache
-from dlm.coder_model.engine import NativeModel, checks_proposals, verify_prediction
+from dlm.coder_model.engine import (
+    NativeModel,
+    checks_proposals,
+    refine_prediction,
+    starts_from_draft,
+    verify_prediction,
+)
 from dlm.coder_model.layout import LayoutBudget, encode_prompt
 from dlm.coder_model.remote.batching import Request
 from dlm.coder_model.sampler import BlockDecoder
@@ -91,11 +97,17 @@ class ModelBackend(NativeModel):
         else:
             cache, shared = self._caches.pop(key, None) or PrefixCache(), True
             self._busy.add(key)
-        if checks_proposals(request.prompt, request.params, self.budget):
-            # The memory's proposals: the denoiser checks them in a few passes right here (as
-            # LocalEngine does), so the job is done at once; the scheduler answers it.
+        checks = checks_proposals(request.prompt, request.params, self.budget)
+        if checks or starts_from_draft(self.model, request.prompt):
+            # The memory's proposals: the denoiser checks them in a few passes, or refines the best
+            # one, right here (as LocalEngine does), so the job is done at once; the scheduler answers it.
             try:
-                pred = verify_prediction(self.model, self.tok, request.prompt, request.params, ids, cache, 0.0)
+                if checks:
+                    pred = verify_prediction(self.model, self.tok, request.prompt, request.params, ids, cache, 0.0)
+                else:
+                    pred = refine_prediction(self.model, self.tok, request.prompt, request.params, ids, cache,
+                                             cancel=request.cancel, deadline=request.deadline(),
+                                             calibration=self.calibration)
             except BaseException:
                 self.release(_Job(None, key, cache, shared))
                 raise

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from dlm.coder_model.budget import drafts_window, plan
 from dlm.coder_model.layout import LayoutBudget, answer_text, encode_prompt, encode_target, target_block
+from dlm.coder_model.refine import draft_block
 from dlm.coder_model.tokenizer import Tokenizer
 from dlm.drivers.training import examples as ex_mod
 from dlm.drivers.training.corpus import read_split
@@ -125,7 +126,9 @@ def train_budget(cfg) -> LayoutBudget:
 
 
 def make_sequence(tok: Tokenizer, ex: ex_mod.Example, cfg, rng: random.Random):
-    """(context ids, block target ids) or None when the target needs more blocks than allowed."""
+    """(context ids, block target ids, the block's start or None) or None when the target needs
+    more blocks than allowed. The start: for a share (`cfg.draft_start`) of the examples with
+    drafts, the block the run starts from, the first draft's (coder_model.refine.draft_block)."""
     ctx = encode_prompt(tok, ex.prompt, train_budget(cfg))
     tgt = encode_target(tok, answer_text(ex.prompt, ex.target))
     n_blocks = math.ceil(len(tgt) / cfg.block)
@@ -133,24 +136,31 @@ def make_sequence(tok: Tokenizer, ex: ex_mod.Example, cfg, rng: random.Random):
         return None
     b = rng.randrange(n_blocks)
     ctx = ctx + tgt[: b * cfg.block]  # earlier blocks are context (block diffusion)
-    return ctx, target_block(tok, tgt, b, cfg.block)
+    start = None
+    if b == 0 and ex.prompt.proposals and rng.random() < getattr(cfg, "draft_start", 0.0):
+        start = draft_block(tok, ex.prompt.proposals[0].text, cfg.block)
+    return ctx, target_block(tok, tgt, b, cfg.block), start
 
 
 def collate(tok: Tokenizer, seqs, cfg):
     """Left-pad contexts to one length so every block starts at the same position.
 
-    Returns ids (B, T), targets (B, L), key_valid (B, T), context length Tc.
+    Returns ids (B, T), targets (B, L), key_valid (B, T), context length Tc, and starts (B, L):
+    each row's block start (make_sequence), -1 in a row that starts from masks.
     """
-    tc = max(len(c) for c, _ in seqs)
+    tc = max(len(s[0]) for s in seqs)
     B, L = len(seqs), cfg.block
     ids = torch.full((B, tc + L), tok.pad_id, dtype=torch.long)
     valid = torch.zeros((B, tc + L), dtype=torch.bool)
     targets = torch.empty((B, L), dtype=torch.long)
-    for i, (c, t) in enumerate(seqs):
+    starts = torch.full((B, L), -1, dtype=torch.long)
+    for i, (c, t, *rest) in enumerate(seqs):
         ids[i, tc - len(c) : tc] = torch.tensor(c)
         valid[i, tc - len(c) :] = True
         targets[i] = torch.tensor(t)
-    return ids, targets, valid, tc
+        if rest and rest[0] is not None:
+            starts[i] = torch.tensor(rest[0])
+    return ids, targets, valid, tc, starts
 
 
 def build_batch(tok: Tokenizer, stream: ExampleStream, cfg, rng: random.Random):

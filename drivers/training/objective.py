@@ -134,7 +134,7 @@ def native_train_mask(valid: torch.Tensor, tc: int) -> torch.Tensor:
 
 
 def diffusion_loss(model, ids, targets, valid, tc, tok, gen: torch.Generator, eps: float = 1e-3,
-                   ar_weight: float = 0.0, objective: Objective | None = None):
+                   ar_weight: float = 0.0, objective: Objective | None = None, starts=None):
     """Masked-diffusion loss; ids' block slots are replaced by noised targets here.
 
     ids (B, T), targets (B, L), valid (B, T) on the model's device; `gen` is a
@@ -148,7 +148,10 @@ def diffusion_loss(model, ids, targets, valid, tc, tok, gen: torch.Generator, ep
     get no direct signal; the native mask makes the context a causal LM, so
     next-token targets are free there and train the K/V the block reads. The
     context outputs are never used at inference, so nothing else changes.
-    Returns (loss, accuracy on masked slots).
+    `starts` (B, L): a row's block start where it starts from a draft (-1: from masks). Such a
+    row's unmasked slots hold the draft's tokens, not the answer's, and every slot is scored:
+    the model learns to keep what is right and rewrite what is wrong (coder_model.refine).
+    Returns (loss, accuracy on the scored slots).
     """
     obj = objective or Objective(eps=eps)
     B, L = targets.shape
@@ -156,7 +159,15 @@ def diffusion_loss(model, ids, targets, valid, tc, tok, gen: torch.Generator, ep
     t = sample_t(B, obj, gen)  # (B, 1)
     masked, t_rows = sample_masks(t, L, obj.complementary, gen)  # (B, L), (B, 1)
     masked, t_rows = masked.to(dev), t_rows.to(dev)
-    block_in = torch.where(masked, torch.full_like(targets, tok.mask_id), targets)
+    shown = targets
+    scored = masked
+    if starts is not None:
+        starts = starts.to(dev)
+        drafted = (starts[:, :1] >= 0).expand_as(targets)  # (B, L)
+        shown = torch.where(drafted, starts, targets)
+        scored = masked | drafted
+        t_rows = torch.where(drafted[:, :1], torch.ones_like(t_rows), t_rows)  # scored whole: no 1/t
+    block_in = torch.where(masked, torch.full_like(targets, tok.mask_id), shown)
     x = ids.clone()
     x[:, tc:] = block_in
     hidden = model(x, attn_mask=native_train_mask(valid, tc))  # (B, T, dim)
@@ -172,8 +183,8 @@ def diffusion_loss(model, ids, targets, valid, tc, tok, gen: torch.Generator, ep
         probs = copy_head.mixture(logits, hidden[:, tc:], keys, ids[:, :tc], valid[:, :tc])  # (B, L, V)
         ce = -probs.gather(-1, targets[..., None]).squeeze(-1).clamp_min(1e-30).log()
         predicted = probs.argmax(-1)
-    loss = weighted_loss(ce, masked, t_rows, obj.loss_weight)
-    acc = ((predicted == targets) & masked).sum() / masked.sum().clamp_min(1)
+    loss = weighted_loss(ce, scored, t_rows, obj.loss_weight)
+    acc = ((predicted == targets) & scored).sum() / scored.sum().clamp_min(1)
     if ar_weight > 0 and tc > 1:
         pairs = valid[:, : tc - 1] & valid[:, 1:tc]  # (B, tc-1): position q predicts q+1
         nxt = torch.where(pairs, ids[:, 1:tc], torch.full_like(ids[:, 1:tc], -100))

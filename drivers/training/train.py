@@ -120,6 +120,10 @@ class TrainConfig:
     # (training.project_drafts); above 0 the model gets a drafts section (layout 3, its
     # drafts_window) and, served with no check pass asked, writes from the drafts
     draft_share: float = 0.0
+    # share of the examples with drafts whose block starts from the first draft, every slot scored
+    # (objective (b): keep what is right, rewrite what is wrong; coder_model.refine); above 0 the
+    # model is served so (ModelConfig.draft_start)
+    draft_start: float = 0.0
     # a pointer-generator copy head (model.CopyHead); with --init from a model without one, the
     # head is added (its parameters new, the rest loaded) and trains at copy_lr_mult x the lr
     copy_head: bool = False
@@ -237,6 +241,8 @@ def _validate(cfg: TrainConfig) -> None:
         cfg.objective()
     except ValueError as exc:
         raise SystemExit(f"objective: {exc}") from exc
+    if cfg.draft_start > 0 and cfg.draft_share <= 0:
+        raise SystemExit("--draft-start needs --draft-share above 0: a block starts from a draft the example has")
 
 
 def build_model(cfg: TrainConfig, resume: bool, last: Path) -> tuple[DLM, Tokenizer, bool]:
@@ -310,6 +316,7 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
         print(f"[train] resumed at step {step}/{total}", file=sys.stderr)
     model.config.context_window = cfg.context  # saved in config.json: the inference window
     model.config.drafts_window = train_budget(cfg).max_drafts  # and the drafts section it reads
+    model.config.draft_start = cfg.draft_start > 0 and cfg.draft_share > 0  # and where its block starts
     n_params = count_parameters(model)
     print(f"[train] {cfg.preset}: {n_params / 1e6:.2f}M parameters on {dev}", file=sys.stderr)
     mc = model.config
@@ -350,7 +357,7 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
         losses = []
         with torch.no_grad(), amp:
             for i in range(0, len(valid_seqs), cfg.batch):
-                ids, targets, valid, tc = collate(tok, valid_seqs[i : i + cfg.batch], cfg)
+                ids, targets, valid, tc, _ = collate(tok, valid_seqs[i : i + cfg.batch], cfg)  # from masks: the ELBO
                 ids, targets, valid = ids.to(dev), targets.to(dev), valid.to(dev)
                 loss, _ = diffusion_loss(fwd, ids, targets, valid, tc, tok, vgen, cfg.eps)
                 losses.append(loss.item())
@@ -364,7 +371,7 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
         while step < total:
             t0 = time.time()
             gen.manual_seed(cfg.seed * 1_000_003 + step)  # step k's masks: the same after a resume
-            ids, targets, valid, tc = next(train_batches)
+            ids, targets, valid, tc, starts = next(train_batches)
             ids = ids.to(dev, non_blocking=True)
             targets, valid = targets.to(dev, non_blocking=True), valid.to(dev, non_blocking=True)
             lr = lr_at(step, total, cfg)
@@ -372,7 +379,7 @@ def train(cfg: TrainConfig, resume: bool = False) -> Path:
                 g["lr"] = lr * g.get("lr_scale", 1.0)
             with amp:
                 loss, acc = diffusion_loss(fwd, ids, targets, valid, tc, tok, gen, cfg.eps, cfg.ar_weight,
-                                           objective)
+                                           objective, starts=starts)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip).item()

@@ -266,6 +266,7 @@ def test_typing_examples_get_the_drafts_the_memory_of_their_project_proposes(tmp
 
     from dlm.coder_model.layout import answer_text, decode_context, encode_prompt
     from dlm.coder_model.tokenizer import Tokenizer
+    from dlm.coder_model.refine import draft_block
     from dlm.drivers.training.batches import ExampleStream, make_sequence, train_budget
 
     files = _project_corpus(tmp_path)
@@ -285,7 +286,10 @@ def test_typing_examples_get_the_drafts_the_memory_of_their_project_proposes(tmp
             first += ex.prompt.proposals[0].text == answer.split("\n")[0]
             seg = decode_context(tok, encode_prompt(tok, ex.prompt, train_budget(cfg)))
             assert seg["drafts"].split("\x00")[0] == ex.prompt.proposals[0].text
-            assert make_sequence(tok, ex, cfg, random.Random(1)) is not None
+            assert make_sequence(tok, ex, cfg, random.Random(1))[2] is None  # from masks
+            # objective (b): the block starts from the first draft
+            started = make_sequence(tok, ex, SimpleNamespace(**vars(cfg), draft_start=1.0), random.Random(1))
+            assert started[2] == draft_block(tok, ex.prompt.proposals[0].text, cfg.block)
             # never another project's names
             other = "beta" if project.startswith("alpha") else "alph"
             assert not any(other in p.text for p in ex.prompt.proposals)

@@ -314,13 +314,14 @@ def test_worker_batches_have_the_same_form_as_in_process_batches(small_corpus, t
         it = batches(tok, stream, cfg, random.Random(0), workers, seed=0)
         got[workers] = [next(it) for _ in range(4)]
     for bs in got.values():
-        for ids, targets, valid, tc in bs:
+        for ids, targets, valid, tc, starts in bs:
             assert ids.shape == (4, tc + 16) and targets.shape == (4, 16) and valid.shape == ids.shape
+            assert starts.shape == targets.shape and (starts == -1).all()  # no drafts: from masks
             assert ids.dtype == targets.dtype == torch.long and valid.dtype == torch.bool
             assert (ids[~valid] == tok.pad_id).all()  # left padding
             assert torch.equal(ids[:2], ids[2:]) and torch.equal(targets[:2], targets[2:])  # complementary copies
     # two workers with their own seeds make different batches, not the same one twice
-    worker_targets = [t for _, t, _, _ in got[2]]
+    worker_targets = [t for _, t, _, _, _ in got[2]]
     assert not all(torch.equal(worker_targets[0], t) for t in worker_targets[1:])
 
 

@@ -107,3 +107,42 @@ def test_every_variant_trains_the_model(tiny_model, obj):
     assert grads and all(torch.isfinite(g).all() for g in grads)
     model.zero_grad(set_to_none=True)
     model.eval()
+
+
+def test_a_row_that_starts_from_a_draft_shows_the_draft_and_is_scored_on_every_slot(tiny_model):
+    """Objective (b): where `starts` holds a draft, the block's unmasked slots hold the draft's
+    tokens (not the answer's) and every slot counts in the loss; the other rows are unchanged."""
+    model, tok = tiny_model
+    seen = {}
+
+    class Spy(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = model
+            self.copy_head = None
+
+        def forward(self, x, attn_mask=None):
+            seen["x"] = x.clone()
+            return self.inner(x, attn_mask=attn_mask)
+
+        def logits(self, hidden):
+            return self.inner.logits(hidden)
+
+    ids = torch.randint(20, 300, (2, 24))
+    targets = torch.randint(20, 300, (2, 8))
+    starts = torch.full((2, 8), -1, dtype=torch.long)
+    starts[0] = torch.randint(20, 300, (8,))
+    valid = torch.ones(2, 24, dtype=torch.bool)
+    obj = Objective(loss_weight="ce")
+    loss, acc = diffusion_loss(Spy(), ids, targets, valid, 16, tok, gen(), objective=obj, starts=starts)
+    block = seen["x"][:, 16:]
+    shown0 = block[0] != tok.mask_id
+    assert torch.equal(block[0][shown0], starts[0][shown0]) and shown0.any()
+    shown1 = block[1] != tok.mask_id
+    assert torch.equal(block[1][shown1], targets[1][shown1])
+    assert torch.isfinite(loss) and 0.0 <= acc.item() <= 1.0
+    # with every draft slot right, a row from a draft is scored on slots the model sees: its loss
+    # differs from the loss of the same row started from masks
+    same, _ = diffusion_loss(model, ids, targets, valid, 16, tok, gen(), objective=obj,
+                             starts=torch.full((2, 8), -1, dtype=torch.long))
+    assert not torch.isclose(loss, same)
