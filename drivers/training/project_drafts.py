@@ -8,9 +8,11 @@ file itself is excluded from the workspace level, and the shipped line ranker or
 the model learns to read the drafts section (coder_model.layout.render_drafts) on what the
 server will give it, including the cases where no draft is right.
 
-A project's memory is built on its first example and kept (the last MEMORIES of them); projects
-over MAX_PROJECT_CHARS get no drafts (building a memory of pandas' 18 MB takes minutes), as a
-server whose index is not ready has none: such examples train the model without drafts.
+A project's memory is built on its first example and kept (the last MEMORIES of them). A project
+over MAX_PROJECT_CHARS (building a memory of pandas' 18 MB takes minutes) is seen as the user who
+opens one of its folders sees it: the memory of the largest folder holding the example's file
+that is at most MAX_PROJECT_CHARS. A file with no such folder gets no drafts, as from a server
+whose index is not ready: such examples train the model without drafts.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dlm.coder_model.types import MemoryProposal, Prompt
 from dlm.drivers.training.project_snippets import project_path
 
 MAX_PROJECT_CHARS = 4_000_000
-MEMORIES = 4
+MEMORIES = 16  # about 100 MB each at most: a worker keeps some 1.6 GB of them
 
 
 def document_around(text: str, prompt: Prompt, target: str) -> tuple[str, str] | None:
@@ -46,24 +48,41 @@ class ProjectDrafts:
         for path, text, source in files:
             self._files.setdefault(source, []).append((project_path(path, source), text))
         self._memories: OrderedDict[str, object] = OrderedDict()
+        self._sizes: dict[str, dict[str, int]] = {}  # source -> folder ("" the project) -> characters
 
-    def has_memory(self, source: str) -> bool:
-        """Is the project small enough to be given drafts?"""
-        return 0 < sum(len(t) for _, t in self._files.get(source, ())) <= MAX_PROJECT_CHARS
+    def workspace(self, source: str, rel: str) -> str | None:
+        """The folder of `source` (relative; "" the whole project) whose memory gives the drafts of
+        its file `rel`: the largest holding it of at most MAX_PROJECT_CHARS; None when none is."""
+        sizes = self._sizes.get(source)
+        if sizes is None:
+            sizes = self._sizes[source] = {}
+            for path, text in self._files.get(source, ()):
+                parts = path.split("/")[:-1]
+                for depth in range(len(parts) + 1):
+                    folder = "/".join(parts[:depth])
+                    sizes[folder] = sizes.get(folder, 0) + len(text)
+        parts = rel.split("/")[:-1]
+        for depth in range(len(parts) + 1):
+            folder = "/".join(parts[:depth])
+            if 0 < sizes.get(folder, 0) <= MAX_PROJECT_CHARS:
+                return folder
+        return None
 
-    def _memory(self, source: str):
+    def _memory(self, source: str, folder: str):
         from dlm.coder_model.memory.index import RepoMemory
 
-        memory = self._memories.get(source)
+        key = f"{source}\x00{folder}"
+        memory = self._memories.get(key)
         if memory is None:
             memory = RepoMemory()
             for rel, text in self._files[source]:
-                memory.update_file(rel, text)
+                if not folder or rel.startswith(folder + "/"):
+                    memory.update_file(rel, text)
             memory.compact()
-            self._memories[source] = memory
+            self._memories[key] = memory
             while len(self._memories) > MEMORIES:
                 self._memories.popitem(last=False)
-        self._memories.move_to_end(source)
+        self._memories.move_to_end(key)
         return memory
 
     def drafts(self, source: str, path: str, text: str, prompt: Prompt, target: str) -> tuple[MemoryProposal, ...]:
@@ -71,15 +90,16 @@ class ProjectDrafts:
         file's text is `text`; () for a project given none or a region not found in the file."""
         from dlm.lsp.memory_proposals import memory_proposals, shipped_ranker
 
-        if not prompt.insert or not self.has_memory(source):
+        rel = project_path(path, source)
+        folder = self.workspace(source, rel) if prompt.insert else None
+        if folder is None:
             return ()
         around = document_around(text, prompt, target)
         if around is None:
             return ()
         before, after = around
-        rel = project_path(path, source)
         # the syntax facts of the drafts are read on the text, as the server's are on its document
-        return memory_proposals(self._memory(source), before, after, rel, {}, shipped_ranker())
+        return memory_proposals(self._memory(source, folder), before, after, rel, {}, shipped_ranker())
 
 
 def draft_shares(stream, n: int) -> dict:

@@ -318,3 +318,18 @@ def test_drafts_are_none_where_the_server_would_have_none(tmp_path, monkeypatch)
     assert drafts.drafts("gamma==3", "gamma==3/x.py", text, typed, line) == ()
     monkeypatch.setattr(project_drafts, "MAX_PROJECT_CHARS", 100)
     assert drafts.drafts("alpha==1", files[0]["path"], text, typed, line) == ()
+
+
+def test_a_big_project_is_seen_as_the_largest_folder_of_the_file_that_fits(monkeypatch):
+    from dlm.drivers.training import project_drafts
+    from dlm.drivers.training.project_drafts import ProjectDrafts
+
+    files = [("big==1/pkg/core/a.py", "x" * 400, "big==1"), ("big==1/pkg/core/b.py", "y" * 400, "big==1"),
+             ("big==1/pkg/io/c.py", "z" * 900, "big==1"), ("big==1/setup.py", "s" * 50, "big==1")]
+    monkeypatch.setattr(project_drafts, "MAX_PROJECT_CHARS", 1000)
+    drafts = ProjectDrafts(files)
+    assert drafts.workspace("big==1", "pkg/core/a.py") == "pkg/core"  # pkg (1,700) is too big
+    assert drafts.workspace("big==1", "pkg/io/c.py") == "pkg/io"
+    assert drafts.workspace("big==1", "setup.py") is None  # only the whole project holds it
+    monkeypatch.setattr(project_drafts, "MAX_PROJECT_CHARS", 5000)
+    assert ProjectDrafts(files).workspace("big==1", "pkg/core/a.py") == ""
