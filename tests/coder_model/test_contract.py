@@ -225,21 +225,29 @@ def test_server_and_training_fill_the_same_layout(source):
     assert checked >= 20
 
 
+def _project_memory(*rels: str):
+    """({path: text} of this repository's files `rels`, a RepoMemory of them): a project as the
+    server's workspace index holds it."""
+    from pathlib import Path
+
+    from dlm.coder_model.memory.index import RepoMemory
+
+    root = Path(__file__).resolve().parents[2]
+    files = {rel: (root / rel).read_text() for rel in rels}
+    memory = RepoMemory()
+    for rel, text in files.items():
+        memory.update_file(rel, text)
+    return files, memory
+
+
 def test_server_and_training_retrieve_the_same_snippets(tmp_path):
     """A project's files as the server's workspace index (RepoMemory, lsp.context.with_snippets)
     and as training's project (training.project_snippets): the same typing prompt gets the same
     snippet sections, none from the file itself, and typing on the line does not change them."""
-    from pathlib import Path
-
-    from dlm.coder_model.memory.index import RepoMemory
     from dlm.drivers.training.project_snippets import ProjectSnippets
 
-    root = Path(__file__).resolve().parents[2]
-    files = {rel: (root / rel).read_text() for rel in (
-        "lsp/server.py", "lsp/context.py", "lsp/workspace_index.py", "coder_model/engine.py", "coder_model/verify.py")}
-    memory = RepoMemory()
-    for rel, text in files.items():
-        memory.update_file(rel, text)
+    files, memory = _project_memory("lsp/server.py", "lsp/context.py", "lsp/workspace_index.py",
+                                    "coder_model/engine.py", "coder_model/verify.py")
     project = ProjectSnippets((f"proj==1/{rel}", text, "proj==1") for rel, text in files.items())
     text = files["lsp/server.py"]
     lines = text.splitlines(keepends=True)
@@ -266,25 +274,19 @@ def test_server_and_training_give_the_same_drafts_in_the_same_section(tmp_path):
     the document, its syntax facts read on the document's tree) and training's
     (training.project_drafts on the file's text) are the same, and a model trained with a drafts
     section is served the context its training encoded."""
-    from pathlib import Path
     from types import SimpleNamespace
 
     from dlm.coder_model.budget import model_budget
     from dlm.coder_model.checkpoint import embedded_checkpoint_dir
     from dlm.coder_model.config import ModelConfig
     from dlm.coder_model.layout import encode_prompt
-    from dlm.coder_model.memory.index import RepoMemory
     from dlm.coder_model.tokenizer import Tokenizer
     from dlm.drivers.training.batches import train_budget
     from dlm.drivers.training.project_drafts import ProjectDrafts
     from dlm.lsp.memory_proposals import document_syntax, memory_proposals, shipped_ranker, text_around
 
-    root = Path(__file__).resolve().parents[2]
-    files = {rel: (root / rel).read_text() for rel in (
-        "lsp/server.py", "lsp/context.py", "lsp/inline.py", "coder_model/engine.py", "coder_model/verify.py")}
-    memory = RepoMemory()
-    for rel, text in files.items():
-        memory.update_file(rel, text)
+    files, memory = _project_memory("lsp/server.py", "lsp/context.py", "lsp/inline.py", "coder_model/engine.py",
+                                    "coder_model/verify.py")
     memory.compact()  # as the workspace index does when its build ends
     project = ProjectDrafts((f"proj==1/{rel}", text, "proj==1") for rel, text in files.items())
     tok = Tokenizer.from_file(embedded_checkpoint_dir() / "tokenizer.json")

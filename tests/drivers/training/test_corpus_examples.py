@@ -193,29 +193,13 @@ def test_typing_examples_get_snippets_of_their_own_project_only(tmp_path):
     """The example stream sees each corpus project as a workspace: a typing example's snippets
     come from the other files of its project, never from the file itself or another project,
     and they reach the model's context in the snippet sections."""
-    import gzip
-    import json
     from types import SimpleNamespace
 
     from dlm.coder_model.layout import LayoutBudget, decode_context, encode_prompt
     from dlm.coder_model.tokenizer import Tokenizer
     from dlm.drivers.training.batches import ExampleStream, make_sequence
 
-    files = []
-    for project in ("alpha==1", "beta==2"):
-        name = project[:4]
-        for k in range(4):
-            # each function of the project calls its own helpers (the identifiers that retrieval
-            # matches on); every file has functions of its own too
-            body = "".join(
-                f"def {name}_task_{j}_{k}(ctx):\n"
-                + "".join(f"    {name}_value_{j}_{i} = {name}_helper_{j}(ctx, {i})\n" for i in range(6))
-                + f"    return {name}_finish_{j}(ctx)\n\n\n" for j in range(8))
-            files.append({"path": f"{project}/{name}/{name}_mod{k}.py", "language": "python", "text": body,
-                          "source": project})
-    with gzip.open(tmp_path / "train.jsonl.gz", "wt") as fh:
-        for rec in files:
-            fh.write(json.dumps(rec) + "\n")
+    files = _project_corpus(tmp_path, modules=4, functions=8, lines=6)
     cfg = SimpleNamespace(corpus=str(tmp_path), mix="completion=1", context=384, block=32, max_blocks=2,
                           snippet_share=1.0, edit_histories="")
     stream = ExampleStream(cfg, "train", random.Random(0))
@@ -238,18 +222,22 @@ def test_typing_examples_get_snippets_of_their_own_project_only(tmp_path):
     assert with_snippets >= 10
 
 
-def _project_corpus(tmp_path, projects=("alpha==1", "beta==2")):
+def _project_corpus(tmp_path, projects=("alpha==1", "beta==2"), modules: int = 3, functions: int = 6,
+                    lines: int = 5):
+    """A corpus split (train.jsonl.gz in `tmp_path`) of small projects: each function calls its
+    project's own helpers (the identifiers retrieval and the memory match on), and every file has
+    functions of its own too. Returns its records."""
     import gzip
     import json
 
     files = []
     for project in projects:
         name = project[:4]
-        for k in range(3):
+        for k in range(modules):
             body = "".join(
                 f"def {name}_task_{j}_{k}(ctx):\n"
-                + "".join(f"    {name}_value_{j}_{i} = {name}_helper_{j}(ctx, {i})\n" for i in range(5))
-                + f"    return {name}_finish_{j}(ctx)\n\n\n" for j in range(6))
+                + "".join(f"    {name}_value_{j}_{i} = {name}_helper_{j}(ctx, {i})\n" for i in range(lines))
+                + f"    return {name}_finish_{j}(ctx)\n\n\n" for j in range(functions))
             files.append({"path": f"{project}/{name}/{name}_mod{k}.py", "language": "python", "text": body,
                           "source": project})
     with gzip.open(tmp_path / "train.jsonl.gz", "wt") as fh:
