@@ -253,8 +253,8 @@ def test_typing_examples_get_the_drafts_the_memory_of_their_project_proposes(tmp
     from types import SimpleNamespace
 
     from dlm.coder_model.layout import answer_text, decode_context, encode_prompt
-    from dlm.coder_model.tokenizer import Tokenizer
     from dlm.coder_model.refine import draft_block
+    from dlm.coder_model.tokenizer import Tokenizer
     from dlm.drivers.training.batches import ExampleStream, make_sequence, train_budget
 
     files = _project_corpus(tmp_path)
