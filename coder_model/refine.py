@@ -1,7 +1,7 @@
 """Refinement of the repository memory's best draft: the block starts from the draft, not from masks.
 
-For a model trained to start from a draft (ModelConfig.draft_start; the trainer's --draft-start,
-objective (b) of docs/architecture.md §4): the first proposal's tokens, then <eom>, fill the
+For a model trained to start from a draft (ModelConfig.draft_start; the trainer's --draft-start;
+docs/architecture.md §4): the first proposal's tokens, then <eom>, fill the
 block. Each step the model reads the whole block and proposes a token for every slot; every slot
 where it proposes another token with probability above `params.threshold` is rewritten at once,
 in parallel. The run ends when a step rewrites nothing, at `params.steps`, or at the deadline.

@@ -121,7 +121,7 @@ class TrainConfig:
     # drafts_window) and, served with no check pass asked, writes from the drafts
     draft_share: float = 0.0
     # share of the examples with drafts whose block starts from the first draft, every slot scored
-    # (objective (b): keep what is right, rewrite what is wrong; coder_model.refine); above 0 the
+    # (keep what is right, rewrite what is wrong: coder_model.refine); above 0 the
     # model is served so (ModelConfig.draft_start)
     draft_start: float = 0.0
     # a pointer-generator copy head (model.CopyHead); with --init from a model without one, the

@@ -275,7 +275,7 @@ def test_typing_examples_get_the_drafts_the_memory_of_their_project_proposes(tmp
             seg = decode_context(tok, encode_prompt(tok, ex.prompt, train_budget(cfg)))
             assert seg["drafts"].split("\x00")[0] == ex.prompt.proposals[0].text
             assert make_sequence(tok, ex, cfg, random.Random(1))[2] is None  # from masks
-            # objective (b): the block starts from the first draft
+            # --draft-start: the block starts from the first draft
             started = make_sequence(tok, ex, SimpleNamespace(**vars(cfg), draft_start=1.0), random.Random(1))
             assert started[2] == draft_block(tok, ex.prompt.proposals[0].text, cfg.block)
             # never another project's names

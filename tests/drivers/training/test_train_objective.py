@@ -110,7 +110,7 @@ def test_every_variant_trains_the_model(tiny_model, obj):
 
 
 def test_a_row_that_starts_from_a_draft_shows_the_draft_and_is_scored_on_every_slot(tiny_model):
-    """Objective (b): where `starts` holds a draft, the block's unmasked slots hold the draft's
+    """--draft-start: where `starts` holds a draft, the block's unmasked slots hold the draft's
     tokens (not the answer's) and every slot counts in the loss; the other rows are unchanged."""
     model, tok = tiny_model
     seen = {}
