@@ -102,10 +102,10 @@ class ProjectDrafts:
         return memory_proposals(self._memory(source, folder), before, after, rel, {}, shipped_ranker())
 
 
-def draft_shares(stream, n: int) -> dict:
-    """Of `n` typing examples of an ExampleStream with drafts (`draft_share` 1): the share given
-    drafts, whose answer is the first draft, and is any draft; and the milliseconds a draft lookup
-    took (p50)."""
+def draft_shares(drafts: ProjectDrafts, files, rng, n: int) -> dict:
+    """Of `n` typing examples (training.examples.typing_example) of `files` ((path, language, text,
+    source) of a split): the share given drafts, whose answer is the first draft, and is any draft;
+    and the milliseconds a lookup took (p50, a memory's build included)."""
     import time
 
     from dlm.coder_model.layout import answer_text
@@ -114,17 +114,17 @@ def draft_shares(stream, n: int) -> dict:
     given = first = anywhere = seen = 0
     ms: list[float] = []
     while seen < n:
-        path, lang, text, source = stream.files[stream.rng.randrange(len(stream.files))]
-        ex = ex_mod.typing_example(text, stream.rng, path=path, language=lang)
+        path, lang, text, source = files[rng.randrange(len(files))]
+        ex = ex_mod.typing_example(text, rng, path=path, language=lang)
         if ex is None:
             continue
         seen += 1
         t0 = time.perf_counter()
-        drafts = stream.project_drafts.drafts(source, path, text, ex.prompt, ex.target)
+        got = drafts.drafts(source, path, text, ex.prompt, ex.target)
         ms.append((time.perf_counter() - t0) * 1000)
         answer = answer_text(ex.prompt, ex.target).split("\n")[0]
-        texts = [d.text.split("\n")[0] for d in drafts]
-        given += bool(drafts)
+        texts = [d.text.split("\n")[0] for d in got]
+        given += bool(got)
         first += bool(texts) and texts[0] == answer
         anywhere += answer in texts
     ms.sort()
@@ -142,13 +142,16 @@ def add_arguments(ap) -> None:
 def run(args) -> int:
     import json
     import random
-    from types import SimpleNamespace
+    from pathlib import Path
 
-    from dlm.drivers.training.batches import ExampleStream
+    from dlm.drivers.training.corpus import read_split
 
-    cfg = SimpleNamespace(corpus=args.corpus, mix="typing=1", snippet_share=0.0, draft_share=1.0, context=384)
-    stream = ExampleStream(cfg, args.split, random.Random(args.seed))
-    print(json.dumps(draft_shares(stream, args.examples), indent=1))
+    files = [(r["path"], r["language"], r["text"], r.get("source", "")) for r in read_split(Path(args.corpus), args.split)]
+    if not files:
+        raise SystemExit(f"corpus split {args.split!r} in {args.corpus} is empty; build it with "
+                         "python -m dlm.drivers.training.corpus")
+    drafts = ProjectDrafts((p, t, s) for p, _, t, s in files)
+    print(json.dumps(draft_shares(drafts, files, random.Random(args.seed), args.examples), indent=1))
     return 0
 
 

@@ -321,3 +321,14 @@ def test_a_big_project_is_seen_as_the_largest_folder_of_the_file_that_fits(monke
     assert drafts.workspace("big==1", "setup.py") is None  # only the whole project holds it
     monkeypatch.setattr(project_drafts, "MAX_PROJECT_CHARS", 5000)
     assert ProjectDrafts(files).workspace("big==1", "pkg/core/a.py") == ""
+
+
+def test_the_draft_share_report_counts_examples_given_drafts_and_right_ones(tmp_path, capsys):
+    import json
+
+    from dlm.drivers.training import project_drafts
+
+    _project_corpus(tmp_path)
+    assert project_drafts.main(["--corpus", str(tmp_path), "--split", "train", "--examples", "20"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["examples"] == 20 and got["given"] >= 0.5 and 0 < got["first"] <= got["any"] <= got["given"]
