@@ -28,7 +28,7 @@ from dlm.coder_model.refine import draft_block
 from dlm.coder_model.tokenizer import Tokenizer
 from dlm.drivers.training import examples as ex_mod
 from dlm.drivers.training.corpus import read_split
-from dlm.drivers.training.project_drafts import ProjectDrafts
+from dlm.drivers.training.project_drafts import FileDraw, ProjectDrafts
 from dlm.drivers.training.project_snippets import ProjectSnippets
 
 
@@ -49,6 +49,8 @@ class ExampleStream:
         self.draft_share = float(getattr(cfg, "draft_share", 0.0))
         self.project_drafts = ProjectDrafts((p, t, s) for p, _, t, s in self.files) \
             if self.draft_share > 0 else None
+        # with drafts, files come in runs per workspace so that its memory is built once per run
+        self.file_draw = FileDraw(self.project_drafts, self.files, self.rng) if self.project_drafts else None
         if not self.files:
             raise SystemExit(f"corpus split {split!r} in {cfg.corpus} is empty; build it with "
                              "python -m dlm.drivers.training.corpus")
@@ -104,7 +106,8 @@ class ExampleStream:
                     del self.kinds[i], self.weights[i]
                     continue
             else:
-                path, lang, text, source = self.files[self.rng.randrange(len(self.files))]
+                path, lang, text, source = self.file_draw() if self.file_draw \
+                    else self.files[self.rng.randrange(len(self.files))]
                 ex = self.builders[kind](text, self.rng, path=Path(path).name, language=lang)
                 if ex is not None and ex.prompt.insert and self.project_snippets is not None \
                         and self.rng.random() < self.snippet_share:

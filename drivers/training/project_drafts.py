@@ -8,7 +8,10 @@ file itself is excluded from the workspace level, and the shipped line ranker or
 the model learns to read the drafts section (coder_model.layout.render_drafts) on what the
 server will give it, including the cases where no draft is right.
 
-A project's memory is built on its first example and kept (the last MEMORIES of them). A project
+A project's memory is built on its first example and kept (the last MEMORIES of them). Building
+one takes seconds, so a stream draws its files through a FileDraw: MEMORIES / 2 workspaces at a
+time (the memories kept hold them and the last closed ones), each for RUN examples, drawn among the open ones at random, so that a memory serves many
+examples and a batch still mixes many projects. A project
 over MAX_PROJECT_CHARS (building a memory of pandas' 18 MB takes minutes) is seen as the user who
 opens one of its folders sees it: the memory of the largest folder holding the example's file
 that is at most MAX_PROJECT_CHARS. A file with no such folder gets no drafts, as from a server
@@ -25,6 +28,7 @@ from dlm.drivers.training.project_snippets import project_path
 
 MAX_PROJECT_CHARS = 4_000_000
 MEMORIES = 16  # a memory of 4 MB of text adds about 20 MB to the process (sqlalchemy, measured)
+RUN = 32  # examples drawn from a workspace's files while its memory is open
 
 
 def document_around(text: str, prompt: Prompt, target: str) -> tuple[str, str] | None:
@@ -45,8 +49,10 @@ class ProjectDrafts:
     def __init__(self, files: Iterable[tuple[str, str, str]]) -> None:
         """`files`: (path, text, source) of every file of the split."""
         self._files: dict[str, list[tuple[str, str]]] = {}
-        for path, text, source in files:
+        self._order: dict[str, list[int]] = {}  # source -> the positions of its files in `files`
+        for i, (path, text, source) in enumerate(files):
             self._files.setdefault(source, []).append((project_path(path, source), text))
+            self._order.setdefault(source, []).append(i)
         self._memories: OrderedDict[str, object] = OrderedDict()
         self._sizes: dict[str, dict[str, int]] = {}  # source -> folder ("" the project) -> characters
 
@@ -67,6 +73,15 @@ class ProjectDrafts:
             if 0 < sizes.get(folder, 0) <= MAX_PROJECT_CHARS:
                 return folder
         return None
+
+    def companions(self, source: str, path: str) -> list[int]:
+        """The positions (in the files given) of the files whose drafts come from the memory that
+        gives the drafts of `path` (corpus path) of `source`: its workspace's files; [] for none."""
+        folder = self.workspace(source, project_path(path, source))
+        if folder is None:
+            return []
+        return [i for i, (rel, _) in zip(self._order[source], self._files[source])
+                if not folder or rel.startswith(folder + "/")]
 
     def _memory(self, source: str, folder: str):
         from dlm.coder_model.memory.index import RepoMemory
@@ -102,6 +117,34 @@ class ProjectDrafts:
         return memory_proposals(self._memory(source, folder), before, after, rel, {}, shipped_ranker())
 
 
+class FileDraw:
+    """Draws the files of a split so that the memories of ProjectDrafts are reused: up to MEMORIES / 2
+    workspaces are open (half the memories kept, so an open one's memory is not the one dropped), each for RUN draws; a draw picks an open one at random and a file of it
+    at random. A workspace is opened by a file drawn uniformly from the split (projects weigh by
+    their files, as an undirected draw weighs them); a file with no workspace is drawn alone."""
+
+    def __init__(self, drafts: ProjectDrafts, files, rng) -> None:
+        self.drafts, self.files, self.rng = drafts, files, rng  # files: (path, language, text, source)
+        self._open: list[list] = []  # [positions, draws left]
+
+    def __call__(self):
+        rng = self.rng
+        if len(self._open) < max(1, MEMORIES // 2):
+            i = rng.randrange(len(self.files))
+            path, _, _, source = self.files[i]
+            together = self.drafts.companions(source, path)
+            if together:
+                self._open.append([together, RUN - 1])
+            return self.files[i]
+        k = rng.randrange(len(self._open))
+        together, left = self._open[k]
+        if left <= 1:
+            self._open.pop(k)
+        else:
+            self._open[k][1] = left - 1
+        return self.files[together[rng.randrange(len(together))]]
+
+
 def draft_shares(drafts: ProjectDrafts, files, rng, n: int) -> dict:
     """Of `n` typing examples (training.examples.typing_example) of `files` ((path, language, text,
     source) of a split): the share given drafts, whose answer is the first draft, and is any draft;
@@ -113,8 +156,9 @@ def draft_shares(drafts: ProjectDrafts, files, rng, n: int) -> dict:
 
     given = first = anywhere = seen = 0
     ms: list[float] = []
+    draw = FileDraw(drafts, files, rng)
     while seen < n:
-        path, lang, text, source = files[rng.randrange(len(files))]
+        path, lang, text, source = draw()
         ex = ex_mod.typing_example(text, rng, path=path, language=lang)
         if ex is None:
             continue

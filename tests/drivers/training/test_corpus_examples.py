@@ -12,6 +12,7 @@ from dlm.coder_model.budget import CHARS_PER_TOKEN
 from dlm.coder_model.layout import answer_text, encode_target, target_block
 from dlm.coder_model.regions import RegionBudget, region_rows, split_lines, statement_spans
 from dlm.coder_model.tokenizer import SPECIAL_TOKENS
+from dlm.drivers.training.project_snippets import project_path
 from dlm.drivers.training.examples import completion_example, fim_example, server_region, typing_example
 
 REPO = Path(__file__).resolve().parents[3]
@@ -321,6 +322,45 @@ def test_a_big_project_is_seen_as_the_largest_folder_of_the_file_that_fits(monke
     assert drafts.workspace("big==1", "setup.py") is None  # only the whole project holds it
     monkeypatch.setattr(project_drafts, "MAX_PROJECT_CHARS", 5000)
     assert ProjectDrafts(files).workspace("big==1", "pkg/core/a.py") == ""
+
+
+def test_files_are_drawn_in_runs_per_workspace_so_each_memory_serves_many_examples(monkeypatch):
+    import random
+    from collections import Counter
+
+    from dlm.drivers.training import project_drafts
+    from dlm.drivers.training.project_drafts import FileDraw, ProjectDrafts
+
+    files = [("big==1/pkg/core/a.py", "x" * 400, "big==1"), ("big==1/pkg/core/b.py", "y" * 400, "big==1"),
+             ("big==1/pkg/io/c.py", "z" * 900, "big==1"), ("big==1/setup.py", "s" * 50, "big==1")]
+    files += [(f"p{k}==1/m{k}/f{j}.py", "q" * 30, f"p{k}==1") for k in range(40) for j in range(3)]
+    monkeypatch.setattr(project_drafts, "MAX_PROJECT_CHARS", 1000)
+    drafts = ProjectDrafts(files)
+    assert drafts.companions("big==1", "big==1/pkg/core/b.py") == [0, 1]
+    assert drafts.companions("big==1", "big==1/setup.py") == []  # no workspace: drawn alone
+    assert drafts.companions("p3==1", "p3==1/m3/f0.py") == [13, 14, 15]
+    monkeypatch.setattr(project_drafts, "MEMORIES", 4)
+    monkeypatch.setattr(project_drafts, "RUN", 8)
+    rows = [(p, "python", t, s) for p, t, s in files]
+    draw = FileDraw(drafts, rows, random.Random(0))
+    got = [draw() for _ in range(400)]
+    workspaces = [(src, drafts.workspace(src, project_path(p, src))) for p, _, _, src in got]
+    # an LRU of MEMORIES memories builds one per workspace run: ~400 / RUN builds, where a
+    # uniform draw over the 41 workspaces would build one for nearly every draw
+    lru: list = []
+    builds = 0
+    for w in workspaces:
+        if w[1] is None:
+            continue
+        if w in lru:
+            lru.remove(w)
+        else:
+            builds += 1
+        lru = [*lru, w][-4:]
+    assert builds <= 70
+    # and a stretch of 40 draws still mixes several projects
+    assert all(len(set(workspaces[i:i + 40])) >= 4 for i in range(0, 360, 40))
+    assert all(g in rows for g in got)
 
 
 def test_the_draft_share_report_counts_examples_given_drafts_and_right_ones(tmp_path, capsys):
