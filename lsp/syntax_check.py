@@ -732,13 +732,25 @@ def _previous_code_line(lines: list[str], row: int) -> str | None:
     return None
 
 
-def _parser(language: str):
-    lang = regions.grammar(language)
-    if lang is None:
-        return None
-    from tree_sitter import Parser
+_parsers = threading.local()
 
-    return Parser(lang)
+
+def _parser(language: str):
+    """This thread's parser of `language` (None: no grammar). One per thread and language, kept
+    for the thread's life: a tree-sitter Parser is not shared between threads, and the kept parses
+    (`_kept_or_made`) are keyed by the parser, so a request's drafts find the parses of the first."""
+    kept = getattr(_parsers, "by_language", None)
+    if kept is None:
+        kept = _parsers.by_language = {}
+    if language not in kept:
+        lang = regions.grammar(language)
+        if lang is None:
+            kept[language] = None
+        else:
+            from tree_sitter import Parser
+
+            kept[language] = Parser(lang)
+    return kept[language]
 
 
 def check(
@@ -873,7 +885,8 @@ def _closing_mends(parser, lines: list[str], row: int, col: int) -> bool:
     them there are fewer syntax errors than with the line blank? Then the string runs on over
     code below, which the quotes give back. The whole document is parsed (a window cut through
     the string reads its own cut as errors), so callers ask only of a document that has errors;
-    the answer is kept for the request's other drafts."""
+    the answer is kept for the line's other drafts and keystrokes: it does not depend on what is
+    typed on the line, only on the lines around it and the line's indentation."""
     typed = content(lines[row])[:col]
     if typed.strip() and not _is_prose(typed) or not _inside_open_quotes(lines, row):
         return False
@@ -890,7 +903,7 @@ def _closing_mends(parser, lines: list[str], row: int, col: int) -> bool:
         blank = errors(indent + eol) if quotes else 0
         return any(errors(indent + quote + eol) < blank for quote in quotes)
 
-    return _kept_or_made(("mends", id(parser), tuple(lines), row), mends)
+    return _kept_or_made(("mends", id(parser), tuple(lines[:row]), tuple(lines[row + 1 :]), indent, eol), mends)
 
 
 def _is_prose(typed: str) -> bool:

@@ -40,3 +40,35 @@ def test_closing_quotes_above_more_prose_and_the_docstrings_own_closing_quotes_a
     # where the docstring's closing quotes are missing, below its last line of prose, they are shown
     missing = after.replace('    map_over_datasets\n    """\n', "", 1)
     assert syntax_check.check_text("python", before + "map_over_datasets\n    ", missing, '"""') is None
+
+
+def test_whether_a_docstring_swallows_code_is_read_once_per_line_for_all_drafts_and_keystrokes() -> None:
+    """Whether the closing quotes are needed is a whole-document parse (twice): the ranker asks it
+    of the memory's 8 drafts and the server of its answer, at every keystroke on the line. The
+    answer does not depend on what is typed, so the line's later checks parse nothing."""
+    from dlm.coder_model.regions import split_lines
+
+    real = syntax_check._parser("python")
+    parses = []
+
+    class Counting:
+        def parse(self, *args, **kwargs):
+            parses.append(1)
+            return real.parse(*args, **kwargs)
+
+    body = "".join(f"def f{i}(x):\n    \"\"\"Doc {i}.\"\"\"\n    return x + {i}\n\n\n" for i in range(30))
+    text = 'def g(a):\n    """Unclosed.\n\n    Ret\n    return a\n\n\n' + body
+    lines = split_lines(text)
+    root = real.parse(text.encode()).root_node
+    syntax_check._parsers.by_language["python"] = Counting()
+    try:
+        why = syntax_check.check("python", lines, 3, 7, "urns", False, root)
+        assert why == "leaves open the triple-quoted string whose closing quotes the code below needs"
+        first = len(parses)
+        assert first >= 2  # the line blank, and with the closing quotes
+        assert syntax_check.check("python", lines, 3, 7, "urns the sum", False, root) == why
+        typed_on = lines[:3] + ["    Return\n"] + lines[4:]  # a keystroke later
+        assert syntax_check.string_swallows_code("python", typed_on, 3, 10, root)
+        assert len(parses) == first
+    finally:
+        syntax_check._parsers.by_language["python"] = real
