@@ -11,6 +11,12 @@ was before the last keystrokes, types them (or Enter and the indentation when
 nothing of the line was typed), and asks for the inline completion at the
 pause, as an editor does; only that last answer is judged.
 
+`--extensions` says which files are drawn (held out and copied into the
+workspace): `.py` by default, e.g. `.js,.ts,.mjs,.tsx` for a
+JavaScript/TypeScript project; each file is opened with the languageId of
+its extension (coder_model.languages), and a suffix the server has no
+language for is refused, since its index would never hold those files.
+
 `--config` picks what the server runs (the ablation rows of BENCHMARKS.md):
 - `model`: no repository memory (the index off): the model alone;
 - `memory`: the memory's best proposal in its own order, with its own score,
@@ -24,7 +30,8 @@ pause, as an editor does; only that last answer is judged.
 - `drafts`: the trees rank, and a model trained with a drafts section (`--model`, layout 3)
   writes the answer with the drafts in its context; a model without one answers as `trees`.
 
-Syntax, on Python files (`judge_case`):
+Syntax, on Python files only (`judge_case`; a run with no Python case says that
+syntax was not checked):
 - broken when accepted: the file with the shown suggestion accepted (the document
   at the pause with the suggestion's text replacing what its range covers, as
   `dlm.drivers.evaluation.eval_typing.judge` applies it) is given to `ast.parse`; a case is broken when
@@ -57,7 +64,9 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlm.coder_model.languages import language_for_path
 from dlm.drivers.evaluation.eval_typing import Answer, EvalReplay, TypingCase, _offset, visible
+from dlm.drivers.evaluation.repo_cases import EXTENSIONS_EXAMPLE, SOURCE_EXTENSIONS
 
 CONFIGS = ("model", "memory", "trees", "verify", "all", "drafts")
 CHECK_PASSES = 2  # the denoiser's passes per proposal in the rows that check (verify, all)
@@ -189,7 +198,7 @@ def typing_cases(cases) -> list[RepoCase]:
             col = len(prev) - (prev.rfind("\n") + 1)
             typed = "\n" + typed_part
         target = c.before + c.answer + c.after
-        tc = TypingCase("repo", c.path, text, row, col, typed, final_target=target)
+        tc = TypingCase("repo", c.path, text, row, col, typed, language_for_path(c.path), final_target=target)
         out.append(RepoCase(tc, c.answer, c.typed, c.before, c.after))
     return out
 
@@ -298,7 +307,7 @@ def summarize_repo(finals: list[tuple[RepoCase, Answer]], thresholds: list[float
             "precision": exact / len(shown) if shown else None,
             "accepted_chars_per_case": sum(a.accepted_chars for _, _, a in shown) / n if n else 0.0,
         }  # fmt: skip
-        if judged is not None:
+        if judged is not None and any(j.python for j in judged):  # no Python case: nothing was parsed
             judgeable = [judged[i] for i, _, _ in shown if judged[i].broken is not None]
             broken = sum(1 for j in judgeable if j.broken)
             row.update({"python_shown": len(judgeable), "broken": broken,
@@ -327,7 +336,9 @@ def summarize_repo(finals: list[tuple[RepoCase, Answer]], thresholds: list[float
 
 def render_repo(name: str, config: str, s: dict, meta: dict) -> str:
     lat = s["latency"]
-    pause = f" --pause-ms {meta['pause_ms']}" if meta.get("pause_ms") else ""
+    extensions = tuple(meta.get("extensions") or SOURCE_EXTENSIONS)
+    pause = f" --extensions {','.join(extensions)}" if extensions != SOURCE_EXTENSIONS else ""
+    pause += f" --pause-ms {meta['pause_ms']}" if meta.get("pause_ms") else ""
     pause += f" --open-ms {meta['open_ms']}" if meta.get("open_ms") else ""
     head = (f"`dlm-lsp eval --repo {name} --config {config}{pause}` — {meta.get('model')} on {meta.get('device')}, "
             f"{meta.get('date')}; {s['rows'][0]['cases'] if s['rows'] else 0} cases "
@@ -353,16 +364,24 @@ def render_repo(name: str, config: str, s: dict, meta: dict) -> str:
 
 
 def render_syntax(name: str, s: dict) -> str:
-    """The syntax figures of a summary (summarize_repo with `judged`) as markdown."""
+    """The syntax figures of a summary (summarize_repo with `judged`) as markdown: the checks parse
+    Python only, so a run without a Python case says so instead of a table of zeros."""
     syn = s["syntax"]
-    out = [(f"Syntax in {name} (Python files; ast.parse of the file with the shown suggestion accepted, "
-            "counted only where the real file parses):"), "",
+    held = syn.get("server_held_back_syntax")
+    cases = s["rows"][0]["cases"] if s["rows"] else 0
+    if not syn["python_cases"]:
+        line = (f"Syntax in {name}: not checked. The broken-when-accepted and held-back figures parse Python "
+                f"(ast.parse, the Python grammar), and none of the {cases} cases is in a Python file")
+        if held is not None:
+            line += f"; the server held back {held} answers for syntax over all requests (every keystroke)"
+        return line + "."
+    out = [(f"Syntax in {name} (Python files, {syn['python_cases']} of {cases} cases; ast.parse of the file "
+            "with the shown suggestion accepted, counted only where the real file parses):"), "",
            "| min confidence | Python cases shown | broken when accepted |", "| --- | --- | --- |"]
     for r in s["rows"]:
         share = "-" if r.get("broken_share") is None else f"{100 * r['broken_share']:.1f}%"
         out.append(f"| {r['threshold']:g} | {r.get('python_shown', 0)} | {r.get('broken', 0)} ({share}) |")
     share = "-" if syn["truth_held_back_share"] is None else f"{100 * syn['truth_held_back_share']:.1f}%"
-    held = syn.get("server_held_back_syntax")
     line = (f"Right answers the check would hold back (the server's syntax check on the true rest of the "
             f"line): {syn['truth_held_back']} of {syn['checked']} ({share})")
     if not syn["grammar"]:
@@ -401,13 +420,20 @@ def run_repo(args: argparse.Namespace, thresholds: list[float]) -> int:
 
     from dlm.drivers.evaluation.repo_cases import make_cases
 
+    extensions = tuple(getattr(args, "extensions", None) or SOURCE_EXTENSIONS)
+    unknown = [e for e in extensions if not language_for_path("file" + e)]
+    if unknown:
+        raise SystemExit(f"dlm-lsp eval: --extensions {','.join(unknown)}: the server has no language for "
+                         "these files, so its index would never hold them; pass suffixes of "
+                         f"coder_model/languages.py, e.g. --extensions {EXTENSIONS_EXAMPLE}")
     repo = Path(args.repo)
     if not repo.is_dir():
         raise SystemExit(f"dlm-lsp eval: --repo {repo} is not a folder; pass a source repository")
-    workspace, cases = make_cases(str(repo), args.cases, args.seed)
+    workspace, cases = make_cases(str(repo), args.cases, args.seed, extensions=extensions)
     if not cases:
-        raise SystemExit(f"dlm-lsp eval: --repo {repo} has no held-out source lines to evaluate "
-                         "(it needs Python or other source files)")
+        raise SystemExit(f"dlm-lsp eval: --repo {repo} has no held-out lines in files ending in "
+                         f"{', '.join(extensions)}; for another language pass --extensions, "
+                         f"e.g. --extensions {EXTENSIONS_EXAMPLE}")
     rcases = typing_cases(cases)
     root = workspace_copy(repo, workspace)
     options = config_options(args.config)
@@ -423,6 +449,7 @@ def run_repo(args: argparse.Namespace, thresholds: list[float]) -> int:
     summary = summarize_repo(finals, thresholds, judged, res.server)
     meta = {"model": res.status.get("model", ""), "device": res.status.get("device", ""),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "repo": str(repo), "config": args.config,
+            "extensions": list(extensions),
             "cases": len(rcases), "wall_s": round(time.monotonic() - t0, 1), "seed": args.seed,
             "index": getattr(replay, "index_status", None), "server": res.server, "pause_ms": getattr(args, "pause_ms", 0),
             "open_ms": getattr(args, "open_ms", 0)}

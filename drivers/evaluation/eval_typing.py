@@ -54,6 +54,7 @@ from pathlib import Path
 from dlm.coder_model.devices import add_device_argument
 from dlm.coder_model.hosted.settings import add_engine_arguments
 from dlm.drivers.bench.typing_latency import Bench, _plain
+from dlm.drivers.evaluation.repo_cases import EXTENSIONS_HELP, SOURCE_EXTENSIONS, parse_extensions
 from dlm.lsp.stats import percentile
 
 DEFAULT_THRESHOLDS = (0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95)
@@ -72,9 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--safim-dir", metavar="DIR", help="SAFIM's block/control_completion.jsonl.gz "
                         "(default: $DLM_SAFIM)")
     parser.add_argument("--repo", metavar="DIR", help="evaluate rest-of-line completion in this repository: "
-                        "held-out files against an index of the rest (see --cases, --config)")
+                        "held-out files against an index of the rest (see --cases, --extensions, --config)")
     parser.add_argument("--cases", type=int, default=None, help="--repo: held-out lines to evaluate (default 400); "
                         "--next-edits: next-edit opportunities per split and per --git (default 100)")
+    parser.add_argument("--extensions", type=parse_extensions, default=",".join(SOURCE_EXTENSIONS),
+                        metavar="SUFFIXES", help=f"--repo: {EXTENSIONS_HELP}")
     nxt = parser.add_argument_group("next edits (--next-edits; docs/evaluation.md, \"Next edits\")")
     nxt.add_argument("--next-edits", action="store_true", help="replay real edit histories hunk by hunk and ask "
                      "dlm/editPrediction for the next edit after each: shown share, location and exact precision, "

@@ -7,9 +7,13 @@ up to a word boundary or not at all (NOT_TYPED of the cases: the cursor
 stands after the line's indentation, where an editor puts it after
 Enter), with the whole file above and below in view; the answer is the
 rest of the line. `make_cases` is the one case builder: `dlm-lsp eval
---repo` replays the same cases through the server.
+--repo` replays the same cases through the server. Only files ending in
+one of the suffixes asked for are read (`--extensions` of both commands,
+default SOURCE_EXTENSIONS); the split depends on the path alone, so the
+held-out files of one suffix stay the same whatever else is read.
 
     python -m dlm.drivers.evaluation.repo_cases --repo DIR --cases 400
+    python -m dlm.drivers.evaluation.repo_cases --repo DIR --extensions .js,.ts,.mjs,.tsx
 """
 
 from __future__ import annotations
@@ -29,7 +33,12 @@ from dataclasses import dataclass
 from dlm.coder_model.regions import typed_cut
 
 HOLDOUT = 0.10
-SOURCE_EXTENSIONS = (".py",)
+SOURCE_EXTENSIONS = (".py",)  # the files cases are drawn from unless --extensions says otherwise
+EXTENSIONS_EXAMPLE = ".js,.ts,.mjs,.tsx"  # a JavaScript/TypeScript project
+EXTENSIONS_HELP = ("comma-separated file suffixes: only files ending in one of them are held out and "
+                   f"indexed (default {','.join(SOURCE_EXTENSIONS)}; e.g. {EXTENSIONS_EXAMPLE} for a "
+                   "JavaScript/TypeScript project)")
+_SUFFIX = re.compile(r"(\.[A-Za-z0-9_+-]+)+")
 MAX_FILE_BYTES = 1_000_000
 SKIP_DIRS = {".git", ".hg", ".svn", "node_modules", "__pycache__", ".tox", ".venv", "venv", "build", "dist"}
 LENGTH_BINS = ((1, 2), (3, 10), (11, 30), (31, None))
@@ -64,6 +73,27 @@ def source_files(repo_dir: str, extensions: Sequence[str] = SOURCE_EXTENSIONS) -
                 continue
             out[os.path.relpath(full, repo_dir).replace(os.sep, "/")] = text
     return out
+
+
+def parse_extensions(text: str) -> tuple[str, ...]:
+    """The suffixes of a comma-separated --extensions value, in order, once each; an
+    argparse.ArgumentTypeError that says what is wrong and what to pass otherwise."""
+    example = f"pass suffixes with their dot, comma-separated, e.g. --extensions {EXTENSIONS_EXAMPLE}"
+    wanted: list[str] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        if not item.startswith("."):
+            raise argparse.ArgumentTypeError(f"{item!r} does not start with '.': {example}")
+        if not _SUFFIX.fullmatch(item):
+            raise argparse.ArgumentTypeError(
+                f"{item!r} is not a plain file suffix (after each '.' only letters, digits, '_', '+' or '-': "
+                f"no paths, spaces or wildcards): {example}")
+        if item not in wanted:
+            wanted.append(item)
+    if not wanted:
+        raise argparse.ArgumentTypeError(f"no file suffix in {text!r}: {example}")
+    return tuple(wanted)
 
 
 def held_out(path: str, share: float = HOLDOUT) -> bool:
@@ -397,6 +427,8 @@ def main(argv: Iterable[str] | None = None) -> int:
     ap.add_argument("--cases", type=int, default=400)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--holdout", type=float, default=HOLDOUT)
+    ap.add_argument("--extensions", type=parse_extensions, default=",".join(SOURCE_EXTENSIONS),
+                    metavar="SUFFIXES", help=EXTENSIONS_HELP)
     ap.add_argument("--order", type=int, default=None, help="n-gram order (default: the memory's)")
     ap.add_argument("--beam", type=int, default=8)
     ap.add_argument("--json", default=None, help="write the figures to this file")
@@ -412,9 +444,11 @@ def main(argv: Iterable[str] | None = None) -> int:
         if not os.path.isdir(repo):
             print(f"repo_cases: {repo} is not a directory: pass a repository checkout or an unpacked sdist", file=sys.stderr)
             return 2
-        workspace, cases = make_cases(repo, args.cases, args.seed, holdout=args.holdout)
+        workspace, cases = make_cases(repo, args.cases, args.seed, holdout=args.holdout,
+                                      extensions=args.extensions)
         if not cases:
-            print(f"repo_cases: no held-out lines in {repo} (no {SOURCE_EXTENSIONS} files?)", file=sys.stderr)
+            print(f"repo_cases: no held-out lines in {repo} in files ending in {', '.join(args.extensions)} "
+                  f"(another language: --extensions, e.g. {EXTENSIONS_EXAMPLE})", file=sys.stderr)
             return 2
         kwargs = {"order": args.order} if args.order else {}
         name = os.path.basename(os.path.normpath(repo))
@@ -427,7 +461,8 @@ def main(argv: Iterable[str] | None = None) -> int:
         if args.follow:
             result["follow"] = measure_follow(memory, cases, beam=args.beam)
         print(report(name, cost, result), flush=True)
-        results[name] = {"cost": cost, "result": result, "cases": len(cases), "seed": args.seed}
+        results[name] = {"cost": cost, "result": result, "cases": len(cases), "seed": args.seed,
+                         "extensions": list(args.extensions)}
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=1)

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
+import pytest
 from dlm.drivers.evaluation import repo_cases
-from dlm.drivers.evaluation.repo_cases import build_memory, held_out, make_cases, measure, wilson
+from dlm.drivers.evaluation.repo_cases import (
+    build_memory,
+    held_out,
+    make_cases,
+    measure,
+    parse_extensions,
+    source_files,
+    wilson,
+)
 
 
 def make_repo(root, n_files: int = 150) -> None:
@@ -21,6 +31,18 @@ def make_repo(root, n_files: int = 150) -> None:
     (root / "notes.txt").write_text("not python\n")
     (root / ".git").mkdir()
     (root / ".git" / "x.py").write_text("hidden = True\n")
+
+
+def make_js_files(root, n_files: int = 60) -> None:
+    web = root / "web"
+    web.mkdir(parents=True, exist_ok=True)
+    for i in range(n_files):
+        body = "".join(
+            f"export function handler_{i}_{j}(request, value) {{\n  const result = compute(value, {j});\n"
+            f"  return respond(request, result);\n}}\n\n"
+            for j in range(4)
+        )
+        (web / f"view{i}.js").write_text("import { compute, respond } from './core.js';\n\n" + body)
 
 
 def test_cases_are_deterministic_held_out_and_well_formed(tmp_path):
@@ -96,3 +118,73 @@ def test_index_file_is_built_once_then_loaded_and_rebuilt_for_another_workspace(
     (tmp_path / "r.bin").write_bytes(b"garbage")
     assert repo_cases.main(argv) == 0
     assert "index: build" in capsys.readouterr().out
+
+
+# make_repo's 50 cases at seed 0
+FROZEN_DIGEST = "ebd41297162558cae0e5ea33b5cabdc753eec8f8951c9a40b2a218effc4e3182"
+
+
+def test_python_cases_with_the_default_suffixes_are_frozen(tmp_path):
+    # the digest of the cases this repository gave before --extensions existed: a change of the
+    # Python selection (which files, which lines, where the cut falls) shows here
+    make_repo(tmp_path)
+    workspace, cases = make_cases(str(tmp_path), 50, seed=0)
+    assert make_cases(str(tmp_path), 50, seed=0, extensions=parse_extensions(".py")) == (workspace, cases)
+    drawn = repr([(c.path, c.line, c.before, c.after, c.answer, c.typed) for c in cases])
+    assert hashlib.sha256(drawn.encode()).hexdigest() == FROZEN_DIGEST
+
+
+def test_extensions_draw_cases_from_javascript_files_and_keep_the_split_by_path(tmp_path):
+    make_repo(tmp_path, n_files=60)
+    make_js_files(tmp_path)
+    py_workspace, py_cases = make_cases(str(tmp_path), 40)
+    assert py_cases and all(c.path.endswith(".py") for c in py_cases)
+    assert all(p.endswith(".py") for p in py_workspace)
+    js_workspace, js_cases = make_cases(str(tmp_path), 40, extensions=parse_extensions(".js"))
+    assert len(js_cases) == 40 and all(c.path.endswith(".js") and held_out(c.path) for c in js_cases)
+    assert js_workspace and all(p.endswith(".js") for p in js_workspace)
+    assert not {c.path for c in js_cases} & set(js_workspace)
+    assert js_cases[0].before.startswith("import { compute, respond } from './core.js';")
+    both_workspace, both = make_cases(str(tmp_path), 10_000, extensions=parse_extensions(".js,.py"))
+    # the same files held out per suffix whatever else is read: the split is a hash of the path
+    assert set(both_workspace) == set(py_workspace) | set(js_workspace)
+    held = {p for p in source_files(str(tmp_path), (".js", ".py")) if held_out(p)}
+    assert {c.path for c in both} == held and {p[p.rfind("."):] for p in held} == {".js", ".py"}
+
+
+def test_parse_extensions():
+    assert parse_extensions(".js,.ts, .mjs ,.tsx,.js,") == (".js", ".ts", ".mjs", ".tsx")
+    assert parse_extensions(".d.ts") == (".d.ts",)
+    assert parse_extensions(",".join(repo_cases.SOURCE_EXTENSIONS)) == repo_cases.SOURCE_EXTENSIONS
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [("js,.ts", "'js' does not start with '.'"), (".j*", "'.j*' is not a plain file suffix"),
+     ("./src/.js", "'./src/.js' is not a plain file suffix"), (".", "'.' is not a plain file suffix"),
+     (" , ", "no file suffix in ' , '")],
+)  # fmt: skip
+def test_a_bad_extensions_value_fails_saying_what_is_wrong_and_what_to_pass(tmp_path, capsys, value, why):
+    make_repo(tmp_path, n_files=3)
+    with pytest.raises(SystemExit) as exc:
+        repo_cases.main(["--repo", str(tmp_path), "--extensions", value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --extensions: {why}" in err, err
+    assert "pass suffixes with their dot, comma-separated, e.g. --extensions .js,.ts,.mjs,.tsx" in err
+
+
+def test_main_reports_a_javascript_repository_with_extensions(tmp_path, capsys):
+    make_repo(tmp_path / "r", n_files=30)
+    make_js_files(tmp_path / "r")
+    out = tmp_path / "figures.json"
+    argv = ["--repo", str(tmp_path / "r"), "--cases", "20", "--extensions", ".js,.mjs", "--json", str(out)]
+    assert repo_cases.main(argv) == 0
+    assert "top-1 exact" in capsys.readouterr().out
+    figures = json.loads(out.read_text())["r"]
+    assert figures["cases"] == 20 and figures["extensions"] == [".js", ".mjs"]
+    js_files = [p for p in source_files(str(tmp_path / "r"), (".js",)) if not held_out(p)]
+    assert figures["cost"]["files"] == len(js_files)
+    assert repo_cases.main(["--repo", str(tmp_path / "r"), "--extensions", ".ts"]) == 2
+    err = capsys.readouterr().err
+    assert "no held-out lines" in err and "files ending in .ts" in err and "--extensions" in err
