@@ -345,6 +345,11 @@ def render_repo(name: str, config: str, s: dict, meta: dict) -> str:
             f"({100 * s['typed_share']:.0f}% typed up to a word boundary); latency at the pause p50 / p99 "
             f"{_ms(lat['p50_ms'])} / {_ms(lat['p99_ms'])} ms, {100 * lat['in_time_share']:.1f}% answered within "
             f"{IN_TIME_MS:.0f} ms")
+    server = meta.get("server") or {}
+    if server.get("steps"):  # the model's denoising steps over all requests (a run from a draft counts
+        # the slots it rewrote, not the ones it kept)
+        head += (f"; the model committed {server['tokens_per_step']:g} tokens per denoising step "
+                 f"({server['steps']} steps)")
     out = [head, "",
            "| min confidence | shown | exact (of all cases) | 95% CI | precision | chars accepted / case |",
            "| --- | --- | --- | --- | --- | --- |"]

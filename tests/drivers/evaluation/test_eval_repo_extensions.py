@@ -136,3 +136,14 @@ def test_a_python_run_keeps_its_syntax_table(tmp_path):
     assert f"Syntax in proj (Python files, {len(finals)} of {len(finals)} cases;" in md
     assert "| min confidence | Python cases shown | broken when accepted |" in md
     assert f"| 0 | {len(finals)} | 0 (0.0%) |" in md  # the right answers, accepted, break nothing
+
+
+def test_the_report_gives_the_models_tokens_per_denoising_step_when_it_ran(tmp_path):
+    make_repo(tmp_path)
+    _, cases = make_cases(str(tmp_path), 6)
+    finals = replayed(typing_cases(cases))
+    summary = summarize_repo(finals, [0.0], None)
+    ran = render_repo("proj", "drafts", summary, {"server": {"steps": 40, "tokens": 130, "tokens_per_step": 3.25}})
+    assert "the model committed 3.25 tokens per denoising step (40 steps)" in ran.splitlines()[0]
+    idle = render_repo("proj", "trees", summary, {"server": {"steps": 0, "tokens": 0, "tokens_per_step": None}})
+    assert "denoising step" not in idle
