@@ -879,14 +879,17 @@ def rewrite_problem(language: str, lines: list[str], first: int, last: int, new_
     return "adds a syntax error" if counts[1] > counts[0] else None
 
 
-def _closing_mends(parser, lines: list[str], row: int, col: int) -> bool:
+def _closing_mends(parser, lines: list[str], row: int, col: int, root=None) -> bool:
     """Is the cursor inside a docstring (an odd number of triple quotes above it in its block)
     whose closing quotes, typed on the cursor's line, mend the document: with the line holding
     them there are fewer syntax errors than with the line blank? Then the string runs on over
     code below, which the quotes give back. The whole document is parsed (a window cut through
     the string reads its own cut as errors), so callers ask only of a document that has errors;
     the answer is kept for the line's other drafts and keystrokes: it does not depend on what is
-    typed on the line, only on the lines around it and the line's indentation."""
+    typed on the line, only on the lines around it and the line's indentation. On a line that
+    holds only its indentation (after Enter), the document as it is, `root`, is the one with the
+    line blank: of the two parses only the mended one is made, and a document whose string runs
+    on is the slow one to parse."""
     typed = content(lines[row])[:col]
     if typed.strip() and not _is_prose(typed) or not _inside_open_quotes(lines, row):
         return False
@@ -900,7 +903,12 @@ def _closing_mends(parser, lines: list[str], row: int, col: int) -> bool:
         return len(_problems(parser.parse(text.encode("utf-8", "surrogatepass")).root_node, 0, 1 << 62, 1 << 62))
 
     def mends() -> bool:
-        blank = errors(indent + eol) if quotes else 0
+        if not quotes:
+            return False
+        if root is not None and lines[row] == indent + eol:
+            blank = len(_problems(root, 0, 1 << 62, 1 << 62))
+        else:
+            blank = errors(indent + eol)
         return any(errors(indent + quote + eol) < blank for quote in quotes)
 
     return _kept_or_made(("mends", id(parser), tuple(lines[:row]), tuple(lines[row + 1 :]), indent, eol), mends)
@@ -920,7 +928,7 @@ def string_swallows_code(language: str, lines: list[str], row: int, col: int, ro
     if root is not None and not root.has_error:
         return False
     parser = _parser(language)
-    return parser is not None and _closing_mends(parser, lines, row, col)
+    return parser is not None and _closing_mends(parser, lines, row, col, root)
 
 
 def string_swallows_code_text(language: str, before: str, after: str) -> bool:

@@ -72,3 +72,32 @@ def test_whether_a_docstring_swallows_code_is_read_once_per_line_for_all_drafts_
         assert len(parses) == first
     finally:
         syntax_check._parsers.by_language["python"] = real
+
+
+def test_after_enter_in_a_docstring_the_document_as_it_is_stands_for_the_blank_line() -> None:
+    """On a line that holds only its indentation, the server's tree of the document is the
+    document with the line blank: only the document with the closing quotes is parsed."""
+    from dlm.coder_model.regions import split_lines
+
+    real = syntax_check._parser("python")
+    parses = []
+
+    class Counting:
+        def parse(self, *args, **kwargs):
+            parses.append(1)
+            return real.parse(*args, **kwargs)
+
+    body = "".join(f"def f{i}(x):\n    \"\"\"Doc {i}.\"\"\"\n    return x + {i}\n\n\n" for i in range(30))
+    text = 'def h(a):\n    """Unclosed.\n\n    \n    return a\n\n\n' + body
+    lines = split_lines(text)
+    root = real.parse(text.encode()).root_node
+    syntax_check._parsers.by_language["python"] = Counting()
+    try:
+        assert syntax_check.string_swallows_code("python", lines, 3, 4, root)
+        assert len(parses) == 1
+        # without the tree, both are parsed, with the same answer
+        syntax_check._kept.clear()
+        assert syntax_check.string_swallows_code("python", lines, 3, 4, None)
+        assert len(parses) == 3
+    finally:
+        syntax_check._parsers.by_language["python"] = real
