@@ -9,10 +9,9 @@ the model learns to read the drafts section (coder_model.layout.render_drafts) o
 server will give it, including the cases where no draft is right.
 
 A project's memory is built on its first example and kept (the last MEMORIES of them). Building
-one takes seconds, so a stream draws its files through a FileDraw: MEMORIES / 2 workspaces at a
-time (the memories kept hold them and the last closed ones), each for RUN examples, drawn among the open ones at random, so that a memory serves many
-examples and a batch still mixes many projects. A project
-over MAX_PROJECT_CHARS (building a memory of pandas' 18 MB takes minutes) is seen as the user who
+one takes seconds, so a stream draws its files through a FileDraw: MEMORIES / 2 workspaces open
+at a time, each for RUN examples, drawn among at random, so that a memory serves many examples
+and a batch still mixes many projects. A project over MAX_PROJECT_CHARS (building a memory of pandas' 18 MB takes minutes) is seen as the user who
 opens one of its folders sees it: the memory of the largest folder holding the example's file
 that is at most MAX_PROJECT_CHARS. A file with no such folder gets no drafts, as from a server
 whose index is not ready: such examples train the model without drafts.
@@ -118,9 +117,10 @@ class ProjectDrafts:
 
 
 class FileDraw:
-    """Draws the files of a split so that the memories of ProjectDrafts are reused: up to MEMORIES / 2
-    workspaces are open (half the memories kept, so an open one's memory is not the one dropped), each for RUN draws; a draw picks an open one at random and a file of it
-    at random. A workspace is opened by a file drawn uniformly from the split (projects weigh by
+    """Draws the files of a split so that the memories of ProjectDrafts are reused: up to
+    MEMORIES / 2 workspaces are open (half the memories kept, so an open one's memory is not the
+    one dropped), each for RUN draws; a draw picks an open one at random and a file of it at
+    random. A workspace is opened by a file drawn uniformly from the split (projects weigh by
     their files, as an undirected draw weighs them); a file with no workspace is drawn alone."""
 
     def __init__(self, drafts: ProjectDrafts, files, rng) -> None:

@@ -4,6 +4,9 @@ code right after a closing quote still is."""
 
 from __future__ import annotations
 
+import pytest
+from dlm.coder_model import regions
+from tree_sitter import Parser
 from dlm.lsp import syntax_check
 
 DOC = 'def combine(a, b):\n    """Combine.\n\n' + "".join(f"    line {i} of prose\n" for i in range(80))
@@ -42,62 +45,53 @@ def test_closing_quotes_above_more_prose_and_the_docstrings_own_closing_quotes_a
     assert syntax_check.check_text("python", before + "map_over_datasets\n    ", missing, '"""') is None
 
 
-def test_whether_a_docstring_swallows_code_is_read_once_per_line_for_all_drafts_and_keystrokes() -> None:
+@pytest.fixture
+def parses():
+    """This thread's Python parser swapped for one that counts its parses (the list grows by one
+    each), with no parse kept from before."""
+    real = syntax_check._parser("python")
+    syntax_check._kept.clear()
+    counted: list[int] = []
+
+    class Counting:
+        def parse(self, *args, **kwargs):
+            counted.append(1)
+            return real.parse(*args, **kwargs)
+
+    syntax_check._parsers.by_language["python"] = Counting()
+    yield counted
+    syntax_check._parsers.by_language["python"] = real
+
+
+def _unclosed(line: str) -> tuple[list[str], object]:
+    """A module whose first function's docstring is not closed: `line` is its fourth line."""
+    body = "".join(f"def f{i}(x):\n    \"\"\"Doc {i}.\"\"\"\n    return x + {i}\n\n\n" for i in range(30))
+    text = 'def g(a):\n    """Unclosed.\n\n' + line + '\n    return a\n\n\n' + body
+    return regions.split_lines(text), Parser(regions.grammar("python")).parse(text.encode()).root_node
+
+
+def test_whether_a_docstring_swallows_code_is_read_once_per_line_for_all_drafts_and_keystrokes(parses) -> None:
     """Whether the closing quotes are needed is a whole-document parse (twice): the ranker asks it
     of the memory's 8 drafts and the server of its answer, at every keystroke on the line. The
     answer does not depend on what is typed, so the line's later checks parse nothing."""
-    from dlm.coder_model.regions import split_lines
-
-    real = syntax_check._parser("python")
-    parses = []
-
-    class Counting:
-        def parse(self, *args, **kwargs):
-            parses.append(1)
-            return real.parse(*args, **kwargs)
-
-    body = "".join(f"def f{i}(x):\n    \"\"\"Doc {i}.\"\"\"\n    return x + {i}\n\n\n" for i in range(30))
-    text = 'def g(a):\n    """Unclosed.\n\n    Ret\n    return a\n\n\n' + body
-    lines = split_lines(text)
-    root = real.parse(text.encode()).root_node
-    syntax_check._parsers.by_language["python"] = Counting()
-    try:
-        why = syntax_check.check("python", lines, 3, 7, "urns", False, root)
-        assert why == "leaves open the triple-quoted string whose closing quotes the code below needs"
-        first = len(parses)
-        assert first >= 2  # the line blank, and with the closing quotes
-        assert syntax_check.check("python", lines, 3, 7, "urns the sum", False, root) == why
-        typed_on = lines[:3] + ["    Return\n"] + lines[4:]  # a keystroke later
-        assert syntax_check.string_swallows_code("python", typed_on, 3, 10, root)
-        assert len(parses) == first
-    finally:
-        syntax_check._parsers.by_language["python"] = real
+    lines, root = _unclosed("    Ret")
+    why = syntax_check.check("python", lines, 3, 7, "urns", False, root)
+    assert why == "leaves open the triple-quoted string whose closing quotes the code below needs"
+    first = len(parses)
+    assert first >= 2  # the line blank, and with the closing quotes
+    assert syntax_check.check("python", lines, 3, 7, "urns the sum", False, root) == why
+    typed_on = lines[:3] + ["    Return\n"] + lines[4:]  # a keystroke later
+    assert syntax_check.string_swallows_code("python", typed_on, 3, 10, root)
+    assert len(parses) == first
 
 
-def test_after_enter_in_a_docstring_the_document_as_it_is_stands_for_the_blank_line() -> None:
+def test_after_enter_in_a_docstring_the_document_as_it_is_stands_for_the_blank_line(parses) -> None:
     """On a line that holds only its indentation, the server's tree of the document is the
     document with the line blank: only the document with the closing quotes is parsed."""
-    from dlm.coder_model.regions import split_lines
-
-    real = syntax_check._parser("python")
-    parses = []
-
-    class Counting:
-        def parse(self, *args, **kwargs):
-            parses.append(1)
-            return real.parse(*args, **kwargs)
-
-    body = "".join(f"def f{i}(x):\n    \"\"\"Doc {i}.\"\"\"\n    return x + {i}\n\n\n" for i in range(30))
-    text = 'def h(a):\n    """Unclosed.\n\n    \n    return a\n\n\n' + body
-    lines = split_lines(text)
-    root = real.parse(text.encode()).root_node
-    syntax_check._parsers.by_language["python"] = Counting()
-    try:
-        assert syntax_check.string_swallows_code("python", lines, 3, 4, root)
-        assert len(parses) == 1
-        # without the tree, both are parsed, with the same answer
-        syntax_check._kept.clear()
-        assert syntax_check.string_swallows_code("python", lines, 3, 4, None)
-        assert len(parses) == 3
-    finally:
-        syntax_check._parsers.by_language["python"] = real
+    lines, root = _unclosed("    ")
+    assert syntax_check.string_swallows_code("python", lines, 3, 4, root)
+    assert len(parses) == 1
+    # without the tree, both are parsed, with the same answer
+    syntax_check._kept.clear()
+    assert syntax_check.string_swallows_code("python", lines, 3, 4, None)
+    assert len(parses) == 3
