@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 from dlm.coder_model import regions
-from tree_sitter import Parser
 from dlm.lsp import syntax_check
+from tree_sitter import Parser
 
 DOC = 'def combine(a, b):\n    """Combine.\n\n' + "".join(f"    line {i} of prose\n" for i in range(80))
 
