@@ -12,8 +12,8 @@ from dlm.coder_model.budget import CHARS_PER_TOKEN
 from dlm.coder_model.layout import answer_text, encode_target, target_block
 from dlm.coder_model.regions import RegionBudget, region_rows, split_lines, statement_spans
 from dlm.coder_model.tokenizer import SPECIAL_TOKENS
-from dlm.drivers.training.project_snippets import project_path
 from dlm.drivers.training.examples import completion_example, fim_example, server_region, typing_example
+from dlm.drivers.training.project_snippets import project_path
 
 REPO = Path(__file__).resolve().parents[3]
 # layout.py names the special tokens in its docstrings; the corpus drops such files (a literal
@@ -326,7 +326,6 @@ def test_a_big_project_is_seen_as_the_largest_folder_of_the_file_that_fits(monke
 
 def test_files_are_drawn_in_runs_per_workspace_so_each_memory_serves_many_examples(monkeypatch):
     import random
-    from collections import Counter
 
     from dlm.drivers.training import project_drafts
     from dlm.drivers.training.project_drafts import FileDraw, ProjectDrafts
